@@ -1,0 +1,109 @@
+//! Retry timing: exponential backoff with full jitter, and `Retry-After` parsing.
+
+use std::time::{Duration, SystemTime};
+
+/// An exponential backoff policy: `base · 2^(n-1)`, capped at `cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay before the first retry, before jitter.
+    pub base: Duration,
+    /// The longest delay, before jitter.
+    pub cap: Duration,
+}
+
+impl Backoff {
+    /// The un-jittered delay after the `n`th consecutive failure (`n` ≥ 1).
+    pub fn ceiling(&self, n: u32) -> Duration {
+        let exp = n.saturating_sub(1).min(30);
+        self.base.saturating_mul(1u32 << exp).min(self.cap)
+    }
+
+    /// A delay drawn uniformly from `[0, ceiling(n)]` ("full jitter"), so that many events that
+    /// failed together do not come back together.
+    pub fn full_jitter(&self, n: u32) -> Duration {
+        let ceiling = self.ceiling(n).as_millis() as u64;
+        Duration::from_millis(fastrand::u64(0..=ceiling))
+    }
+
+    /// A delay drawn from `[ceiling(n)/2, ceiling(n)]`: jittered, but never near zero. Used to
+    /// back off a whole destination, where waking at once would only fail again.
+    pub fn equal_jitter(&self, n: u32) -> Duration {
+        let ceiling = self.ceiling(n).as_millis() as u64;
+        let half = ceiling / 2;
+        Duration::from_millis(half + fastrand::u64(0..=ceiling - half))
+    }
+}
+
+/// Parses a `Retry-After` header value: delta-seconds or an HTTP date.
+///
+/// Returns `None` for anything else (negative numbers, garbage), so a broken header falls back
+/// to ordinary backoff. A date in the past means "now" (zero). The caller caps the result.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits only: delta-seconds. Saturate instead of failing on absurd values.
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Backoff = Backoff {
+        base: Duration::from_millis(100),
+        cap: Duration::from_secs(10),
+    };
+
+    #[test]
+    fn ceiling_doubles_then_caps() {
+        assert_eq!(POLICY.ceiling(1), Duration::from_millis(100));
+        assert_eq!(POLICY.ceiling(2), Duration::from_millis(200));
+        assert_eq!(POLICY.ceiling(5), Duration::from_millis(1600));
+        assert_eq!(POLICY.ceiling(8), Duration::from_secs(10));
+        assert_eq!(POLICY.ceiling(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_range() {
+        for n in 1..20 {
+            let full = POLICY.full_jitter(n);
+            assert!(full <= POLICY.ceiling(n));
+            let equal = POLICY.equal_jitter(n);
+            assert!(equal >= POLICY.ceiling(n) / 2 && equal <= POLICY.ceiling(n));
+        }
+    }
+
+    #[test]
+    fn retry_after_seconds() {
+        let now = SystemTime::now();
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+    }
+
+    #[test]
+    fn retry_after_http_date() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let later = "Sun, 06 Nov 1994 08:50:37 GMT";
+        assert_eq!(parse_retry_after(later, now), Some(Duration::from_secs(60)));
+        let earlier = "Sun, 06 Nov 1994 08:48:37 GMT";
+        assert_eq!(parse_retry_after(earlier, now), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn retry_after_garbage_negative_and_huge() {
+        let now = SystemTime::now();
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("", now), None);
+        assert_eq!(parse_retry_after("1.5", now), None);
+        let huge = parse_retry_after("99999999999999999999999", now).unwrap();
+        assert_eq!(huge, Duration::from_secs(u64::MAX));
+    }
+}

@@ -1,0 +1,145 @@
+//! The crate's one error type.
+
+use std::fmt;
+
+/// A specialized `Result` whose error defaults to [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong, in variants a caller can act on.
+///
+/// Input errors (`PayloadTooLarge`, `InvalidEventType`, `FieldTooLong`, `InvalidData`) are
+/// detected before anything is written, so the caller's transaction stays usable.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The event's serialized JSON data is larger than the configured limit.
+    PayloadTooLarge {
+        /// Size of the serialized data in bytes.
+        size: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// The event type is empty or longer than the limit.
+    InvalidEventType {
+        /// Length of the given type in bytes.
+        len: usize,
+        /// The longest type accepted, in bytes.
+        limit: usize,
+    },
+    /// An optional text field (partition key, idempotency key, subject, source) is too long.
+    FieldTooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest value accepted, in bytes.
+        limit: usize,
+    },
+    /// The event data could not be serialized to JSON.
+    InvalidData(serde_json::Error),
+    /// The database was written by a newer version of this crate; nothing was changed.
+    SchemaTooNew {
+        /// The schema version found in the file (`PRAGMA user_version`).
+        found: i64,
+        /// The newest schema version this build knows.
+        supported: i64,
+    },
+    /// The file exists but is not a SQLite database.
+    NotADatabase {
+        /// The path that was opened.
+        path: String,
+    },
+    /// A configuration value is out of range or malformed.
+    InvalidConfig(String),
+    /// The outbox or relay has been shut down.
+    Closed,
+    /// An error from SQLite.
+    Sqlite(rusqlite::Error),
+    /// No pooled connection could be had within the pool's timeout.
+    Pool(r2d2::Error),
+    /// A background thread could not be started.
+    Io(std::io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::PayloadTooLarge { size, limit } => write!(
+                f,
+                "event data is {size} bytes of JSON, over the limit of {limit} bytes"
+            ),
+            Error::InvalidEventType { len: 0, .. } => write!(f, "event type is empty"),
+            Error::InvalidEventType { len, limit } => write!(
+                f,
+                "event type is {len} bytes long, over the limit of {limit} bytes"
+            ),
+            Error::FieldTooLong { field, len, limit } => write!(
+                f,
+                "{field} is {len} bytes long, over the limit of {limit} bytes"
+            ),
+            Error::InvalidData(e) => write!(f, "event data cannot be serialized to JSON: {e}"),
+            Error::SchemaTooNew { found, supported } => write!(
+                f,
+                "database schema version {found} is newer than this build of sqlite-outbox \
+                 supports ({supported}); upgrade the crate, nothing was changed"
+            ),
+            Error::NotADatabase { path } => write!(f, "{path} is not a SQLite database"),
+            Error::InvalidConfig(msg) => write!(f, "invalid configuration: {msg}"),
+            Error::Closed => write!(f, "the outbox relay is shut down"),
+            Error::Sqlite(e) => write!(f, "SQLite error: {e}"),
+            Error::Pool(e) => write!(f, "no database connection available: {e}"),
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidData(e) => Some(e),
+            Error::Sqlite(e) => Some(e),
+            Error::Pool(e) => Some(e),
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::Sqlite(e)
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        Error::Pool(e)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn assert_bounds<T: Send + Sync + 'static>() {}
+        assert_bounds::<Error>();
+    }
+
+    #[test]
+    fn payload_error_names_size_and_limit() {
+        let msg = Error::PayloadTooLarge {
+            size: 300_000,
+            limit: 262_144,
+        }
+        .to_string();
+        assert!(msg.contains("300000") && msg.contains("262144"), "{msg}");
+    }
+}

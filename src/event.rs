@@ -1,0 +1,222 @@
+//! An event to enqueue, its limits, and what enqueueing it returned.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// The longest event type accepted, in bytes.
+pub const MAX_EVENT_TYPE_LEN: usize = 255;
+/// The longest partition key, idempotency key or subject accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+/// The longest source accepted, in bytes.
+pub const MAX_SOURCE_LEN: usize = 1024;
+
+/// An event to be written to the outbox inside the caller's transaction.
+///
+/// ```
+/// use sqlite_outbox::Event;
+/// let event = Event::new("order.created", serde_json::json!({"order": 42}))
+///     .partition_key("customer-7")
+///     .idempotency_key("order-42-created");
+/// # let _ = event;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub(crate) event_type: String,
+    pub(crate) data: serde_json::Value,
+    pub(crate) partition_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) subject: Option<String>,
+    pub(crate) source: Option<String>,
+}
+
+impl Event {
+    /// Creates an event of `event_type` carrying `data`.
+    pub fn new(event_type: impl Into<String>, data: serde_json::Value) -> Self {
+        Event {
+            event_type: event_type.into(),
+            data,
+            partition_key: None,
+            idempotency_key: None,
+            subject: None,
+            source: None,
+        }
+    }
+
+    /// Creates an event whose data is any `Serialize` value.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidData`] if `data` cannot be represented as JSON (a map with non-string
+    /// keys, a failing `Serialize` impl).
+    pub fn from_serialize<T: Serialize + ?Sized>(
+        event_type: impl Into<String>,
+        data: &T,
+    ) -> Result<Self> {
+        let value = serde_json::to_value(data).map_err(Error::InvalidData)?;
+        Ok(Event::new(event_type, value))
+    }
+
+    /// Sets the partition key: events that share one are delivered in commit order.
+    pub fn partition_key(mut self, key: impl Into<String>) -> Self {
+        self.partition_key = Some(key.into());
+        self
+    }
+
+    /// Sets an idempotency key: enqueueing the same key twice yields the first event's id.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets the subject (CloudEvents `subject`): what the event is about.
+    pub fn subject(mut self, subject: impl Into<String>) -> Self {
+        self.subject = Some(subject.into());
+        self
+    }
+
+    /// Sets the source (CloudEvents `source`), overriding the outbox's default source.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The event type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// Checks every limit and serializes the data, before anything touches the database.
+    pub(crate) fn validate(&self, payload_limit: usize) -> Result<String> {
+        let type_len = self.event_type.len();
+        if type_len == 0 || type_len > MAX_EVENT_TYPE_LEN {
+            return Err(Error::InvalidEventType {
+                len: type_len,
+                limit: MAX_EVENT_TYPE_LEN,
+            });
+        }
+        let fields = [
+            ("partition key", &self.partition_key, MAX_KEY_LEN),
+            ("idempotency key", &self.idempotency_key, MAX_KEY_LEN),
+            ("subject", &self.subject, MAX_KEY_LEN),
+            ("source", &self.source, MAX_SOURCE_LEN),
+        ];
+        for (field, value, limit) in fields {
+            if let Some(v) = value {
+                if v.len() > limit {
+                    return Err(Error::FieldTooLong {
+                        field,
+                        len: v.len(),
+                        limit,
+                    });
+                }
+            }
+        }
+        let payload = serde_json::to_string(&self.data).map_err(Error::InvalidData)?;
+        if payload.len() > payload_limit {
+            return Err(Error::PayloadTooLarge {
+                size: payload.len(),
+                limit: payload_limit,
+            });
+        }
+        Ok(payload)
+    }
+}
+
+/// What [`Outbox::enqueue`](crate::Outbox::enqueue) did with an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Enqueued {
+    /// The event was written; it commits with the caller's transaction.
+    New {
+        /// The new event's id (UUIDv7).
+        event_id: String,
+    },
+    /// An event with the same idempotency key already exists; nothing was written.
+    Duplicate {
+        /// The id of the event that holds the key.
+        existing_event_id: String,
+    },
+}
+
+impl Enqueued {
+    /// The id receivers will see: the new event's, or the existing one's for a duplicate.
+    pub fn event_id(&self) -> &str {
+        match self {
+            Enqueued::New { event_id } => event_id,
+            Enqueued::Duplicate { existing_event_id } => existing_event_id,
+        }
+    }
+
+    /// Whether the event was a duplicate of an earlier one.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Enqueued::Duplicate { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn empty_type_is_rejected() {
+        let err = Event::new("", json!(1)).validate(1024).unwrap_err();
+        assert!(matches!(err, Error::InvalidEventType { len: 0, .. }));
+    }
+
+    #[test]
+    fn long_type_is_rejected_with_limit() {
+        let err = Event::new("t".repeat(256), json!(1))
+            .validate(1024)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidEventType {
+                len: 256,
+                limit: 255
+            }
+        ));
+    }
+
+    #[test]
+    fn payload_at_limit_passes_and_one_over_fails() {
+        // `"aaa…"` serializes to its length plus two quotes.
+        let at = Event::new("t", json!("a".repeat(98)));
+        assert_eq!(at.validate(100).unwrap().len(), 100);
+        let over = Event::new("t", json!("a".repeat(99)));
+        assert!(matches!(
+            over.validate(100),
+            Err(Error::PayloadTooLarge {
+                size: 101,
+                limit: 100
+            })
+        ));
+    }
+
+    #[test]
+    fn long_keys_are_rejected_by_name() {
+        let err = Event::new("t", json!(1))
+            .idempotency_key("k".repeat(300))
+            .validate(1024)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::FieldTooLong {
+                field: "idempotency key",
+                len: 300,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn non_string_map_keys_are_invalid_data() {
+        let mut map = std::collections::BTreeMap::new();
+        map.insert(vec![1u8], 1);
+        assert!(matches!(
+            Event::from_serialize("t", &map),
+            Err(Error::InvalidData(_))
+        ));
+    }
+}

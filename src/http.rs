@@ -1,0 +1,235 @@
+//! The HTTP transport: one keep-alive ureq `Agent` posting CloudEvents to one URL.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use ureq::Agent;
+
+use crate::backoff::parse_retry_after;
+use crate::error::{Error, Result};
+use crate::transport::{Attempt, OutboundEvent, Transport};
+use crate::wire;
+
+/// How much of a response body is read: enough for an error message, never a flood. Reading it
+/// to the end is what returns the connection to the keep-alive pool.
+const RESPONSE_BODY_LIMIT: u64 = 64 * 1024;
+/// How much of the response body is kept in `last_error`.
+const DETAIL_LIMIT: usize = 256;
+
+/// Timeouts and headers of an [`HttpTransport`].
+#[derive(Clone)]
+pub struct HttpConfig {
+    /// Time allowed to open the TCP connection. Defaults to 5 s.
+    pub connect_timeout: Duration,
+    /// Time allowed for the whole request and response. Defaults to 15 s (Standard Webhooks
+    /// asks senders for 15–30 s).
+    pub request_timeout: Duration,
+    /// Idle connections kept open for reuse. Defaults to 16.
+    pub max_idle_connections: usize,
+    /// Extra headers sent with every request.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(15),
+            max_idle_connections: 16,
+            headers: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Extra headers often carry credentials: show their names only.
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("HttpConfig")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_idle_connections", &self.max_idle_connections)
+            .field("headers", &names)
+            .finish()
+    }
+}
+
+/// Posts each event as a CloudEvents structured-mode request to one URL.
+///
+/// Statuses are read, never raised as errors, so a 429's `Retry-After` is seen; redirects are
+/// not followed (a redirect is a failed delivery); proxies from the environment are ignored.
+pub struct HttpTransport {
+    agent: Agent,
+    url: String,
+    headers: Vec<(String, String)>,
+}
+
+impl fmt::Debug for HttpTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpTransport")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpTransport {
+    /// Creates a transport posting to `url`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `url` is not an `http://` or `https://` URL.
+    pub fn new(url: &str, config: HttpConfig) -> Result<Self> {
+        let lower = url.to_ascii_lowercase();
+        let rest = lower
+            .strip_prefix("http://")
+            .or_else(|| lower.strip_prefix("https://"));
+        match rest {
+            Some(host) if !host.is_empty() && !host.starts_with('/') => {}
+            _ => {
+                return Err(Error::InvalidConfig(format!(
+                    "destination URL {url:?} is not an http:// or https:// URL"
+                )))
+            }
+        }
+        url.parse::<ureq::http::Uri>().map_err(|e| {
+            Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e}"))
+        })?;
+        let agent: Agent = Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
+            .timeout_connect(Some(config.connect_timeout))
+            .timeout_global(Some(config.request_timeout))
+            .max_idle_connections(config.max_idle_connections)
+            .max_idle_connections_per_host(config.max_idle_connections)
+            .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Ok(HttpTransport {
+            agent,
+            url: url.to_string(),
+            headers: config.headers,
+        })
+    }
+
+    /// The URL events are posted to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// Whether a ureq error means "no answer from the receiver" rather than a local fault.
+fn is_unreachable(e: &ureq::Error) -> bool {
+    !matches!(
+        e,
+        ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::RequireHttpsOnly(_)
+    )
+}
+
+impl Transport for HttpTransport {
+    fn send(&self, event: &OutboundEvent) -> Attempt {
+        let body = match wire::structured_body(event) {
+            Ok(body) => body,
+            Err(e) => {
+                return Attempt::Unsendable {
+                    reason: format!("stored data is not valid JSON: {e}"),
+                }
+            }
+        };
+        let mut request = self
+            .agent
+            .post(&self.url)
+            .header("content-type", wire::CLOUDEVENTS_JSON)
+            .header("webhook-id", &event.event_id)
+            .header("idempotency-key", format!("\"{}\"", event.event_id));
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        let mut response = match request.send(&body[..]) {
+            Ok(response) => response,
+            Err(e) if is_unreachable(&e) => {
+                return Attempt::Unreachable {
+                    reason: e.to_string(),
+                }
+            }
+            Err(e) => {
+                return Attempt::Unsendable {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        // Drain the body so the connection can be reused; keep its start for `last_error`.
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BODY_LIMIT)
+            .lossy_utf8(true)
+            .read_to_string()
+            .unwrap_or_default();
+        let mut detail = format!("HTTP {status}");
+        let snippet: String = text.trim().chars().take(DETAIL_LIMIT).collect();
+        if !snippet.is_empty() {
+            detail.push_str(": ");
+            detail.push_str(&snippet);
+        }
+        Attempt::Answered {
+            status,
+            retry_after,
+            detail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_http_urls_are_rejected() {
+        for url in [
+            "ftp://x",
+            "localhost:80",
+            "",
+            "http://",
+            "file:///etc/passwd",
+        ] {
+            let err = HttpTransport::new(url, HttpConfig::default()).unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)), "{url}");
+        }
+        assert!(HttpTransport::new("http://127.0.0.1:9/x", HttpConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn closed_port_is_unreachable() {
+        // Bind then drop to get a port that nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let t = HttpTransport::new(&format!("http://127.0.0.1:{port}/"), HttpConfig::default())
+            .unwrap();
+        let event = crate::transport::OutboundEvent {
+            id: 1,
+            event_id: "e".into(),
+            destination: "default".into(),
+            event_type: "t".into(),
+            source: "/s".into(),
+            subject: None,
+            partition_key: None,
+            idempotency_key: None,
+            payload: "1".into(),
+            created_at: 0,
+            attempts: 0,
+            lease_owner: "o".into(),
+            lease_expires_at: 0,
+        };
+        assert!(matches!(t.send(&event), Attempt::Unreachable { .. }));
+    }
+}

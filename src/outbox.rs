@@ -1,0 +1,297 @@
+//! The `Outbox` handle: opening the database and enqueueing events in the caller's transaction.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::event::{Enqueued, Event};
+use crate::relay::Relay;
+use crate::relay_config::RelayConfig;
+use crate::store::{self, ConnectionSettings, Pool, Synchronous};
+
+/// The destination every event goes to until named destinations exist.
+pub const DEFAULT_DESTINATION: &str = "default";
+
+/// The default limit on an event's serialized data: 256 KiB.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 256 * 1024;
+
+/// A handle to one outbox database file. Cheap to clone; clones share the pool.
+///
+/// ```
+/// use sqlite_outbox::{Event, Outbox};
+/// # fn main() -> Result<(), sqlite_outbox::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// let outbox = Outbox::open(dir.path().join("app.db"))?;
+/// outbox.transaction(|tx| {
+///     tx.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)", [])?;
+///     tx.execute("INSERT INTO orders (id) VALUES (42)", [])?;
+///     outbox.enqueue(tx, Event::new("order.created", serde_json::json!({"id": 42})))?;
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Outbox {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub pool: Pool,
+    pub path: PathBuf,
+    pub clock: Arc<dyn Clock>,
+    pub payload_limit: usize,
+    pub default_source: String,
+    /// Wakes a relay of this process after a local commit. Capacity one: a wake-up that is
+    /// already pending covers every commit after it.
+    pub wake_tx: Sender<()>,
+    pub wake_rx: Receiver<()>,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("path", &self.inner.path)
+            .field("payload_limit", &self.inner.payload_limit)
+            .field("default_source", &self.inner.default_source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for opening an [`Outbox`].
+pub struct OutboxBuilder {
+    pool_size: u32,
+    synchronous: Synchronous,
+    busy_timeout: Duration,
+    payload_limit: usize,
+    default_source: String,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for OutboxBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxBuilder")
+            .field("pool_size", &self.pool_size)
+            .field("synchronous", &self.synchronous)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("payload_limit", &self.payload_limit)
+            .field("default_source", &self.default_source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for OutboxBuilder {
+    fn default() -> Self {
+        OutboxBuilder {
+            pool_size: 4,
+            synchronous: Synchronous::Normal,
+            busy_timeout: Duration::from_secs(5),
+            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            default_source: "/sqlite-outbox".to_string(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl OutboxBuilder {
+    /// Sets the number of pooled connections. A running relay keeps one. Defaults to 4.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Sets `PRAGMA synchronous` for every connection. Defaults to [`Synchronous::Normal`].
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// Sets how long a connection waits for SQLite's write lock. Defaults to 5 s.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets the largest serialized event data accepted, in bytes. Defaults to 256 KiB.
+    pub fn payload_limit(mut self, bytes: usize) -> Self {
+        self.payload_limit = bytes;
+        self
+    }
+
+    /// Sets the CloudEvents `source` of events that set none. Defaults to `/sqlite-outbox`.
+    pub fn default_source(mut self, source: impl Into<String>) -> Self {
+        self.default_source = source.into();
+        self
+    }
+
+    /// Sets the clock used for timestamps, backoff and leases. Defaults to the system clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SchemaTooNew`] if a newer crate wrote the file, [`Error::NotADatabase`] if it
+    /// is not SQLite, [`Error::InvalidConfig`] for a pool size below 1, and SQLite errors
+    /// (permissions, a full disk). In the first two cases the file is left untouched.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Outbox> {
+        if self.pool_size == 0 {
+            return Err(Error::InvalidConfig("pool size must be at least 1".into()));
+        }
+        let settings = ConnectionSettings {
+            synchronous: self.synchronous,
+            busy_timeout: self.busy_timeout,
+        };
+        let (pool, path) = store::open_pool(path.as_ref(), &settings, self.pool_size)?;
+        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                pool,
+                path,
+                clock: self.clock,
+                payload_limit: self.payload_limit,
+                default_source: self.default_source,
+                wake_tx,
+                wake_rx,
+            }),
+        })
+    }
+}
+
+impl Outbox {
+    /// Opens the database at `path` with default settings. See [`OutboxBuilder::open`].
+    ///
+    /// # Errors
+    ///
+    /// As [`OutboxBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Outbox> {
+        OutboxBuilder::default().open(path)
+    }
+
+    /// Starts configuring an outbox.
+    pub fn builder() -> OutboxBuilder {
+        OutboxBuilder::default()
+    }
+
+    /// The database file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Writes `event` inside `tx`: it commits with the caller's business writes, or not at all.
+    ///
+    /// `tx` may come from any connection to the same database file, including one the
+    /// application opened itself. After committing such a transaction, call
+    /// [`notify`](Self::notify) to wake a relay in this process at once (otherwise it notices
+    /// within its poll interval).
+    ///
+    /// # Errors
+    ///
+    /// Input errors ([`Error::InvalidEventType`], [`Error::FieldTooLong`],
+    /// [`Error::PayloadTooLarge`], [`Error::InvalidData`]) are found before anything is
+    /// written: `tx` stays usable and can still commit the caller's other writes. A repeated
+    /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
+    pub fn enqueue(&self, tx: &Transaction<'_>, event: Event) -> Result<Enqueued> {
+        let payload = event.validate(self.inner.payload_limit)?;
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let now = self.inner.clock.now_ms();
+        // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
+        // transaction the way a constraint error would.
+        let inserted = tx
+            .prepare_cached(
+                "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
+                     source, subject, partition_key, payload, created_at, available_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![
+                event_id,
+                DEFAULT_DESTINATION,
+                event.idempotency_key,
+                event.event_type,
+                event.source,
+                event.subject,
+                event.partition_key,
+                payload,
+                now
+            ])?;
+        if inserted == 1 {
+            return Ok(Enqueued::New { event_id });
+        }
+        let existing: Option<String> = tx
+            .prepare_cached(
+                "SELECT event_id FROM outbox_events
+                  WHERE destination = ?1 AND idempotency_key = ?2",
+            )?
+            .query_row(params![DEFAULT_DESTINATION, event.idempotency_key], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        match existing {
+            Some(existing_event_id) => Ok(Enqueued::Duplicate { existing_event_id }),
+            // Only the idempotency index can conflict, so this is unreachable in practice;
+            // report it rather than pretend the event was written.
+            None => Err(Error::Sqlite(rusqlite::Error::QueryReturnedNoRows)),
+        }
+    }
+
+    /// Runs `f` in an IMMEDIATE transaction on a pooled connection, commits, then wakes the
+    /// relay.
+    ///
+    /// IMMEDIATE takes the write lock up front, so the transaction waits (up to the busy
+    /// timeout) instead of failing half-way with `SQLITE_BUSY`. If `f` returns an error the
+    /// transaction rolls back and the error is returned.
+    ///
+    /// # Errors
+    ///
+    /// Whatever `f` returns, a pool timeout, or the commit's SQLite error.
+    pub fn transaction<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<T>,
+    {
+        let mut conn = self.inner.pool.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let value = f(&tx)?;
+        tx.commit()?;
+        self.notify();
+        Ok(value)
+    }
+
+    /// Wakes a relay running in this process so it claims newly committed events at once.
+    ///
+    /// Call it after committing a transaction of your own that enqueued events. Never blocks.
+    pub fn notify(&self) {
+        // Full means a wake-up is already pending; that one will see this commit too.
+        let _ = self.inner.wake_tx.try_send(());
+    }
+
+    /// Borrows a pooled connection, for reads and admin work on the same file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when no connection frees up within the busy timeout.
+    pub fn connection(
+        &self,
+    ) -> Result<r2d2::PooledConnection<r2d2_sqlite::SqliteConnectionManager>> {
+        Ok(self.inner.pool.get()?)
+    }
+
+    /// The current time on the outbox's clock, in unix milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Prepares a relay that delivers this outbox's events as `config` says; call
+    /// [`Relay::start`] to run it.
+    pub fn relay(&self, config: RelayConfig) -> Relay {
+        Relay::new(self.clone(), config)
+    }
+}

@@ -1,0 +1,87 @@
+//! Whether a destination answers at all: the offline backoff of a whole destination.
+//!
+//! Kept in memory only. A device that restarts after a week offline simply probes once.
+
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+
+use crate::backoff::Backoff;
+
+/// The reachability of one destination, written by the relay's writer thread and read by its
+/// delivery workers (which skip events while the destination is known to be offline).
+#[derive(Debug, Default)]
+pub(crate) struct Reachability {
+    /// Clock time (unix ms) before which nobody should try the destination.
+    offline_until: AtomicI64,
+    /// Consecutive bursts of unreachable attempts; zero once the receiver answers.
+    failures: AtomicU32,
+}
+
+impl Reachability {
+    /// Records an attempt that got no answer. Failures inside the current offline window come
+    /// from requests that were already in flight and do not deepen the backoff.
+    pub fn mark_unreachable(&self, now: i64, backoff: &Backoff) {
+        if now < self.offline_until.load(Ordering::Acquire) {
+            return;
+        }
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        let wait = backoff.equal_jitter(failures).as_millis() as i64;
+        self.offline_until.store(now + wait, Ordering::Release);
+    }
+
+    /// Records an answer (any status): the destination is reachable again.
+    pub fn mark_answered(&self) {
+        self.failures.store(0, Ordering::Release);
+        self.offline_until.store(0, Ordering::Release);
+    }
+
+    /// Whether the destination is inside its offline window at `now`.
+    pub fn is_offline(&self, now: i64) -> bool {
+        now < self.offline_until.load(Ordering::Acquire)
+    }
+
+    /// When the offline window ends (0 if there is none).
+    #[cfg(test)]
+    pub fn offline_until(&self) -> i64 {
+        self.offline_until.load(Ordering::Acquire)
+    }
+
+    /// Whether the last attempts went unanswered, so the next claim should be a single probe.
+    pub fn is_suspect(&self) -> bool {
+        self.failures.load(Ordering::Acquire) > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const OFFLINE: Backoff = Backoff {
+        base: Duration::from_millis(100),
+        cap: Duration::from_millis(1_000),
+    };
+
+    #[test]
+    fn unreachable_opens_a_window_and_an_answer_closes_it() {
+        let r = Reachability::default();
+        r.mark_unreachable(1_000, &OFFLINE);
+        assert!(r.is_offline(1_000));
+        assert!(r.is_suspect());
+        assert!(!r.is_offline(1_100));
+        r.mark_answered();
+        assert!(!r.is_offline(1_000) && !r.is_suspect());
+    }
+
+    #[test]
+    fn failures_inside_the_window_do_not_deepen_it() {
+        let r = Reachability::default();
+        r.mark_unreachable(0, &OFFLINE);
+        let until = r.offline_until();
+        r.mark_unreachable(1, &OFFLINE);
+        assert_eq!(r.offline_until(), until);
+        assert_eq!(r.failures.load(Ordering::Relaxed), 1);
+    }
+}

@@ -1,0 +1,227 @@
+//! How a relay delivers: where to, how many at once, and how it retries.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+use crate::http::{HttpConfig, HttpTransport};
+use crate::transport::Transport;
+
+/// Where a relay sends events.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Http { url: String, config: HttpConfig },
+    Custom(Arc<dyn Transport>),
+}
+
+/// Settings of a relay. Start from [`RelayConfig::http`] (or [`RelayConfig::transport`] for
+/// a transport of your own) and change what you need; every setter documents its default.
+#[derive(Clone)]
+pub struct RelayConfig {
+    pub(crate) target: Target,
+    pub(crate) name: Option<String>,
+    pub(crate) workers: usize,
+    pub(crate) claim_batch: usize,
+    pub(crate) max_in_flight: usize,
+    pub(crate) lease: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) retry: Backoff,
+    pub(crate) max_attempts: u32,
+    pub(crate) retry_after_cap: Duration,
+    pub(crate) offline: Backoff,
+    pub(crate) dead_letter_client_errors: bool,
+    pub(crate) shutdown_timeout: Duration,
+}
+
+impl fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.target {
+            Target::Http { url, .. } => url.as_str(),
+            Target::Custom(_) => "<custom transport>",
+        };
+        f.debug_struct("RelayConfig")
+            .field("target", &target)
+            .field("name", &self.name)
+            .field("workers", &self.workers)
+            .field("claim_batch", &self.claim_batch)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("lease", &self.lease)
+            .field("poll_interval", &self.poll_interval)
+            .field("retry", &self.retry)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_after_cap", &self.retry_after_cap)
+            .field("offline", &self.offline)
+            .field("dead_letter_client_errors", &self.dead_letter_client_errors)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish()
+    }
+}
+
+impl RelayConfig {
+    /// Delivers to `url` over HTTP (see [`HttpTransport`]).
+    pub fn http(url: impl Into<String>) -> Self {
+        Self::with_target(Target::Http {
+            url: url.into(),
+            config: HttpConfig::default(),
+        })
+    }
+
+    /// Delivers through `transport`: for tests, or a protocol other than HTTP.
+    pub fn transport(transport: impl Transport) -> Self {
+        Self::with_target(Target::Custom(Arc::new(transport)))
+    }
+
+    fn with_target(target: Target) -> Self {
+        RelayConfig {
+            target,
+            name: None,
+            workers: 4,
+            claim_batch: 100,
+            max_in_flight: 400,
+            lease: Duration::from_secs(60),
+            poll_interval: Duration::from_millis(100),
+            retry: Backoff {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(300),
+            },
+            max_attempts: 25,
+            retry_after_cap: Duration::from_secs(3600),
+            offline: Backoff {
+                base: Duration::from_millis(250),
+                cap: Duration::from_secs(30),
+            },
+            dead_letter_client_errors: true,
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Sets the HTTP timeouts and extra headers (ignored for a custom transport).
+    /// Defaults to [`HttpConfig::default`].
+    pub fn http_config(mut self, config: HttpConfig) -> Self {
+        if let Target::Http { config: c, .. } = &mut self.target {
+            *c = config;
+        }
+        self
+    }
+
+    /// Sets the relay's name, used in lease owners, thread names and logs. Defaults to a
+    /// fresh UUID per start.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the number of delivery threads (concurrent requests). Defaults to 4.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Sets how many events one claim takes at most. Defaults to 100.
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.claim_batch = n;
+        self
+    }
+
+    /// Sets how many claimed events may wait for or be in delivery at once. Defaults to 400.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Sets how long a claim is valid. Another relay may take an event over once its lease
+    /// expires, so it must comfortably exceed one request's timeout. Defaults to 60 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how often an idle relay checks for commits from other connections and processes
+    /// (`PRAGMA data_version`, a few microseconds). Commits through [`Outbox::transaction`]
+    /// (or followed by [`Outbox::notify`]) wake it at once. Defaults to 100 ms.
+    ///
+    /// [`Outbox::transaction`]: crate::Outbox::transaction
+    /// [`Outbox::notify`]: crate::Outbox::notify
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Sets the retry backoff after an answered failure (5xx, 408, 429): full jitter over
+    /// `base · 2^(attempt-1)`, capped. Defaults to 1 s base, 5 min cap.
+    pub fn retry_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.retry = Backoff { base, cap };
+        self
+    }
+
+    /// Sets the answered attempts after which an event is dead-lettered. Defaults to 25.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Sets the longest `Retry-After` honoured; longer requests are cut to this.
+    /// Defaults to 1 h.
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry_after_cap = cap;
+        self
+    }
+
+    /// Sets the backoff of a whole destination that cannot be reached (refused, DNS,
+    /// timeout). No event spends an attempt meanwhile. Defaults to 250 ms base, 30 s cap.
+    pub fn offline_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.offline = Backoff { base, cap };
+        self
+    }
+
+    /// Sets whether a 4xx other than 408 and 429 dead-letters an event at once (`true`) or
+    /// is retried like a 5xx. Defaults to `true`.
+    pub fn dead_letter_client_errors(mut self, yes: bool) -> Self {
+        self.dead_letter_client_errors = yes;
+        self
+    }
+
+    /// Sets how long [`RelayHandle::shutdown`](crate::RelayHandle::shutdown) waits for
+    /// in-flight deliveries before it returns. Defaults to 10 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the transport.
+    pub(crate) fn build_transport(&self) -> Result<Arc<dyn Transport>> {
+        let positive = [
+            ("workers", self.workers),
+            ("claim batch", self.claim_batch),
+            ("max in flight", self.max_in_flight),
+            ("max attempts", self.max_attempts as usize),
+        ];
+        for (what, n) in positive {
+            if n == 0 {
+                return Err(Error::InvalidConfig(format!("{what} must be at least 1")));
+            }
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(Error::InvalidConfig(format!(
+                "lease of {:?} is too short; the least is 100 ms",
+                self.lease
+            )));
+        }
+        match &self.target {
+            Target::Custom(t) => Ok(t.clone()),
+            Target::Http { url, config } => {
+                // A worker skips an event once half its lease is gone, so a request that
+                // starts must be able to finish inside the other half.
+                if config.request_timeout * 2 > self.lease {
+                    return Err(Error::InvalidConfig(format!(
+                        "lease of {:?} must be at least twice the request timeout of {:?}",
+                        self.lease, config.request_timeout
+                    )));
+                }
+                Ok(Arc::new(HttpTransport::new(url, config.clone())?))
+            }
+        }
+    }
+}

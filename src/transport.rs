@@ -1,0 +1,81 @@
+//! The seam between the relay and the network: what is sent, and what came back.
+
+use std::time::Duration;
+
+/// One claimed event on its way to a destination.
+///
+/// The relay hands these to a [`Transport`]; the lease fields tell which claim it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboundEvent {
+    /// Row id: the commit order.
+    pub id: i64,
+    /// The stable event id (UUIDv7) receivers de-duplicate on.
+    pub event_id: String,
+    /// The destination's name.
+    pub destination: String,
+    /// The event type.
+    pub event_type: String,
+    /// The event source (the outbox default when the event set none).
+    pub source: String,
+    /// The subject, if set.
+    pub subject: Option<String>,
+    /// The partition key, if set.
+    pub partition_key: Option<String>,
+    /// The idempotency key, if set.
+    pub idempotency_key: Option<String>,
+    /// The event data as JSON text.
+    pub payload: String,
+    /// Commit time in unix milliseconds.
+    pub created_at: i64,
+    /// Attempts the receiver has already answered (not counting this one).
+    pub attempts: i64,
+    /// The claim this delivery belongs to.
+    pub lease_owner: String,
+    /// When the claim expires, in unix milliseconds.
+    pub lease_expires_at: i64,
+}
+
+/// What one delivery attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The receiver answered with an HTTP status (any status: the relay classifies it).
+    Answered {
+        /// The HTTP status code.
+        status: u16,
+        /// The `Retry-After` the receiver asked for, if any and if valid.
+        retry_after: Option<Duration>,
+        /// A short description for `last_error` (status line and the start of the body).
+        detail: String,
+    },
+    /// The receiver could not be reached: connection refused, DNS failure, timeout, reset.
+    /// Backs off the whole destination; does not spend the event's attempts.
+    Unreachable {
+        /// What went wrong.
+        reason: String,
+    },
+    /// The event cannot be sent at all (its stored data is not valid JSON, say).
+    /// Dead-letters it at once.
+    Unsendable {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Sends one event to its destination and reports what happened.
+///
+/// Implementations must not panic on network input and must bound every call in time; the
+/// relay calls `send` from several worker threads at once.
+pub trait Transport: Send + Sync + 'static {
+    /// Delivers `event` once and reports the outcome.
+    fn send(&self, event: &OutboundEvent) -> Attempt;
+}
+
+impl<F> Transport for F
+where
+    F: Fn(&OutboundEvent) -> Attempt + Send + Sync + 'static,
+{
+    fn send(&self, event: &OutboundEvent) -> Attempt {
+        self(event)
+    }
+}
