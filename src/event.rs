@@ -125,7 +125,6 @@ impl Event {
 
 /// What [`Outbox::enqueue`](crate::Outbox::enqueue) did with an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use]
 pub enum Enqueued {
     /// The event was written; it commits with the caller's transaction.
     New {

@@ -1,0 +1,247 @@
+//! Test helpers: a real HTTP receiver on 127.0.0.1 and deadline-bounded waits.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub event_id: String,
+    pub body: serde_json::Value,
+    pub headers: HashMap<String, String>,
+    /// How many requests for this event id arrived before this one.
+    pub earlier: usize,
+}
+
+/// How the receiver answers one request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    Status(u16),
+    StatusBody(u16, &'static str),
+    StatusHeader(u16, &'static str, String),
+    /// Hold the request this long (or until the receiver stops), then answer 200.
+    Hang(Duration),
+}
+
+type Responder = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
+
+/// A tiny_http server on 127.0.0.1 that records every request and answers as told.
+pub struct TestReceiver {
+    pub port: u16,
+    received: Arc<Mutex<Vec<Received>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestReceiver {
+    /// Starts a receiver that answers 200 to everything.
+    pub fn ok() -> Self {
+        Self::start(0, |_| Reply::Status(200))
+    }
+
+    /// Starts a receiver on `port` (0 for any free one) answering with `responder`.
+    pub fn start(
+        port: u16,
+        responder: impl Fn(&Received) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        let server = tiny_http::Server::http(("127.0.0.1", port)).expect("bind receiver");
+        let port = server.server_addr().to_ip().expect("ip listener").port();
+        let received = Arc::new(Mutex::new(Vec::<Received>::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let responder: Responder = Arc::new(responder);
+        let thread = {
+            let received = received.clone();
+            let stop = stop.clone();
+            thread::Builder::new()
+                .name(format!("test-receiver-{port}"))
+                .spawn(move || serve(server, received, stop, responder))
+                .expect("spawn receiver")
+        };
+        TestReceiver {
+            port,
+            received,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/events", self.port)
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    /// Stops the server and closes its port.
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("receiver thread");
+        }
+    }
+}
+
+impl Drop for TestReceiver {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+fn serve(
+    server: tiny_http::Server,
+    received: Arc<Mutex<Vec<Received>>>,
+    stop: Arc<AtomicBool>,
+    responder: Responder,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        let mut request = match server.recv_timeout(Duration::from_millis(20)) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(_) => break,
+        };
+        let mut body = String::new();
+        let _ = request.as_reader().read_to_string(&mut body);
+        let headers: HashMap<String, String> = request
+            .headers()
+            .iter()
+            .map(|h| {
+                (
+                    h.field.as_str().as_str().to_ascii_lowercase(),
+                    h.value.to_string(),
+                )
+            })
+            .collect();
+        let body: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+        let event_id = body["id"].as_str().unwrap_or_default().to_string();
+        let rec = {
+            let mut all = received.lock().unwrap();
+            let earlier = all.iter().filter(|r| r.event_id == event_id).count();
+            let rec = Received {
+                event_id,
+                body,
+                headers,
+                earlier,
+            };
+            all.push(rec.clone());
+            rec
+        };
+        let response = match responder(&rec) {
+            Reply::Status(s) => tiny_http::Response::from_string("").with_status_code(s),
+            Reply::StatusBody(s, b) => tiny_http::Response::from_string(b).with_status_code(s),
+            Reply::StatusHeader(s, name, value) => tiny_http::Response::from_string("")
+                .with_status_code(s)
+                .with_header(tiny_http::Header::from_bytes(name, value).expect("header")),
+            Reply::Hang(d) => {
+                let until = Instant::now() + d;
+                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                tiny_http::Response::from_string("").with_status_code(200)
+            }
+        };
+        let _ = request.respond(response);
+    }
+}
+
+/// A port that nothing listens on (bound, then released).
+pub fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The default bound on how long a test waits for deliveries.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One row's delivery state, read straight from the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub event_id: String,
+    pub attempts: i64,
+    pub delivered: bool,
+    pub dead: bool,
+    pub last_error: Option<String>,
+    pub available_at: i64,
+}
+
+pub fn rows(outbox: &sqlite_outbox::Outbox) -> Vec<Row> {
+    let conn = outbox.connection().unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT event_id, attempts, delivered_at IS NOT NULL, dead_at IS NOT NULL,
+                    last_error, available_at
+               FROM outbox_events ORDER BY id",
+        )
+        .unwrap();
+    stmt.query_map([], |r| {
+        Ok(Row {
+            event_id: r.get(0)?,
+            attempts: r.get(1)?,
+            delivered: r.get(2)?,
+            dead: r.get(3)?,
+            last_error: r.get(4)?,
+            available_at: r.get(5)?,
+        })
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+pub fn delivered_count(outbox: &sqlite_outbox::Outbox) -> i64 {
+    outbox
+        .connection()
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM outbox_events WHERE delivered_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+/// Relay settings for tests: short backoffs so retries happen within a test's patience.
+pub fn fast(config: sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig {
+    config
+        .poll_interval(Duration::from_millis(10))
+        .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .offline_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .http_config(sqlite_outbox::HttpConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            ..Default::default()
+        })
+        .lease(Duration::from_secs(30))
+        .shutdown_timeout(Duration::from_secs(5))
+}

@@ -1,0 +1,273 @@
+//! Enqueueing in the caller's transaction: atomicity, bad input, duplicates, opening files.
+
+mod common;
+
+use common::{fast, rows, wait_until, TestReceiver, PATIENCE};
+use serde_json::json;
+use sqlite_outbox::{rusqlite, Enqueued, Error, Event, Outbox, RelayConfig};
+
+fn business_table(outbox: &Outbox) {
+    outbox
+        .transaction(|tx| {
+            tx.execute(
+                "CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
+                [],
+            )?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn order_count(outbox: &Outbox) -> i64 {
+    outbox
+        .connection()
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM orders", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn smoke() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("smoke.db")).unwrap();
+    let id = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("smoke", json!({}))))
+        .unwrap();
+    assert!(matches!(id, Enqueued::New { .. }));
+    assert_eq!(rows(&outbox).len(), 1);
+}
+
+#[test]
+fn business_row_and_event_commit_together_and_rollback_delivers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
+    business_table(&outbox);
+    let receiver = TestReceiver::ok();
+
+    // Committed: the row and its event.
+    let committed = outbox
+        .transaction(|tx| {
+            tx.execute("INSERT INTO orders (id, total) VALUES (1, 100)", [])?;
+            outbox.enqueue(tx, Event::new("order.created", json!({"id": 1})))
+        })
+        .unwrap();
+    // Rolled back by an error from the closure: neither the row nor the event exists.
+    let failed: Result<(), Error> = outbox.transaction(|tx| {
+        tx.execute("INSERT INTO orders (id, total) VALUES (2, 200)", [])?;
+        outbox.enqueue(tx, Event::new("order.created", json!({"id": 2})))?;
+        Err(Error::InvalidConfig("business rule failed".into()))
+    });
+    assert!(failed.is_err());
+    // Rolled back explicitly on the caller's own connection.
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    let tx = own.transaction().unwrap();
+    tx.execute("INSERT INTO orders (id, total) VALUES (3, 300)", [])
+        .unwrap();
+    let _ = outbox
+        .enqueue(&tx, Event::new("order.created", json!({"id": 3})))
+        .unwrap();
+    tx.rollback().unwrap();
+    // A marker committed last: once it arrives, anything before it would have too.
+    let marker = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("marker", json!({}))))
+        .unwrap();
+
+    assert_eq!(order_count(&outbox), 1);
+    assert_eq!(rows(&outbox).len(), 2);
+
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())).workers(1))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() >= 2));
+    relay.shutdown();
+    let ids: Vec<String> = receiver
+        .received()
+        .into_iter()
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            committed.event_id().to_string(),
+            marker.event_id().to_string()
+        ]
+    );
+    for r in receiver.received() {
+        assert_ne!(r.body["data"]["id"], 2);
+        assert_ne!(r.body["data"]["id"], 3);
+    }
+}
+
+#[test]
+fn event_enqueued_on_callers_own_connection_is_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("own.db")).unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    let tx = own.transaction().unwrap();
+    let id = outbox
+        .enqueue(&tx, Event::new("own.connection", json!({"n": 1})))
+        .unwrap();
+    tx.commit().unwrap();
+    outbox.notify();
+    assert!(wait_until(PATIENCE, || receiver.count() == 1));
+    assert_eq!(receiver.received()[0].event_id, id.event_id());
+    relay.shutdown();
+}
+
+#[test]
+fn each_bad_input_gives_its_error_and_the_transaction_still_commits_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .payload_limit(1024)
+        .open(dir.path().join("bad.db"))
+        .unwrap();
+    business_table(&outbox);
+    let (first, dup) = outbox
+        .transaction(|tx| {
+            tx.execute("INSERT INTO orders (id, total) VALUES (1, 100)", [])?;
+            let too_big = outbox.enqueue(tx, Event::new("t", json!("x".repeat(2000))));
+            assert!(
+                matches!(
+                    too_big,
+                    Err(Error::PayloadTooLarge {
+                        size: 2002,
+                        limit: 1024
+                    })
+                ),
+                "{too_big:?}"
+            );
+            let empty = outbox.enqueue(tx, Event::new("", json!(1)));
+            assert!(matches!(empty, Err(Error::InvalidEventType { len: 0, .. })));
+            let long = outbox.enqueue(tx, Event::new("t".repeat(300), json!(1)));
+            assert!(matches!(
+                long,
+                Err(Error::InvalidEventType {
+                    len: 300,
+                    limit: 255
+                })
+            ));
+            let key = outbox.enqueue(tx, Event::new("t", json!(1)).partition_key("k".repeat(256)));
+            assert!(matches!(
+                key,
+                Err(Error::FieldTooLong {
+                    field: "partition key",
+                    len: 256,
+                    limit: 255
+                })
+            ));
+            let first = outbox.enqueue(tx, Event::new("t", json!(1)).idempotency_key("once"))?;
+            let dup = outbox.enqueue(tx, Event::new("t", json!(2)).idempotency_key("once"))?;
+            tx.execute("INSERT INTO orders (id, total) VALUES (2, 200)", [])?;
+            Ok((first, dup))
+        })
+        .unwrap();
+    assert!(!first.is_duplicate());
+    assert_eq!(
+        dup,
+        Enqueued::Duplicate {
+            existing_event_id: first.event_id().to_string()
+        }
+    );
+    assert_eq!(order_count(&outbox), 2);
+    let stored = rows(&outbox);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].event_id, first.event_id());
+}
+
+#[test]
+fn idempotency_key_is_a_duplicate_across_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("idem.db")).unwrap();
+    let a = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1)).idempotency_key("k1")))
+        .unwrap();
+    let b = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1)).idempotency_key("k1")))
+        .unwrap();
+    assert!(b.is_duplicate());
+    assert_eq!(a.event_id(), b.event_id());
+}
+
+#[test]
+fn event_ids_are_uuid_v7_in_commit_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("ids.db")).unwrap();
+    let ids: Vec<String> = (0..50)
+        .map(|i| {
+            outbox
+                .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(i))))
+                .unwrap()
+                .event_id()
+                .to_string()
+        })
+        .collect();
+    for id in &ids {
+        let u = uuid::Uuid::parse_str(id).unwrap();
+        assert_eq!(u.get_version_num(), 7);
+    }
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(sorted, ids);
+}
+
+#[test]
+fn newer_schema_fails_clearly_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    drop(Outbox::open(&path).unwrap());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA user_version = 99; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = Outbox::open(&path).unwrap_err();
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, supported } if supported == sqlite_outbox::schema_version()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("99"));
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    let text = "these are not the pages you are looking for ".repeat(100);
+    std::fs::write(&path, &text).unwrap();
+    let err = Outbox::open(&path).unwrap_err();
+    assert!(matches!(err, Error::NotADatabase { .. }), "{err:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
+fn every_pooled_connection_has_wal_busy_timeout_and_foreign_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .pool_size(3)
+        .busy_timeout(std::time::Duration::from_millis(1234))
+        .synchronous(sqlite_outbox::Synchronous::Full)
+        .open(dir.path().join("pragmas.db"))
+        .unwrap();
+    let conns: Vec<_> = (0..3).map(|_| outbox.connection().unwrap()).collect();
+    for c in &conns {
+        let mode: String = c
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        let fk: i64 = c
+            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+            .unwrap();
+        let busy: i64 = c
+            .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
+            .unwrap();
+        let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!((mode.as_str(), fk, busy, sync), ("wal", 1, 1234, 2));
+    }
+}
