@@ -251,16 +251,30 @@ impl Writer {
             let write_back = self.classify(&c, now);
             decided.push((c.event, write_back));
         }
-        if let Err(e) = self.write_all(&decided, now) {
-            // The leases stay with us until they expire; then the events are claimed again.
-            log::error!(
-                "relay {}: could not record {} outcomes, they will be retried after the lease: {e}",
-                self.relay_id,
-                decided.len()
-            );
-            return;
-        }
-        for (event, write_back) in &decided {
+        let recorded = match self.write_all(&decided, now) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                // The leases stay with us until they expire; then the events are claimed
+                // again.
+                log::error!(
+                    "relay {}: could not record {} outcomes, they will be retried after the \
+                     lease: {e}",
+                    self.relay_id,
+                    decided.len()
+                );
+                return;
+            }
+        };
+        for ((event, write_back), recorded) in decided.iter().zip(recorded) {
+            if !recorded {
+                self.counters.record_lease_lost();
+                log::warn!(
+                    "event {}: lease {} was taken over; outcome discarded",
+                    event.event_id,
+                    event.lease_owner
+                );
+                continue;
+            }
             self.counters.record(write_back);
             match write_back {
                 WriteBack::Delivered => log::debug!("event {}: delivered", event.event_id),
@@ -292,22 +306,24 @@ impl Writer {
         state.claim_due = true;
     }
 
-    fn write_all(&mut self, decided: &[(OutboundEvent, WriteBack)], now: i64) -> Result<()> {
+    /// Records every outcome in one transaction; returns, per outcome, whether its lease was
+    /// still ours (and so whether it was recorded).
+    fn write_all(&mut self, decided: &[(OutboundEvent, WriteBack)], now: i64) -> Result<Vec<bool>> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut recorded = Vec::with_capacity(decided.len());
         for (event, write_back) in decided {
-            if !claim::write_back(&tx, event.id, &event.lease_owner, now, write_back)? {
-                self.counters.record_lease_lost();
-                log::warn!(
-                    "event {}: lease {} was taken over; outcome discarded",
-                    event.event_id,
-                    event.lease_owner
-                );
-            }
+            recorded.push(claim::write_back(
+                &tx,
+                event.id,
+                &event.lease_owner,
+                now,
+                write_back,
+            )?);
         }
         tx.commit()?;
-        Ok(())
+        Ok(recorded)
     }
 
     /// Stops claiming, hands back events no worker started, and waits (bounded) for the rest.

@@ -1,0 +1,221 @@
+//! The main job, end to end on one machine: an app commits orders and their events in the
+//! same SQLite transactions, a relay delivers the events to a local receiver over HTTP, the
+//! receiver goes down for a moment and comes back, and nothing is lost.
+//!
+//! ```text
+//! cargo run --release --example quickstart            # 5,000 orders in a temp folder
+//! cargo run --release --example quickstart -- 20000 ./quickstart.db
+//! ```
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlite_outbox::{Event, HttpConfig, Outbox, RelayConfig};
+
+/// A receiver on 127.0.0.1 that counts every event id it is sent.
+struct Receiver {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+type Seen = Arc<Mutex<HashMap<String, u32>>>;
+
+impl Receiver {
+    fn start(addr: SocketAddr, seen: Seen) -> Result<Self, Box<dyn std::error::Error>> {
+        // The port was just closed by the previous receiver: allow a moment to rebind.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let server = loop {
+            match tiny_http::Server::http(addr) {
+                Ok(s) => break Arc::new(s),
+                Err(e) if Instant::now() < deadline => {
+                    log::debug!("rebinding {addr}: {e}");
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..4)
+            .map(|n| {
+                let (server, stop, seen) = (server.clone(), stop.clone(), seen.clone());
+                thread::Builder::new()
+                    .name(format!("receiver-{n}"))
+                    .spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            let Ok(Some(mut request)) =
+                                server.recv_timeout(Duration::from_millis(50))
+                            else {
+                                continue;
+                            };
+                            let mut body = Vec::new();
+                            let _ = request.as_reader().read_to_end(&mut body);
+                            let id = serde_json::from_slice::<serde_json::Value>(&body)
+                                .ok()
+                                .and_then(|v| v["id"].as_str().map(str::to_string));
+                            let status = match id {
+                                Some(id) => {
+                                    *seen.lock().unwrap().entry(id).or_default() += 1;
+                                    204
+                                }
+                                None => 400,
+                            };
+                            let _ = request.respond(tiny_http::Response::empty(status));
+                        }
+                    })
+                    .expect("spawn receiver thread")
+            })
+            .collect();
+        Ok(Receiver { stop, threads })
+    }
+
+    /// Takes the receiver down: its port closes and new connections are refused.
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let mut args = std::env::args().skip(1);
+    let orders: usize = match args.next() {
+        Some(n) => n.parse().map_err(|e| format!("order count {n:?}: {e}"))?,
+        None => 5_000,
+    };
+    let tmp = tempfile::tempdir()?;
+    let path = args
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| tmp.path().join("quickstart.db"));
+
+    // 1. The app's database: its own table, and the outbox beside it in the same file.
+    let outbox = Outbox::open(&path)?;
+    outbox.transaction(|tx| {
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS orders (
+                 id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL)",
+            [],
+        )?;
+        Ok(())
+    })?;
+
+    // 2. A local receiver, and a relay delivering to it.
+    let seen: Seen = Arc::default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    drop(listener);
+    let receiver = Receiver::start(addr, seen.clone())?;
+    let relay = outbox
+        .relay(
+            RelayConfig::http(format!("http://{addr}/events"))
+                .workers(4)
+                .http_config(HttpConfig {
+                    request_timeout: Duration::from_secs(2),
+                    ..HttpConfig::default()
+                })
+                .lease(Duration::from_secs(10))
+                .offline_backoff(Duration::from_millis(50), Duration::from_millis(500)),
+        )
+        .start()?;
+
+    println!("database  {}", path.display());
+    println!("receiver  http://{addr}/events");
+    let started = Instant::now();
+
+    // 3. The app commits orders; each order and its event in one transaction. A third of
+    //    the way in, the receiver goes down for a second.
+    let mut receiver = Some(receiver);
+    let mut outage = Duration::ZERO;
+    let mut down_since = None;
+    for n in 0..orders {
+        if n == orders / 3 {
+            if let Some(r) = receiver.take() {
+                r.stop();
+                down_since = Some(Instant::now());
+                println!("receiver  down after {n} orders");
+            }
+        }
+        if let Some(since) = down_since {
+            if since.elapsed() >= Duration::from_secs(1) {
+                receiver = Some(Receiver::start(addr, seen.clone())?);
+                outage = since.elapsed();
+                down_since = None;
+                println!("receiver  back up after {outage:.1?}");
+            }
+        }
+        let customer = format!("customer-{}", n % 50);
+        outbox.transaction(|tx| {
+            tx.execute(
+                "INSERT INTO orders (customer, total_cents) VALUES (?1, ?2)",
+                (&customer, 100 + n as i64),
+            )?;
+            let order_id = tx.last_insert_rowid();
+            outbox.enqueue(
+                tx,
+                Event::new(
+                    "order.created",
+                    json!({"order_id": order_id, "total_cents": 100 + n}),
+                )
+                .partition_key(customer.clone())
+                .subject(format!("orders/{order_id}")),
+            )?;
+            Ok(())
+        })?;
+    }
+    if let Some(since) = down_since {
+        // Few orders: the outage outlasted the writes. Bring the receiver back now.
+        thread::sleep(Duration::from_secs(1).saturating_sub(since.elapsed()));
+        receiver = Some(Receiver::start(addr, seen.clone())?);
+        outage = since.elapsed();
+        println!("receiver  back up after {outage:.1?}");
+    }
+    let committed = orders;
+
+    // 4. Wait for the backlog to drain.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let delivered = |outbox: &Outbox| -> Result<i64, sqlite_outbox::Error> {
+        Ok(outbox.connection()?.query_row(
+            "SELECT COUNT(*) FROM outbox_events WHERE delivered_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?)
+    };
+    while delivered(&outbox)? < committed as i64 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = started.elapsed();
+    let stats = relay.stats();
+    relay.shutdown();
+    if let Some(r) = receiver {
+        r.stop();
+    }
+
+    let delivered = delivered(&outbox)?;
+    let seen = seen.lock().unwrap();
+    let requests: u32 = seen.values().sum();
+    let unique = seen.len();
+    let duplicates = requests as usize - unique;
+    let lost = committed.saturating_sub(unique);
+    println!();
+    println!("committed   {committed} orders, each with its event in the same transaction");
+    println!("delivered   {delivered} (relay: {} acks, {} retries, {} dead, {} released while the receiver was down)",
+        stats.delivered, stats.retried, stats.dead, stats.released);
+    println!("received    {unique} distinct events in {requests} requests");
+    println!("duplicates  {duplicates}");
+    println!("lost        {lost}");
+    println!(
+        "took        {elapsed:.2?} ({:.0} events/s end to end, including a {outage:.1?} outage)",
+        committed as f64 / elapsed.as_secs_f64()
+    );
+    if lost > 0 || delivered != committed as i64 {
+        return Err(format!("{lost} events were not delivered").into());
+    }
+    Ok(())
+}

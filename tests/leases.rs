@@ -1,0 +1,123 @@
+//! Leases across relays: takeover after expiry, fencing of stale owners, two relays on one file.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{delivered_count, fast, rows, wait_until, TestReceiver, PATIENCE};
+use crossbeam_channel::bounded;
+use serde_json::json;
+use sqlite_outbox::{Attempt, Event, ManualClock, OutboundEvent, Outbox, RelayConfig};
+
+fn accepted() -> Attempt {
+    Attempt::Answered {
+        status: 200,
+        retry_after: None,
+        detail: String::new(),
+    }
+}
+
+#[test]
+fn an_expired_lease_is_taken_over_and_the_stale_owners_ack_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lease.db");
+    let clock = ManualClock::new(1_700_000_000_000);
+    let outbox_a = Outbox::builder().clock(clock.clone()).open(&path).unwrap();
+    let outbox_b = Outbox::builder().clock(clock.clone()).open(&path).unwrap();
+    let event_id = outbox_a
+        .transaction(|tx| outbox_a.enqueue(tx, Event::new("t", json!(1))))
+        .unwrap()
+        .event_id()
+        .to_string();
+
+    // Relay A claims the event, then stalls inside the send (as if paused or partitioned).
+    let (entered_tx, entered_rx) = bounded::<()>(1);
+    let (release_tx, release_rx) = bounded::<()>(1);
+    let relay_a = outbox_a
+        .relay(
+            RelayConfig::transport(move |_: &OutboundEvent| {
+                let _ = entered_tx.send(());
+                let _ = release_rx.recv_timeout(PATIENCE);
+                accepted()
+            })
+            .name("relay-a")
+            .lease(Duration::from_secs(10))
+            .poll_interval(Duration::from_millis(10)),
+        )
+        .start()
+        .unwrap();
+    entered_rx.recv_timeout(PATIENCE).expect("relay A sends");
+
+    // Its lease runs out; relay B takes the event over and delivers it.
+    clock.advance_ms(10_001);
+    let b_sent = Arc::new(AtomicUsize::new(0));
+    let b_count = b_sent.clone();
+    let relay_b = outbox_b
+        .relay(
+            RelayConfig::transport(move |_: &OutboundEvent| {
+                b_count.fetch_add(1, Ordering::SeqCst);
+                accepted()
+            })
+            .name("relay-b")
+            .poll_interval(Duration::from_millis(10)),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox_b) == 1));
+    assert_eq!(b_sent.load(Ordering::SeqCst), 1);
+
+    // A finally finishes: its write-back names a lease that is no longer its own.
+    release_tx.send(()).unwrap();
+    assert!(wait_until(PATIENCE, || relay_a.stats().lease_lost == 1));
+    assert_eq!(relay_a.stats().delivered, 0);
+    relay_a.shutdown();
+    relay_b.shutdown();
+    let row = rows(&outbox_b).remove(0);
+    assert_eq!(row.event_id, event_id);
+    assert!(row.delivered);
+    assert_eq!(row.attempts, 1, "only B's outcome was recorded");
+}
+
+#[test]
+fn two_relays_on_one_file_deliver_every_event_and_none_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two.db");
+    let outbox_a = Outbox::open(&path).unwrap();
+    let outbox_b = Outbox::open(&path).unwrap();
+    let receiver = TestReceiver::ok();
+    let relay_a = outbox_a
+        .relay(
+            fast(RelayConfig::http(receiver.url()))
+                .name("a")
+                .claim_batch(10),
+        )
+        .start()
+        .unwrap();
+    let relay_b = outbox_b
+        .relay(
+            fast(RelayConfig::http(receiver.url()))
+                .name("b")
+                .claim_batch(10),
+        )
+        .start()
+        .unwrap();
+    // Both handles write, so both relays are woken by commits.
+    for i in 0..400 {
+        let outbox = if i % 2 == 0 { &outbox_a } else { &outbox_b };
+        let event = Event::new("t", json!(i)).partition_key(format!("k{}", i % 7));
+        outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+    }
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox_a) == 400));
+    let (a, b) = (relay_a.shutdown(), relay_b.shutdown());
+    assert_eq!((a.abandoned, b.abandoned), (0, 0));
+
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for r in receiver.received() {
+        *per_id.entry(r.event_id).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), 400);
+    assert!(per_id.values().all(|&n| n == 1), "an event arrived twice");
+}

@@ -1,0 +1,146 @@
+//! The relay's decisions, driven through a fake transport (no network needed).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{rows, wait_until, PATIENCE};
+use serde_json::json;
+use sqlite_outbox::{Attempt, Event, ManualClock, OutboundEvent, Outbox, RelayConfig};
+
+fn one_event(outbox: &Outbox) {
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
+        .unwrap();
+}
+
+fn quick(config: RelayConfig) -> RelayConfig {
+    config
+        .poll_interval(Duration::from_millis(10))
+        .retry_backoff(Duration::from_millis(5), Duration::from_millis(20))
+}
+
+#[test]
+fn a_panicking_transport_spends_an_attempt_and_the_event_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("panic.db")).unwrap();
+    one_event(&outbox);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let relay = outbox
+        .relay(quick(RelayConfig::transport(move |_: &OutboundEvent| {
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("transport bug");
+            }
+            Attempt::Answered {
+                status: 200,
+                retry_after: None,
+                detail: String::new(),
+            }
+        })))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)[0].delivered));
+    relay.shutdown();
+    let row = rows(&outbox).remove(0);
+    assert_eq!(row.attempts, 2);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("transport panicked: transport bug")
+    );
+}
+
+#[test]
+fn an_unsendable_event_is_dead_lettered_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("unsendable.db")).unwrap();
+    one_event(&outbox);
+    let relay = outbox
+        .relay(quick(RelayConfig::transport(|_: &OutboundEvent| {
+            Attempt::Unsendable {
+                reason: "stored data is not valid JSON".into(),
+            }
+        })))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)[0].dead));
+    relay.shutdown();
+    assert_eq!(
+        rows(&outbox)[0].last_error.as_deref(),
+        Some("stored data is not valid JSON")
+    );
+}
+
+#[test]
+fn an_enormous_retry_after_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = 1_700_000_000_000;
+    let outbox = Outbox::builder()
+        .clock(ManualClock::new(start))
+        .open(dir.path().join("cap.db"))
+        .unwrap();
+    one_event(&outbox);
+    let relay = outbox
+        .relay(
+            quick(RelayConfig::transport(|_: &OutboundEvent| {
+                Attempt::Answered {
+                    status: 503,
+                    retry_after: Some(Duration::from_secs(u64::MAX)),
+                    detail: "HTTP 503".into(),
+                }
+            }))
+            .retry_after_cap(Duration::from_secs(60)),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
+    relay.shutdown();
+    let row = rows(&outbox).remove(0);
+    assert_eq!(row.available_at, start + 60_000);
+    assert!(!row.dead);
+}
+
+#[test]
+fn an_unreachable_destination_never_dead_letters_however_long_it_lasts() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("week.db"))
+        .unwrap();
+    for _ in 0..5 {
+        one_event(&outbox);
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let relay = outbox
+        .relay(
+            quick(RelayConfig::transport(move |_: &OutboundEvent| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Attempt::Unreachable {
+                    reason: "connection refused".into(),
+                }
+            }))
+            .max_attempts(1),
+        )
+        .start()
+        .unwrap();
+    // A simulated week: each step jumps past the (at most 30 s) offline window.
+    let mut probes = 0;
+    for _ in 0..60 {
+        let before = calls.load(Ordering::SeqCst);
+        clock.advance_ms(7 * 24 * 3600 * 1000 / 60);
+        if wait_until(Duration::from_secs(2), || {
+            calls.load(Ordering::SeqCst) > before
+        }) {
+            probes += 1;
+        }
+    }
+    relay.shutdown();
+    assert!(probes >= 50, "only {probes} probes");
+    // One probe per window, never the whole backlog.
+    assert!(calls.load(Ordering::SeqCst) <= probes + 5);
+    assert!(rows(&outbox).iter().all(|r| !r.dead && r.attempts == 0));
+}
