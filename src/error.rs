@@ -128,9 +128,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_is_send_sync_static() {
+    fn error_and_handles_are_send_sync_static() {
         fn assert_bounds<T: Send + Sync + 'static>() {}
         assert_bounds::<Error>();
+        assert_bounds::<crate::Outbox>();
+        assert_bounds::<crate::RelayHandle>();
+        assert_bounds::<crate::RelayConfig>();
     }
 
     #[test]

@@ -73,6 +73,9 @@ impl Writer {
             }
             self.poll_for_work(&mut state);
             if let Err(e) = self.claim(&mut state) {
+                // Not at once: a broken disk would otherwise turn this into a hot loop. The
+                // idle claim tries again within a second.
+                state.claim_due = false;
                 log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
             }
             self.wait(&mut state, &mut completions);
