@@ -51,6 +51,7 @@
 mod backoff;
 mod claim;
 mod clock;
+mod cloudevents;
 mod error;
 mod event;
 mod http;
@@ -66,6 +67,10 @@ mod wire;
 
 pub use backoff::{parse_retry_after, Backoff};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use cloudevents::{
+    parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,
+    CLOUDEVENTS_BATCH_JSON,
+};
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event, MAX_EVENT_TYPE_LEN, MAX_KEY_LEN, MAX_SOURCE_LEN};
 pub use http::{HttpConfig, HttpTransport};
