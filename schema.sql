@@ -31,11 +31,12 @@ CREATE TABLE outbox_events (
     dead_at           INTEGER
 );
 
--- The claim walks this index in (available_at, id) order and stops at the
--- first row that is not yet due, so its cost depends on the pending rows
--- only, never on how many delivered rows the table keeps.
+-- The claim seeks to its destination, walks this index in (available_at, id)
+-- order and stops at the first row that is not yet due, so its cost depends
+-- on that destination's due rows only: never on delivered history, nor on a
+-- backlog held for another destination that is down.
 CREATE INDEX outbox_events_pending
-    ON outbox_events (available_at, id)
+    ON outbox_events (destination, available_at, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL;
 
 -- "Is there an older undelivered event with my partition key?" is one seek
@@ -54,3 +55,24 @@ CREATE INDEX outbox_events_delivered
 CREATE UNIQUE INDEX outbox_events_idempotency
     ON outbox_events (destination, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
+
+-- version 2
+
+-- Destinations an operator (or a 410 Gone answer) disabled. A disabled
+-- destination's events stay pending until it is enabled again.
+CREATE TABLE outbox_destinations (
+    name            TEXT PRIMARY KEY,
+    disabled_at     INTEGER,
+    disabled_reason TEXT
+) WITHOUT ROWID;
+
+-- The receiving side: one row per (source, event id) already applied, so a
+-- re-delivered event is recognised inside the receiver's own transaction.
+CREATE TABLE outbox_inbox (
+    source      TEXT    NOT NULL,
+    event_id    TEXT    NOT NULL,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (source, event_id)
+) WITHOUT ROWID;
+
+CREATE INDEX outbox_inbox_received ON outbox_inbox (received_at);

@@ -35,6 +35,11 @@ pub enum Error {
         /// The longest value accepted, in bytes.
         limit: usize,
     },
+    /// Routes are configured and none matches the event's type, so it would go nowhere.
+    NoRoute {
+        /// The event's type.
+        event_type: String,
+    },
     /// The event data could not be serialized to JSON.
     InvalidData(serde_json::Error),
     /// The database was written by a newer version of this crate; nothing was changed.
@@ -76,6 +81,10 @@ impl fmt::Display for Error {
             Error::FieldTooLong { field, len, limit } => write!(
                 f,
                 "{field} is {len} bytes long, over the limit of {limit} bytes"
+            ),
+            Error::NoRoute { event_type } => write!(
+                f,
+                "no route matches event type {event_type:?}; add a route (\"*\" catches all)"
             ),
             Error::InvalidData(e) => write!(f, "event data cannot be serialized to JSON: {e}"),
             Error::SchemaTooNew { found, supported } => write!(

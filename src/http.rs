@@ -1,4 +1,4 @@
-//! The HTTP transport: one keep-alive ureq `Agent` posting CloudEvents to one URL.
+//! The HTTP transport: one keep-alive ureq `Agent` posting signed CloudEvents to one URL.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 use ureq::Agent;
 
 use crate::backoff::parse_retry_after;
+use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
 use crate::error::{Error, Result};
+use crate::signature::{signature_header, Secret};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
 
@@ -54,7 +56,13 @@ impl fmt::Debug for HttpConfig {
     }
 }
 
-/// Posts each event as a CloudEvents structured-mode request to one URL.
+/// Posts events as CloudEvents requests (structured, or batched) to one URL, signed per
+/// Standard Webhooks.
+///
+/// Every request carries `webhook-id` (the event id, or a stable batch id),
+/// `webhook-timestamp` (the unix time of this attempt: a retry is signed afresh),
+/// `webhook-signature` (one `v1,` entry per secret, when there are secrets) and
+/// `Idempotency-Key: "<webhook-id>"`.
 ///
 /// Statuses are read, never raised as errors, so a 429's `Retry-After` is seen; redirects are
 /// not followed (a redirect is a failed delivery); proxies from the environment are ignored.
@@ -62,23 +70,42 @@ pub struct HttpTransport {
     agent: Agent,
     url: String,
     headers: Vec<(String, String)>,
+    secrets: Vec<Secret>,
+    batch: bool,
 }
 
 impl fmt::Debug for HttpTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpTransport")
             .field("url", &self.url)
+            .field("secrets", &self.secrets.len())
+            .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
 }
 
 impl HttpTransport {
-    /// Creates a transport posting to `url`.
+    /// Creates a transport posting one unsigned structured event per request to `url`.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] if `url` is not an `http://` or `https://` URL.
     pub fn new(url: &str, config: HttpConfig) -> Result<Self> {
+        Self::with_secrets(url, config, Vec::new(), false)
+    }
+
+    /// Creates a transport posting to `url`, signing with `secrets`, in batched mode if
+    /// `batch` is set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `url` is not an `http://` or `https://` URL.
+    pub fn with_secrets(
+        url: &str,
+        config: HttpConfig,
+        secrets: Vec<Secret>,
+        batch: bool,
+    ) -> Result<Self> {
         let lower = url.to_ascii_lowercase();
         let rest = lower
             .strip_prefix("http://")
@@ -109,6 +136,8 @@ impl HttpTransport {
             agent,
             url: url.to_string(),
             headers: config.headers,
+            secrets,
+            batch,
         })
     }
 
@@ -127,8 +156,25 @@ fn is_unreachable(e: &ureq::Error) -> bool {
 }
 
 impl Transport for HttpTransport {
-    fn send(&self, event: &OutboundEvent) -> Attempt {
-        let body = match wire::structured_body(event) {
+    fn send(&self, events: &[OutboundEvent]) -> Attempt {
+        let (body, content_type, message_id) = match (self.batch, events) {
+            (_, []) => {
+                return Attempt::Unsendable {
+                    reason: "nothing to send".into(),
+                }
+            }
+            (false, [event]) => (
+                wire::structured_body(event),
+                wire::CLOUDEVENTS_JSON,
+                event.event_id.clone(),
+            ),
+            _ => (
+                wire::batch_body(events),
+                CLOUDEVENTS_BATCH_JSON,
+                wire::batch_id(events),
+            ),
+        };
+        let body = match body {
             Ok(body) => body,
             Err(e) => {
                 return Attempt::Unsendable {
@@ -136,12 +182,23 @@ impl Transport for HttpTransport {
                 }
             }
         };
+        // Signed with the time of this attempt, so a retry days later is still fresh.
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
         let mut request = self
             .agent
             .post(&self.url)
-            .header("content-type", wire::CLOUDEVENTS_JSON)
-            .header("webhook-id", &event.event_id)
-            .header("idempotency-key", format!("\"{}\"", event.event_id));
+            .header("content-type", content_type)
+            .header("webhook-id", &message_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("idempotency-key", format!("\"{message_id}\""));
+        if !self.secrets.is_empty() {
+            request = request.header(
+                "webhook-signature",
+                signature_header(&self.secrets, &message_id, timestamp, &body),
+            );
+        }
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }
@@ -230,6 +287,6 @@ mod tests {
             lease_owner: "o".into(),
             lease_expires_at: 0,
         };
-        assert!(matches!(t.send(&event), Attempt::Unreachable { .. }));
+        assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));
     }
 }

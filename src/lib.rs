@@ -24,7 +24,7 @@
 //! // A relay delivers it. Here a transport that accepts everything stands in for
 //! // `RelayConfig::http("https://example.com/hook")`.
 //! let relay = outbox
-//!     .relay(RelayConfig::transport(|_: &sqlite_outbox::OutboundEvent| Attempt::Answered {
+//!     .relay(RelayConfig::transport(|_: &[sqlite_outbox::OutboundEvent]| Attempt::Answered {
 //!         status: 204,
 //!         retry_after: None,
 //!         detail: String::new(),
@@ -52,6 +52,8 @@ mod backoff;
 mod claim;
 mod clock;
 mod cloudevents;
+mod destination;
+mod destination_state;
 mod error;
 mod event;
 mod http;
@@ -71,6 +73,8 @@ pub use cloudevents::{
     parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,
     CLOUDEVENTS_BATCH_JSON,
 };
+pub use destination::{Batching, Destination, Route, MAX_DESTINATION_NAME_LEN};
+pub use destination_state::DisabledDestination;
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event, MAX_EVENT_TYPE_LEN, MAX_KEY_LEN, MAX_SOURCE_LEN};
 pub use http::{HttpConfig, HttpTransport};
@@ -80,7 +84,7 @@ pub use relay_config::RelayConfig;
 pub use signature::{signature_header, Secret, Verifier, VerifyError, SECRET_PREFIX};
 pub use store::{schema_version, Synchronous};
 pub use transport::{Attempt, OutboundEvent, Transport};
-pub use wire::{structured_body, CLOUDEVENTS_JSON};
+pub use wire::{batch_body, batch_id, structured_body, CLOUDEVENTS_JSON};
 
 /// The rusqlite this crate was built with: use it for your own transactions.
 pub use rusqlite;

@@ -9,13 +9,15 @@ use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
 
 use crate::clock::{Clock, SystemClock};
+use crate::destination::{self, destinations_for, Route};
+use crate::destination_state::{self, DisabledDestination};
 use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
 use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
 use crate::store::{self, ConnectionSettings, Pool, Synchronous};
 
-/// The destination every event goes to until named destinations exist.
+/// The destination every event goes to when no routes are configured.
 pub const DEFAULT_DESTINATION: &str = "default";
 
 /// The default limit on an event's serialized data: 256 KiB.
@@ -47,6 +49,7 @@ pub(crate) struct Inner {
     pub clock: Arc<dyn Clock>,
     pub payload_limit: usize,
     pub default_source: String,
+    pub routes: Vec<Route>,
     /// Wakes a relay of this process after a local commit. Capacity one: a wake-up that is
     /// already pending covers every commit after it.
     pub wake_tx: Sender<()>,
@@ -70,6 +73,7 @@ pub struct OutboxBuilder {
     busy_timeout: Duration,
     payload_limit: usize,
     default_source: String,
+    routes: Vec<Route>,
     clock: Arc<dyn Clock>,
 }
 
@@ -81,6 +85,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("busy_timeout", &self.busy_timeout)
             .field("payload_limit", &self.payload_limit)
             .field("default_source", &self.default_source)
+            .field("routes", &self.routes)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +98,7 @@ impl Default for OutboxBuilder {
             busy_timeout: Duration::from_secs(5),
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             default_source: "/sqlite-outbox".to_string(),
+            routes: Vec::new(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -129,6 +135,21 @@ impl OutboxBuilder {
         self
     }
 
+    /// Routes events whose type matches `pattern` to the destination named `destination`.
+    ///
+    /// Patterns are an exact type (`order.created`), a prefix ending in `*` (`order.*`), or
+    /// `*` for everything. An event goes to every destination with a matching route, each
+    /// delivery tracked on its own (its own attempts, its own backoff). With no routes at all,
+    /// every event goes to [`DEFAULT_DESTINATION`]; with routes, an event that matches none is
+    /// refused with [`Error::NoRoute`] rather than silently kept.
+    pub fn route(mut self, pattern: impl Into<String>, destination: impl Into<String>) -> Self {
+        self.routes.push(Route {
+            pattern: pattern.into(),
+            destination: destination.into(),
+        });
+        self
+    }
+
     /// Sets the clock used for timestamps, backoff and leases. Defaults to the system clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -146,6 +167,9 @@ impl OutboxBuilder {
         if self.pool_size == 0 {
             return Err(Error::InvalidConfig("pool size must be at least 1".into()));
         }
+        for route in &self.routes {
+            destination::validate_name(&route.destination)?;
+        }
         let settings = ConnectionSettings {
             synchronous: self.synchronous,
             busy_timeout: self.busy_timeout,
@@ -159,6 +183,7 @@ impl OutboxBuilder {
                 clock: self.clock,
                 payload_limit: self.payload_limit,
                 default_source: self.default_source,
+                routes: self.routes,
                 wake_tx,
                 wake_rx,
             }),
@@ -201,20 +226,33 @@ impl Outbox {
     /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
     pub fn enqueue(&self, tx: &Transaction<'_>, event: Event) -> Result<Enqueued> {
         let payload = event.validate(self.inner.payload_limit)?;
+        let destinations = destinations_for(&self.inner.routes, &event.event_type);
+        if destinations.is_empty() {
+            return Err(Error::NoRoute {
+                event_type: event.event_type,
+            });
+        }
+        if let Some(key) = &event.idempotency_key {
+            for destination in &destinations {
+                if let Some(existing_event_id) = existing_event(tx, destination, key)? {
+                    return Ok(Enqueued::Duplicate { existing_event_id });
+                }
+            }
+        }
         let event_id = uuid::Uuid::now_v7().to_string();
         let now = self.inner.clock.now_ms();
-        // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
-        // transaction the way a constraint error would.
-        let inserted = tx
-            .prepare_cached(
-                "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
-                     source, subject, partition_key, payload, created_at, available_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
-                 ON CONFLICT DO NOTHING",
-            )?
-            .execute(params![
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
+                 source, subject, partition_key, payload, created_at, available_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+             ON CONFLICT DO NOTHING",
+        )?;
+        for destination in &destinations {
+            // ON CONFLICT DO NOTHING: a key committed by another connection since the check
+            // above must not abort the caller's transaction the way a constraint error would.
+            let inserted = insert.execute(params![
                 event_id,
-                DEFAULT_DESTINATION,
+                destination,
                 event.idempotency_key,
                 event.event_type,
                 event.source,
@@ -223,24 +261,15 @@ impl Outbox {
                 payload,
                 now
             ])?;
-        if inserted == 1 {
-            return Ok(Enqueued::New { event_id });
+            if inserted == 0 {
+                if let Some(key) = &event.idempotency_key {
+                    if let Some(existing_event_id) = existing_event(tx, destination, key)? {
+                        return Ok(Enqueued::Duplicate { existing_event_id });
+                    }
+                }
+            }
         }
-        let existing: Option<String> = tx
-            .prepare_cached(
-                "SELECT event_id FROM outbox_events
-                  WHERE destination = ?1 AND idempotency_key = ?2",
-            )?
-            .query_row(params![DEFAULT_DESTINATION, event.idempotency_key], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        match existing {
-            Some(existing_event_id) => Ok(Enqueued::Duplicate { existing_event_id }),
-            // Only the idempotency index can conflict, so this is unreachable in practice;
-            // report it rather than pretend the event was written.
-            None => Err(Error::Sqlite(rusqlite::Error::QueryReturnedNoRows)),
-        }
+        Ok(Enqueued::New { event_id })
     }
 
     /// Runs `f` in an IMMEDIATE transaction on a pooled connection, commits, then wakes the
@@ -289,9 +318,54 @@ impl Outbox {
         self.inner.clock.now_ms()
     }
 
+    /// Stops deliveries to `destination` until [`enable_destination`](Self::enable_destination);
+    /// its events stay pending. A relay also does this by itself when a receiver answers
+    /// `410 Gone`. Relays notice within their poll interval.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors, or [`Error::InvalidConfig`] for a malformed name.
+    pub fn disable_destination(&self, destination: &str, reason: &str) -> Result<()> {
+        destination::validate_name(destination)?;
+        let conn = self.inner.pool.get()?;
+        destination_state::disable(&conn, destination, reason, self.now_ms())
+    }
+
+    /// Resumes deliveries to `destination`; returns whether it was disabled.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn enable_destination(&self, destination: &str) -> Result<bool> {
+        let conn = self.inner.pool.get()?;
+        let was = destination_state::enable(&conn, destination)?;
+        self.notify();
+        Ok(was)
+    }
+
+    /// The destinations that are disabled, with when and why.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>> {
+        let conn = self.inner.pool.get()?;
+        destination_state::list(&conn)
+    }
+
     /// Prepares a relay that delivers this outbox's events as `config` says; call
     /// [`Relay::start`] to run it.
     pub fn relay(&self, config: RelayConfig) -> Relay {
         Relay::new(self.clone(), config)
     }
+}
+
+/// The id of the event that holds idempotency `key` for `destination`, if any.
+fn existing_event(tx: &Transaction<'_>, destination: &str, key: &str) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT event_id FROM outbox_events WHERE destination = ?1 AND idempotency_key = ?2",
+        )?
+        .query_row(params![destination, key], |r| r.get(0))
+        .optional()?)
 }

@@ -24,7 +24,7 @@ use crate::error::Result;
 use crate::outbox::Outbox;
 use crate::reachability::Reachability;
 use crate::relay_config::RelayConfig;
-use crate::relay_writer::Writer;
+use crate::relay_writer::{Job, Lane, Writer};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 
 /// What a worker did with one claimed event.
@@ -38,10 +38,12 @@ pub(crate) enum Outcome {
     Panicked(String),
 }
 
-/// A worker's report on one event, sent back to the writer.
+/// A worker's report on one request (one event, or a batch), sent back to the writer.
 #[derive(Debug)]
 pub(crate) struct Completion {
-    pub event: OutboundEvent,
+    /// Which destination lane it came from.
+    pub lane: usize,
+    pub events: Vec<OutboundEvent>,
     pub outcome: Outcome,
 }
 
@@ -163,32 +165,43 @@ impl Relay {
     /// URL that is not HTTP; [`Error::Pool`](crate::Error::Pool) if no connection is free for
     /// the writer; [`Error::Io`](crate::Error::Io) if a thread cannot be spawned.
     pub fn start(self) -> Result<RelayHandle> {
-        let transport = self.config.build_transport()?;
+        let transports = self.config.build_transports()?;
         let relay_id = self
             .config
             .name
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let conn = self.outbox.connection()?;
-        let (work_tx, work_rx) = bounded::<OutboundEvent>(self.config.max_in_flight);
         let (done_tx, done_rx) = unbounded::<Completion>();
         let (stop_tx, stop_rx) = bounded::<()>(0);
-        let reach = Arc::new(Reachability::default());
         let counters = Arc::new(Counters::default());
 
-        let mut workers = Vec::with_capacity(self.config.workers);
-        for n in 0..self.config.workers {
-            let worker = Worker {
-                work_rx: work_rx.clone(),
-                done_tx: done_tx.clone(),
-                transport: transport.clone(),
-                reach: reach.clone(),
-                clock: self.outbox.inner.clock.clone(),
-                lease_ms: self.config.lease.as_millis() as i64,
-            };
-            workers.push(Watched::spawn(format!("outbox-deliver-{n}"), move || {
-                worker.run()
-            })?);
+        let mut lanes = Vec::with_capacity(transports.len());
+        let mut workers = Vec::new();
+        for (index, (destination, transport)) in
+            self.config.destinations.iter().zip(transports).enumerate()
+        {
+            let work = bounded::<Job>(self.config.max_in_flight);
+            let reach = Arc::new(Reachability::default());
+            for n in 0..destination.workers.unwrap_or(self.config.workers) {
+                let worker = Worker {
+                    lane: index,
+                    work_rx: work.1.clone(),
+                    done_tx: done_tx.clone(),
+                    transport: transport.clone(),
+                    reach: reach.clone(),
+                    clock: self.outbox.inner.clock.clone(),
+                    lease_ms: self.config.lease.as_millis() as i64,
+                };
+                let name = format!("outbox-{}-{n}", destination.name);
+                workers.push(Watched::spawn(name, move || worker.run())?);
+            }
+            lanes.push(Lane::new(
+                destination.name.clone(),
+                destination.batch,
+                reach,
+                work,
+            ));
         }
         drop(done_tx);
         let shutdown_timeout = self.config.shutdown_timeout;
@@ -197,11 +210,9 @@ impl Relay {
             conn,
             config: self.config,
             relay_id: relay_id.clone(),
-            work_tx: Some(work_tx),
-            work_rx,
+            lanes,
             done_rx,
             stop_rx,
-            reach,
             counters: counters.clone(),
         };
         let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
@@ -293,9 +304,10 @@ impl Drop for RelayHandle {
     }
 }
 
-/// One delivery thread: takes claimed events, sends them, reports back.
+/// One delivery thread of one destination: takes jobs, sends them, reports back.
 struct Worker {
-    work_rx: Receiver<OutboundEvent>,
+    lane: usize,
+    work_rx: Receiver<Job>,
     done_tx: Sender<Completion>,
     transport: Arc<dyn Transport>,
     reach: Arc<Reachability>,
@@ -306,22 +318,30 @@ struct Worker {
 impl Worker {
     fn run(self) {
         // Ends when the writer drops the work sender (shutdown) or the completion receiver.
-        while let Ok(event) = self.work_rx.recv() {
-            let outcome = self.deliver(&event);
-            if self.done_tx.send(Completion { event, outcome }).is_err() {
+        while let Ok(events) = self.work_rx.recv() {
+            let outcome = self.deliver(&events);
+            let done = Completion {
+                lane: self.lane,
+                events,
+                outcome,
+            };
+            if self.done_tx.send(done).is_err() {
                 break;
             }
         }
     }
 
-    fn deliver(&self, event: &OutboundEvent) -> Outcome {
+    fn deliver(&self, events: &[OutboundEvent]) -> Outcome {
         let now = self.clock.now_ms();
         // Once half the lease is gone a request might outlive it and race another relay's
-        // claim; hand the event back instead.
-        if self.reach.is_offline(now) || now + self.lease_ms / 2 > event.lease_expires_at {
+        // claim; hand the events back instead.
+        let lease_short = events
+            .iter()
+            .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
+        if self.reach.is_offline(now) || lease_short {
             return Outcome::Skipped;
         }
-        match catch_unwind(AssertUnwindSafe(|| self.transport.send(event))) {
+        match catch_unwind(AssertUnwindSafe(|| self.transport.send(events))) {
             Ok(attempt) => Outcome::Attempted(attempt),
             Err(panic) => {
                 let msg = panic
@@ -329,7 +349,8 @@ impl Worker {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".to_string());
-                log::error!("event {}: transport panicked: {msg}", event.event_id);
+                let first = events.first().map_or("", |e| e.event_id.as_str());
+                log::error!("event {first}: transport panicked: {msg}");
                 Outcome::Panicked(msg)
             }
         }

@@ -5,22 +5,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
+use crate::destination::Destination;
 use crate::error::{Error, Result};
-use crate::http::{HttpConfig, HttpTransport};
+use crate::http::HttpConfig;
+use crate::outbox::DEFAULT_DESTINATION;
 use crate::transport::Transport;
 
-/// Where a relay sends events.
-#[derive(Clone)]
-pub(crate) enum Target {
-    Http { url: String, config: HttpConfig },
-    Custom(Arc<dyn Transport>),
-}
-
-/// Settings of a relay. Start from [`RelayConfig::http`] (or [`RelayConfig::transport`] for
-/// a transport of your own) and change what you need; every setter documents its default.
+/// Settings of a relay. Start from [`RelayConfig::http`] for one URL,
+/// [`RelayConfig::transport`] for a transport of your own, or [`RelayConfig::new`] plus
+/// [`destination`](RelayConfig::destination) for several, and change what you need; every
+/// setter documents its default.
 #[derive(Clone)]
 pub struct RelayConfig {
-    pub(crate) target: Target,
+    pub(crate) destinations: Vec<Destination>,
     pub(crate) name: Option<String>,
     pub(crate) workers: usize,
     pub(crate) claim_batch: usize,
@@ -37,12 +34,8 @@ pub struct RelayConfig {
 
 impl fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = match &self.target {
-            Target::Http { url, .. } => url.as_str(),
-            Target::Custom(_) => "<custom transport>",
-        };
         f.debug_struct("RelayConfig")
-            .field("target", &target)
+            .field("destinations", &self.destinations)
             .field("name", &self.name)
             .field("workers", &self.workers)
             .field("claim_batch", &self.claim_batch)
@@ -60,22 +53,23 @@ impl fmt::Debug for RelayConfig {
 }
 
 impl RelayConfig {
-    /// Delivers to `url` over HTTP (see [`HttpTransport`]).
+    /// Delivers every event of the default destination to `url` over HTTP, unsigned, one
+    /// event per request. For signatures or batches use [`RelayConfig::new`] with a
+    /// [`Destination`].
     pub fn http(url: impl Into<String>) -> Self {
-        Self::with_target(Target::Http {
-            url: url.into(),
-            config: HttpConfig::default(),
-        })
+        Self::new().destination(Destination::http(DEFAULT_DESTINATION, url))
     }
 
-    /// Delivers through `transport`: for tests, or a protocol other than HTTP.
+    /// Delivers the default destination's events through `transport`: for tests, or a
+    /// protocol other than HTTP.
     pub fn transport(transport: impl Transport) -> Self {
-        Self::with_target(Target::Custom(Arc::new(transport)))
+        Self::new().destination(Destination::custom(DEFAULT_DESTINATION, transport))
     }
 
-    fn with_target(target: Target) -> Self {
+    /// A relay with no destinations yet; add them with [`destination`](Self::destination).
+    pub fn new() -> Self {
         RelayConfig {
-            target,
+            destinations: Vec::new(),
             name: None,
             workers: 4,
             claim_batch: 100,
@@ -97,12 +91,21 @@ impl RelayConfig {
         }
     }
 
-    /// Sets the HTTP timeouts and extra headers (ignored for a custom transport).
+    /// Adds a destination. Each destination has its own workers, in-flight limit, backoff
+    /// and pause state, so one that is down or slow never holds back another.
+    pub fn destination(mut self, destination: Destination) -> Self {
+        self.destinations.push(destination);
+        self
+    }
+
+    /// Sets the HTTP timeouts and extra headers of every HTTP destination added so far.
     /// Defaults to [`HttpConfig::default`].
     pub fn http_config(mut self, config: HttpConfig) -> Self {
-        if let Target::Http { config: c, .. } = &mut self.target {
-            *c = config;
-        }
+        self.destinations = self
+            .destinations
+            .into_iter()
+            .map(|d| d.http_config(config.clone()))
+            .collect();
         self
     }
 
@@ -113,7 +116,8 @@ impl RelayConfig {
         self
     }
 
-    /// Sets the number of delivery threads (concurrent requests). Defaults to 4.
+    /// Sets the number of delivery threads (concurrent requests) of each destination that
+    /// does not set its own. Defaults to 4.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
@@ -125,7 +129,8 @@ impl RelayConfig {
         self
     }
 
-    /// Sets how many claimed events may wait for or be in delivery at once. Defaults to 400.
+    /// Sets how many claimed events of one destination may wait for or be in delivery at
+    /// once. Defaults to 400.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self
@@ -190,8 +195,8 @@ impl RelayConfig {
         self
     }
 
-    /// Checks the settings and builds the transport.
-    pub(crate) fn build_transport(&self) -> Result<Arc<dyn Transport>> {
+    /// Checks the settings and builds one transport per destination.
+    pub(crate) fn build_transports(&self) -> Result<Vec<Arc<dyn Transport>>> {
         let positive = [
             ("workers", self.workers),
             ("claim batch", self.claim_batch),
@@ -209,19 +214,42 @@ impl RelayConfig {
                 self.lease
             )));
         }
-        match &self.target {
-            Target::Custom(t) => Ok(t.clone()),
-            Target::Http { url, config } => {
-                // A worker skips an event once half its lease is gone, so a request that
-                // starts must be able to finish inside the other half.
-                if config.request_timeout * 2 > self.lease {
+        if self.destinations.is_empty() {
+            return Err(Error::InvalidConfig("the relay has no destination".into()));
+        }
+        let mut transports = Vec::with_capacity(self.destinations.len());
+        for (i, d) in self.destinations.iter().enumerate() {
+            if self.destinations[..i].iter().any(|o| o.name == d.name) {
+                return Err(Error::InvalidConfig(format!(
+                    "destination {} is configured twice",
+                    d.name
+                )));
+            }
+            if d.workers == Some(0) {
+                return Err(Error::InvalidConfig(format!(
+                    "destination {}: workers must be at least 1",
+                    d.name
+                )));
+            }
+            // A worker skips an event once half its lease is gone, so a request that starts
+            // must be able to finish inside the other half.
+            if let Some(timeout) = d.request_timeout() {
+                if timeout * 2 > self.lease {
                     return Err(Error::InvalidConfig(format!(
-                        "lease of {:?} must be at least twice the request timeout of {:?}",
-                        self.lease, config.request_timeout
+                        "lease of {:?} must be at least twice the request timeout of {:?} \
+                         (destination {})",
+                        self.lease, timeout, d.name
                     )));
                 }
-                Ok(Arc::new(HttpTransport::new(url, config.clone())?))
             }
+            transports.push(d.build_transport()?);
         }
+        Ok(transports)
+    }
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self::new()
     }
 }

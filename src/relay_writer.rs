@@ -1,8 +1,10 @@
 //! The relay's writer thread: the only part of a relay that touches SQLite.
 //!
-//! It claims due events, hands them to the delivery workers through a bounded channel, and
-//! writes their outcomes back, many per transaction. Owning every write in one thread means
-//! the relay never fights itself for SQLite's single write lock.
+//! It claims due events for each destination ("lane"), hands them to that lane's delivery
+//! workers through a bounded channel, and writes their outcomes back, many per transaction.
+//! Owning every write in one thread means the relay never fights itself for SQLite's single
+//! write lock; giving each destination its own lane means one that is down or slow never
+//! holds back another.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,12 +16,15 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::TransactionBehavior;
 
 use crate::claim::{self, ClaimRequest, WriteBack};
+use crate::destination::Batching;
+use crate::destination_state;
 use crate::error::Result;
-use crate::outbox::{Outbox, DEFAULT_DESTINATION};
+use crate::outbox::Outbox;
 use crate::reachability::Reachability;
 use crate::relay::{Completion, Counters, Outcome, ShutdownReport};
 use crate::relay_config::RelayConfig;
 use crate::transport::{Attempt, OutboundEvent};
+use crate::wire::encoded_size_bound;
 
 /// Outcomes written back in one transaction at most.
 const MAX_ACKS_PER_TX: usize = 1_000;
@@ -27,27 +32,95 @@ const MAX_ACKS_PER_TX: usize = 1_000;
 /// crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
 
+/// One unit of work for a delivery worker: one request's worth of events.
+pub(crate) type Job = Vec<OutboundEvent>;
+
+/// One destination as the writer drives it.
+pub(crate) struct Lane {
+    pub name: String,
+    pub batch: Option<Batching>,
+    pub reach: Arc<Reachability>,
+    pub work_tx: Option<Sender<Job>>,
+    pub work_rx: Receiver<Job>,
+    in_flight: HashSet<i64>,
+    claim_due: bool,
+    /// Earliest retry this relay scheduled itself (unix ms, clock time).
+    next_due_ms: Option<i64>,
+    /// A 429 answer pauses the lane until then (clock time).
+    paused_until: i64,
+    /// Why the destination is disabled, if it is.
+    disabled: Option<String>,
+}
+
+impl Lane {
+    pub fn new(
+        name: String,
+        batch: Option<Batching>,
+        reach: Arc<Reachability>,
+        work: (Sender<Job>, Receiver<Job>),
+    ) -> Lane {
+        Lane {
+            name,
+            batch,
+            reach,
+            work_tx: Some(work.0),
+            work_rx: work.1,
+            in_flight: HashSet::new(),
+            claim_due: true,
+            next_due_ms: None,
+            paused_until: 0,
+            disabled: None,
+        }
+    }
+
+    /// Whether claiming now would be pointless.
+    fn blocked(&self, now: i64, max_in_flight: usize) -> bool {
+        self.disabled.is_some()
+            || self.in_flight.len() >= max_in_flight
+            || now < self.paused_until
+            || self.reach.is_offline(now)
+            || (self.reach.is_suspect() && !self.in_flight.is_empty())
+    }
+
+    /// Splits claimed events into requests: one event each, or batches within both limits.
+    fn into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
+        let Some(batch) = self.batch else {
+            return events.into_iter().map(|e| vec![e]).collect();
+        };
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut bytes = 0;
+        for event in events {
+            let size = encoded_size_bound(&event) + 1;
+            match jobs.last_mut() {
+                Some(job) if job.len() < batch.max_events && bytes + size <= batch.max_bytes => {
+                    bytes += size;
+                    job.push(event);
+                }
+                _ => {
+                    bytes = size + 2;
+                    jobs.push(vec![event]);
+                }
+            }
+        }
+        jobs
+    }
+}
+
 pub(crate) struct Writer {
     pub outbox: Outbox,
     pub conn: PooledConnection<SqliteConnectionManager>,
     pub config: RelayConfig,
     pub relay_id: String,
-    pub work_tx: Option<Sender<OutboundEvent>>,
-    pub work_rx: Receiver<OutboundEvent>,
+    pub lanes: Vec<Lane>,
     pub done_rx: Receiver<Completion>,
     pub stop_rx: Receiver<()>,
-    pub reach: Arc<Reachability>,
     pub counters: Arc<Counters>,
 }
 
 /// Loop state that only the writer sees.
 struct State {
     claim_seq: u64,
-    in_flight: HashSet<i64>,
-    claim_due: bool,
     stopping: bool,
-    /// Earliest retry this relay scheduled itself (unix ms, clock time).
-    next_due_ms: Option<i64>,
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
@@ -57,30 +130,30 @@ impl Writer {
     pub fn run(mut self) -> ShutdownReport {
         let mut state = State {
             claim_seq: 0,
-            in_flight: HashSet::new(),
-            claim_due: true,
             stopping: false,
-            next_due_ms: None,
             data_version: self.data_version().unwrap_or(0),
             last_poll: Instant::now(),
             last_claim: Instant::now(),
         };
+        self.load_disabled();
         let mut completions = Vec::new();
         while !state.stopping {
             self.drain_completions(&mut completions);
             if !completions.is_empty() {
-                self.apply(&mut state, &mut completions);
+                self.apply(&mut completions);
             }
             self.poll_for_work(&mut state);
-            if let Err(e) = self.claim(&mut state) {
-                // Not at once: a broken disk would otherwise turn this into a hot loop. The
-                // idle claim tries again within a second.
-                state.claim_due = false;
-                log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
+            for lane in 0..self.lanes.len() {
+                if let Err(e) = self.claim(&mut state, lane) {
+                    // Not at once: a broken disk would otherwise turn this into a hot loop.
+                    // The idle claim tries again within a second.
+                    self.lanes[lane].claim_due = false;
+                    log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
+                }
             }
             self.wait(&mut state, &mut completions);
         }
-        self.shut_down(state, completions)
+        self.shut_down(completions)
     }
 
     fn drain_completions(&self, into: &mut Vec<Completion>) {
@@ -93,15 +166,22 @@ impl Writer {
     }
 
     /// Blocks until there is something to do, or the poll interval passes.
-    fn wait(&self, state: &mut State, completions: &mut Vec<Completion>) {
-        let mut timeout = self.config.poll_interval;
-        if state.claim_due && !self.claim_blocked(state) {
-            // More work is waiting to be claimed: only look at the channels.
-            timeout = Duration::ZERO;
-        }
+    fn wait(&mut self, state: &mut State, completions: &mut Vec<Completion>) {
+        let now = self.outbox.now_ms();
+        let more_to_claim = self
+            .lanes
+            .iter()
+            .any(|l| l.claim_due && !l.blocked(now, self.config.max_in_flight));
+        // More work is waiting to be claimed: only look at the channels.
+        let timeout = if more_to_claim {
+            Duration::ZERO
+        } else {
+            self.config.poll_interval
+        };
+        let mut woken = false;
         select! {
             recv(self.stop_rx) -> _ => state.stopping = true,
-            recv(self.outbox.inner.wake_rx) -> _ => state.claim_due = true,
+            recv(self.outbox.inner.wake_rx) -> _ => woken = true,
             recv(self.done_rx) -> msg => {
                 if let Ok(c) = msg {
                     completions.push(c);
@@ -109,19 +189,13 @@ impl Writer {
             },
             default(timeout) => {},
         }
-    }
-
-    /// Whether claiming now would be pointless: the destination is offline, or nothing more
-    /// may be in flight.
-    fn claim_blocked(&self, state: &State) -> bool {
-        let now = self.outbox.now_ms();
-        state.in_flight.len() >= self.config.max_in_flight
-            || self.reach.is_offline(now)
-            || (self.reach.is_suspect() && !state.in_flight.is_empty())
+        if woken {
+            self.lanes.iter_mut().for_each(|l| l.claim_due = true);
+        }
     }
 
     /// Notices work that no channel announced: commits by other connections or processes,
-    /// retries falling due, leases of crashed relays expiring.
+    /// retries falling due, leases of crashed relays expiring, destinations re-enabled.
     fn poll_for_work(&mut self, state: &mut State) {
         if state.last_poll.elapsed() < self.config.poll_interval {
             return;
@@ -130,19 +204,34 @@ impl Writer {
         match self.data_version() {
             Ok(v) if v != state.data_version => {
                 state.data_version = v;
-                state.claim_due = true;
+                self.load_disabled();
+                self.lanes.iter_mut().for_each(|l| l.claim_due = true);
             }
             Ok(_) => {}
             Err(e) => log::warn!("relay {}: data_version poll failed: {e}", self.relay_id),
         }
-        if let Some(due) = state.next_due_ms {
-            if due <= self.outbox.now_ms() {
-                state.next_due_ms = None;
-                state.claim_due = true;
+        let now = self.outbox.now_ms();
+        for lane in &mut self.lanes {
+            if lane.next_due_ms.is_some_and(|due| due <= now) {
+                lane.next_due_ms = None;
+                lane.claim_due = true;
             }
         }
         if state.last_claim.elapsed() >= IDLE_CLAIM_INTERVAL {
-            state.claim_due = true;
+            state.last_claim = Instant::now();
+            self.lanes.iter_mut().for_each(|l| l.claim_due = true);
+        }
+    }
+
+    /// Reads which destinations are disabled (an operator may have changed it).
+    fn load_disabled(&mut self) {
+        match destination_state::reasons(&self.conn) {
+            Ok(mut disabled) => {
+                for lane in &mut self.lanes {
+                    lane.disabled = disabled.remove(&lane.name);
+                }
+            }
+            Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
         }
     }
 
@@ -153,27 +242,29 @@ impl Writer {
             .query_row([], |r| r.get(0))?)
     }
 
-    fn claim(&mut self, state: &mut State) -> Result<()> {
-        if !state.claim_due || state.stopping || self.claim_blocked(state) {
+    fn claim(&mut self, state: &mut State, index: usize) -> Result<()> {
+        let now = self.outbox.now_ms();
+        let max_in_flight = self.config.max_in_flight;
+        let lane = &self.lanes[index];
+        if !lane.claim_due || state.stopping || lane.blocked(now, max_in_flight) {
             return Ok(());
         }
-        let Some(work_tx) = &self.work_tx else {
+        if lane.work_tx.is_none() {
             return Ok(());
-        };
+        }
         // After unanswered attempts, send a single probe rather than a batch that would only
         // time out request by request.
-        let limit = if self.reach.is_suspect() {
+        let limit = if lane.reach.is_suspect() {
             1
         } else {
-            (self.config.max_in_flight - state.in_flight.len()).min(self.config.claim_batch)
+            (max_in_flight - lane.in_flight.len()).min(self.config.claim_batch)
         };
         state.claim_seq += 1;
         let owner = format!("{}:{}", self.relay_id, state.claim_seq);
-        let now = self.outbox.now_ms();
         let events = claim::claim(
             &self.conn,
             &ClaimRequest {
-                destination: DEFAULT_DESTINATION,
+                destination: &lane.name,
                 default_source: &self.outbox.inner.default_source,
                 owner: &owner,
                 now,
@@ -182,23 +273,34 @@ impl Writer {
             },
         )?;
         state.last_claim = Instant::now();
-        state.claim_due = events.len() == limit;
-        for event in events {
-            log::debug!("event {}: claimed by {owner}", event.event_id);
-            state.in_flight.insert(event.id);
-            // The channel holds max_in_flight events, so this never blocks.
-            if let Err(e) = work_tx.try_send(event) {
-                let event = e.into_inner();
-                state.in_flight.remove(&event.id);
-                log::error!("event {}: work queue full, releasing", event.event_id);
+        let lane = &mut self.lanes[index];
+        lane.claim_due = events.len() == limit;
+        for job in lane.into_jobs(events) {
+            for event in &job {
+                log::debug!(
+                    "event {}: claimed by {owner} for {}",
+                    event.event_id,
+                    lane.name
+                );
+                lane.in_flight.insert(event.id);
+            }
+            let Some(work_tx) = &lane.work_tx else { break };
+            // The channel holds max_in_flight jobs, so this never blocks.
+            if let Err(e) = work_tx.try_send(job) {
+                for event in e.into_inner() {
+                    lane.in_flight.remove(&event.id);
+                    log::error!(
+                        "event {}: work queue full, left to its lease",
+                        event.event_id
+                    );
+                }
             }
         }
         Ok(())
     }
 
-    /// Decides what an outcome means for its row.
-    fn classify(&self, completion: &Completion, now: i64) -> WriteBack {
-        let event = &completion.event;
+    /// Decides what an outcome means for one event of a request.
+    fn classify(&self, outcome: &Outcome, event: &OutboundEvent, now: i64) -> WriteBack {
         let retry_or_dead = |error: String, retry_after: Option<Duration>| {
             let attempts = event.attempts.saturating_add(1);
             if attempts >= i64::from(self.config.max_attempts) {
@@ -207,20 +309,25 @@ impl Writer {
                 };
             }
             let backoff = self.config.retry.full_jitter(attempts as u32);
-            let asked = retry_after.map(|d| d.min(self.config.retry_after_cap));
-            let wait = asked.map_or(backoff, |a| a.max(backoff));
+            let wait = self
+                .asked_wait(retry_after)
+                .map_or(backoff, |a| a.max(backoff));
             WriteBack::Retry {
                 available_at: now.saturating_add(wait.as_millis() as i64),
                 error,
             }
         };
-        match &completion.outcome {
+        match outcome {
             Outcome::Attempted(Attempt::Answered {
                 status,
                 retry_after,
                 detail,
             }) => match *status {
                 200..=299 => WriteBack::Delivered,
+                // The destination is disabled; its events wait without spending attempts.
+                410 => WriteBack::Release {
+                    error: Some(detail.clone()),
+                },
                 408 | 429 | 500..=599 => retry_or_dead(detail.clone(), *retry_after),
                 400..=499 if self.config.dead_letter_client_errors => WriteBack::Dead {
                     error: detail.clone(),
@@ -238,21 +345,60 @@ impl Writer {
         }
     }
 
+    /// A `Retry-After`, capped.
+    fn asked_wait(&self, retry_after: Option<Duration>) -> Option<Duration> {
+        retry_after.map(|d| d.min(self.config.retry_after_cap))
+    }
+
+    /// What an outcome means for its whole destination: reachability, throttling, disabling.
+    fn update_lane(&mut self, completion: &Completion, now: i64) {
+        let lane = &mut self.lanes[completion.lane];
+        for event in &completion.events {
+            lane.in_flight.remove(&event.id);
+        }
+        match &completion.outcome {
+            Outcome::Attempted(Attempt::Answered {
+                status,
+                retry_after,
+                detail,
+            }) => {
+                lane.reach.mark_answered();
+                if *status == 429 {
+                    // Throttled: this destination waits; the others go on.
+                    let wait = retry_after
+                        .map(|d| d.min(self.config.retry_after_cap))
+                        .unwrap_or(self.config.retry.base);
+                    lane.paused_until = lane
+                        .paused_until
+                        .max(now.saturating_add(wait.as_millis() as i64));
+                    log::info!("destination {}: throttled (429) for {wait:?}", lane.name);
+                } else if *status == 410 && lane.disabled.is_none() {
+                    let reason = format!("disabled after {detail}");
+                    log::warn!("destination {}: {reason}", lane.name);
+                    if let Err(e) = destination_state::disable(&self.conn, &lane.name, &reason, now)
+                    {
+                        log::error!("destination {}: cannot record 410: {e}", lane.name);
+                    }
+                    lane.disabled = Some(reason);
+                }
+            }
+            Outcome::Attempted(Attempt::Unreachable { .. }) => {
+                lane.reach.mark_unreachable(now, &self.config.offline)
+            }
+            _ => {}
+        }
+    }
+
     /// Writes a batch of outcomes back in one transaction.
-    fn apply(&mut self, state: &mut State, completions: &mut Vec<Completion>) {
+    fn apply(&mut self, completions: &mut Vec<Completion>) {
         let now = self.outbox.now_ms();
         let mut decided = Vec::with_capacity(completions.len());
         for c in completions.drain(..) {
-            state.in_flight.remove(&c.event.id);
-            match &c.outcome {
-                Outcome::Attempted(Attempt::Answered { .. }) => self.reach.mark_answered(),
-                Outcome::Attempted(Attempt::Unreachable { .. }) => {
-                    self.reach.mark_unreachable(now, &self.config.offline)
-                }
-                _ => {}
+            self.update_lane(&c, now);
+            for event in c.events {
+                let write_back = self.classify(&c.outcome, &event, now);
+                decided.push((c.lane, event, write_back));
             }
-            let write_back = self.classify(&c, now);
-            decided.push((c.event, write_back));
         }
         let recorded = match self.write_all(&decided, now) {
             Ok(recorded) => recorded,
@@ -268,7 +414,9 @@ impl Writer {
                 return;
             }
         };
-        for ((event, write_back), recorded) in decided.iter().zip(recorded) {
+        for ((lane, event, write_back), recorded) in decided.iter().zip(recorded) {
+            let lane = &mut self.lanes[*lane];
+            lane.claim_due = true;
             if !recorded {
                 self.counters.record_lease_lost();
                 log::warn!(
@@ -285,9 +433,8 @@ impl Writer {
                     available_at,
                     error,
                 } => {
-                    state.next_due_ms = Some(
-                        state
-                            .next_due_ms
+                    lane.next_due_ms = Some(
+                        lane.next_due_ms
                             .map_or(*available_at, |d| d.min(*available_at)),
                     );
                     log::info!(
@@ -306,17 +453,20 @@ impl Writer {
                 WriteBack::Release { error: None } => {}
             }
         }
-        state.claim_due = true;
     }
 
     /// Records every outcome in one transaction; returns, per outcome, whether its lease was
     /// still ours (and so whether it was recorded).
-    fn write_all(&mut self, decided: &[(OutboundEvent, WriteBack)], now: i64) -> Result<Vec<bool>> {
+    fn write_all(
+        &mut self,
+        decided: &[(usize, OutboundEvent, WriteBack)],
+        now: i64,
+    ) -> Result<Vec<bool>> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut recorded = Vec::with_capacity(decided.len());
-        for (event, write_back) in decided {
+        for (_, event, write_back) in decided {
             recorded.push(claim::write_back(
                 &tx,
                 event.id,
@@ -329,25 +479,32 @@ impl Writer {
         Ok(recorded)
     }
 
+    fn in_flight(&self) -> usize {
+        self.lanes.iter().map(|l| l.in_flight.len()).sum()
+    }
+
     /// Stops claiming, hands back events no worker started, and waits (bounded) for the rest.
-    fn shut_down(mut self, mut state: State, mut completions: Vec<Completion>) -> ShutdownReport {
+    fn shut_down(mut self, mut completions: Vec<Completion>) -> ShutdownReport {
         let deadline = Instant::now() + self.config.shutdown_timeout;
         let mut unstarted = Vec::new();
-        while let Ok(event) = self.work_rx.try_recv() {
-            unstarted.push(Completion {
-                event,
-                outcome: Outcome::Skipped,
-            });
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            while let Ok(events) = lane.work_rx.try_recv() {
+                unstarted.push(Completion {
+                    lane: index,
+                    events,
+                    outcome: Outcome::Skipped,
+                });
+            }
+            // Dropping the only sender lets the lane's workers exit after their request.
+            lane.work_tx = None;
         }
-        // Dropping the only sender lets workers exit after their current request.
-        self.work_tx = None;
-        let released = unstarted.len();
-        self.apply(&mut state, &mut unstarted);
+        let released = unstarted.iter().map(|c| c.events.len()).sum();
+        self.apply(&mut unstarted);
         let mut finished = 0;
-        while !state.in_flight.is_empty() || !completions.is_empty() {
+        while self.in_flight() > 0 || !completions.is_empty() {
             if !completions.is_empty() {
-                finished += completions.len();
-                self.apply(&mut state, &mut completions);
+                finished += completions.iter().map(|c| c.events.len()).sum::<usize>();
+                self.apply(&mut completions);
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -359,7 +516,7 @@ impl Writer {
                 Err(_) => break,
             }
         }
-        let abandoned = state.in_flight.len();
+        let abandoned = self.in_flight();
         if abandoned > 0 {
             log::warn!(
                 "relay {}: {abandoned} deliveries still running at shutdown; their leases \

@@ -62,20 +62,21 @@ pub enum Attempt {
     },
 }
 
-/// Sends one event to its destination and reports what happened.
+/// Sends events to one destination and reports what happened.
 ///
-/// Implementations must not panic on network input and must bound every call in time; the
-/// relay calls `send` from several worker threads at once.
+/// `events` holds one event, or a batch when the destination batches; the outcome applies to
+/// all of them. Implementations must not panic on network input and must bound every call in
+/// time; the relay calls `send` from several worker threads at once.
 pub trait Transport: Send + Sync + 'static {
-    /// Delivers `event` once and reports the outcome.
-    fn send(&self, event: &OutboundEvent) -> Attempt;
+    /// Delivers `events` once and reports the outcome.
+    fn send(&self, events: &[OutboundEvent]) -> Attempt;
 }
 
 impl<F> Transport for F
 where
-    F: Fn(&OutboundEvent) -> Attempt + Send + Sync + 'static,
+    F: Fn(&[OutboundEvent]) -> Attempt + Send + Sync + 'static,
 {
-    fn send(&self, event: &OutboundEvent) -> Attempt {
-        self(event)
+    fn send(&self, events: &[OutboundEvent]) -> Attempt {
+        self(events)
     }
 }

@@ -1,4 +1,4 @@
-//! What goes on the wire: the CloudEvents 1.0 structured-mode body of one event.
+//! What goes on the wire: CloudEvents 1.0 bodies, structured (one event) or batched.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -9,6 +9,11 @@ use crate::transport::OutboundEvent;
 
 /// The `content-type` of a structured-mode CloudEvent.
 pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
+
+/// Bytes of a structured event besides its strings and data: member names, quotes, the
+/// spec version, the content type and the time. Generous, so that
+/// [`encoded_size_bound`] is a true upper bound.
+const FIXED_OVERHEAD: usize = 256;
 
 #[derive(Serialize)]
 struct StructuredEvent<'a> {
@@ -23,7 +28,31 @@ struct StructuredEvent<'a> {
     datacontenttype: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     partitionkey: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<String>,
     data: &'a RawValue,
+}
+
+impl<'a> StructuredEvent<'a> {
+    fn new(event: &'a OutboundEvent) -> Result<Self, serde_json::Error> {
+        let data: &RawValue = serde_json::from_str(&event.payload)?;
+        Ok(StructuredEvent {
+            specversion: "1.0",
+            id: &event.event_id,
+            source: &event.source,
+            event_type: &event.event_type,
+            subject: event.subject.as_deref(),
+            time: rfc3339_millis(event.created_at),
+            datacontenttype: "application/json",
+            partitionkey: event.partition_key.as_deref(),
+            // The row id is the commit order; zero-padded so it also sorts as a string.
+            sequence: event
+                .partition_key
+                .as_ref()
+                .map(|_| format!("{:020}", event.id)),
+            data,
+        })
+    }
 }
 
 /// Formats unix milliseconds as an RFC 3339 UTC timestamp.
@@ -34,24 +63,51 @@ pub fn rfc3339_millis(unix_ms: i64) -> String {
 
 /// Encodes `event` as one CloudEvents 1.0 JSON object.
 ///
-/// The stored payload is embedded as it is, without re-parsing it into a tree.
+/// The stored payload is embedded as it is, without re-parsing it into a tree. Events with a
+/// partition key carry the `partitionkey` and `sequence` extensions.
 ///
 /// # Errors
 ///
 /// Returns the parse error when the stored payload is not valid JSON (a row edited by hand).
 pub fn structured_body(event: &OutboundEvent) -> Result<Vec<u8>, serde_json::Error> {
-    let data: &RawValue = serde_json::from_str(&event.payload)?;
-    serde_json::to_vec(&StructuredEvent {
-        specversion: "1.0",
-        id: &event.event_id,
-        source: &event.source,
-        event_type: &event.event_type,
-        subject: event.subject.as_deref(),
-        time: rfc3339_millis(event.created_at),
-        datacontenttype: "application/json",
-        partitionkey: event.partition_key.as_deref(),
-        data,
-    })
+    serde_json::to_vec(&StructuredEvent::new(event)?)
+}
+
+/// Encodes `events` as one CloudEvents batch: a JSON array of structured events.
+///
+/// # Errors
+///
+/// As [`structured_body`], for the first event whose payload is not valid JSON.
+pub fn batch_body(events: &[OutboundEvent]) -> Result<Vec<u8>, serde_json::Error> {
+    let items = events
+        .iter()
+        .map(StructuredEvent::new)
+        .collect::<Result<Vec<_>, _>>()?;
+    serde_json::to_vec(&items)
+}
+
+/// A stable id for a batch (its `webhook-id`): the same events give the same id.
+pub fn batch_id(events: &[OutboundEvent]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for e in events {
+        hash.update(e.event_id.as_bytes());
+        hash.update(b",");
+    }
+    let digest = hash.finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("batch_{hex}")
+}
+
+/// An upper bound on the encoded size of `event`, for packing batches without encoding them:
+/// JSON escaping makes a string at most six times longer.
+pub(crate) fn encoded_size_bound(event: &OutboundEvent) -> usize {
+    let strings = event.event_id.len()
+        + event.source.len()
+        + event.event_type.len()
+        + event.subject.as_ref().map_or(0, String::len)
+        + event.partition_key.as_ref().map_or(0, String::len);
+    FIXED_OVERHEAD + 6 * strings + event.payload.len()
 }
 
 #[cfg(test)]
@@ -88,6 +144,30 @@ mod tests {
         assert_eq!(v["partitionkey"], "customer-7");
         assert_eq!(v["time"], "2021-02-25T15:02:10.123Z");
         assert_eq!(v["data"]["order"], 42);
+        assert_eq!(v["sequence"], "00000000000000000001");
+        assert!(body.len() <= encoded_size_bound(&sample()));
+    }
+
+    #[test]
+    fn batch_is_an_array_and_its_id_is_stable() {
+        let mut second = sample();
+        second.id = 2;
+        second.event_id = "0190a0a0-0000-7000-8000-000000000002".into();
+        let events = vec![sample(), second];
+        let v: serde_json::Value = serde_json::from_slice(&batch_body(&events).unwrap()).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 2);
+        assert_eq!(v[1]["sequence"], "00000000000000000002");
+        assert_eq!(batch_id(&events), batch_id(&events.clone()));
+        assert_ne!(batch_id(&events), batch_id(&events[..1]));
+        assert!(batch_id(&events).starts_with("batch_"));
+    }
+
+    #[test]
+    fn size_bound_holds_for_strings_that_need_escaping() {
+        let mut e = sample();
+        e.subject = Some("\u{1}\"".repeat(50));
+        e.event_type = "\n".repeat(100);
+        assert!(structured_body(&e).unwrap().len() <= encoded_size_bound(&e));
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn an_expired_lease_is_taken_over_and_the_stale_owners_ack_is_rejected() {
     let (release_tx, release_rx) = bounded::<()>(1);
     let relay_a = outbox_a
         .relay(
-            RelayConfig::transport(move |_: &OutboundEvent| {
+            RelayConfig::transport(move |_: &[OutboundEvent]| {
                 let _ = entered_tx.send(());
                 let _ = release_rx.recv_timeout(PATIENCE);
                 accepted()
@@ -57,7 +57,7 @@ fn an_expired_lease_is_taken_over_and_the_stale_owners_ack_is_rejected() {
     let b_count = b_sent.clone();
     let relay_b = outbox_b
         .relay(
-            RelayConfig::transport(move |_: &OutboundEvent| {
+            RelayConfig::transport(move |_: &[OutboundEvent]| {
                 b_count.fetch_add(1, Ordering::SeqCst);
                 accepted()
             })

@@ -30,16 +30,18 @@ fn a_panicking_transport_spends_an_attempt_and_the_event_is_retried() {
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = calls.clone();
     let relay = outbox
-        .relay(quick(RelayConfig::transport(move |_: &OutboundEvent| {
-            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                panic!("transport bug");
-            }
-            Attempt::Answered {
-                status: 200,
-                retry_after: None,
-                detail: String::new(),
-            }
-        })))
+        .relay(quick(RelayConfig::transport(
+            move |_: &[OutboundEvent]| {
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("transport bug");
+                }
+                Attempt::Answered {
+                    status: 200,
+                    retry_after: None,
+                    detail: String::new(),
+                }
+            },
+        )))
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].delivered));
@@ -58,7 +60,7 @@ fn an_unsendable_event_is_dead_lettered_with_the_reason() {
     let outbox = Outbox::open(dir.path().join("unsendable.db")).unwrap();
     one_event(&outbox);
     let relay = outbox
-        .relay(quick(RelayConfig::transport(|_: &OutboundEvent| {
+        .relay(quick(RelayConfig::transport(|_: &[OutboundEvent]| {
             Attempt::Unsendable {
                 reason: "stored data is not valid JSON".into(),
             }
@@ -84,7 +86,7 @@ fn an_enormous_retry_after_is_capped() {
     one_event(&outbox);
     let relay = outbox
         .relay(
-            quick(RelayConfig::transport(|_: &OutboundEvent| {
+            quick(RelayConfig::transport(|_: &[OutboundEvent]| {
                 Attempt::Answered {
                     status: 503,
                     retry_after: Some(Duration::from_secs(u64::MAX)),
@@ -117,7 +119,7 @@ fn an_unreachable_destination_never_dead_letters_however_long_it_lasts() {
     let seen = calls.clone();
     let relay = outbox
         .relay(
-            quick(RelayConfig::transport(move |_: &OutboundEvent| {
+            quick(RelayConfig::transport(move |_: &[OutboundEvent]| {
                 seen.fetch_add(1, Ordering::SeqCst);
                 Attempt::Unreachable {
                     reason: "connection refused".into(),
