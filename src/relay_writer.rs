@@ -83,7 +83,7 @@ impl Lane {
     }
 
     /// Splits claimed events into requests: one event each, or batches within both limits.
-    fn into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
+    fn group_into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
         let Some(batch) = self.batch else {
             return events.into_iter().map(|e| vec![e]).collect();
         };
@@ -275,7 +275,7 @@ impl Writer {
         state.last_claim = Instant::now();
         let lane = &mut self.lanes[index];
         lane.claim_due = events.len() == limit;
-        for job in lane.into_jobs(events) {
+        for job in lane.group_into_jobs(events) {
             for event in &job {
                 log::debug!(
                     "event {}: claimed by {owner} for {}",
