@@ -1,8 +1,10 @@
-//! Whether a destination answers at all: the offline backoff of a whole destination.
+//! Whether a destination may be sent to now: the offline backoff of a whole destination, a
+//! 429 pause, and a disabled flag.
 //!
-//! Kept in memory only. A device that restarts after a week offline simply probes once.
+//! The backoff and the pause are kept in memory only: a device that restarts after a week
+//! offline simply probes once. (Disabling is persisted by the writer; this is its mirror.)
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
 use crate::backoff::Backoff;
 
@@ -14,6 +16,10 @@ pub(crate) struct Reachability {
     offline_until: AtomicI64,
     /// Consecutive bursts of unreachable attempts; zero once the receiver answers.
     failures: AtomicU32,
+    /// Clock time before which the receiver asked (429) not to be sent to.
+    paused_until: AtomicI64,
+    /// Set while the destination is disabled (410, or an operator).
+    disabled: AtomicBool,
 }
 
 impl Reachability {
@@ -35,6 +41,24 @@ impl Reachability {
     pub fn mark_answered(&self) {
         self.failures.store(0, Ordering::Release);
         self.offline_until.store(0, Ordering::Release);
+    }
+
+    /// Pauses the destination until `until` (clock time), unless it already waits longer.
+    pub fn pause_until(&self, until: i64) {
+        self.paused_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Marks the destination disabled or enabled.
+    pub fn set_disabled(&self, disabled: bool) {
+        self.disabled.store(disabled, Ordering::Release);
+    }
+
+    /// Whether nothing should be sent at `now`: offline, paused or disabled. Workers check
+    /// this before each request, so events already queued are handed back, not sent.
+    pub fn is_closed(&self, now: i64) -> bool {
+        self.is_offline(now)
+            || now < self.paused_until.load(Ordering::Acquire)
+            || self.disabled.load(Ordering::Acquire)
     }
 
     /// Whether the destination is inside its offline window at `now`.
@@ -73,6 +97,19 @@ mod tests {
         assert!(!r.is_offline(1_100));
         r.mark_answered();
         assert!(!r.is_offline(1_000) && !r.is_suspect());
+    }
+
+    #[test]
+    fn pause_and_disable_close_the_gate() {
+        let r = Reachability::default();
+        assert!(!r.is_closed(0));
+        r.pause_until(500);
+        r.pause_until(100); // a shorter pause does not cut a longer one
+        assert!(r.is_closed(499) && !r.is_closed(500));
+        r.set_disabled(true);
+        assert!(r.is_closed(10_000));
+        r.set_disabled(false);
+        assert!(!r.is_closed(10_000));
     }
 
     #[test]

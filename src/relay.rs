@@ -338,7 +338,7 @@ impl Worker {
         let lease_short = events
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
-        if self.reach.is_offline(now) || lease_short {
+        if self.reach.is_closed(now) || lease_short {
             return Outcome::Skipped;
         }
         match catch_unwind(AssertUnwindSafe(|| self.transport.send(events))) {

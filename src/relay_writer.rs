@@ -46,9 +46,7 @@ pub(crate) struct Lane {
     claim_due: bool,
     /// Earliest retry this relay scheduled itself (unix ms, clock time).
     next_due_ms: Option<i64>,
-    /// A 429 answer pauses the lane until then (clock time).
-    paused_until: i64,
-    /// Why the destination is disabled, if it is.
+    /// Why the destination is disabled, if it is (mirrored in `reach` for the workers).
     disabled: Option<String>,
 }
 
@@ -68,17 +66,14 @@ impl Lane {
             in_flight: HashSet::new(),
             claim_due: true,
             next_due_ms: None,
-            paused_until: 0,
             disabled: None,
         }
     }
 
     /// Whether claiming now would be pointless.
     fn blocked(&self, now: i64, max_in_flight: usize) -> bool {
-        self.disabled.is_some()
-            || self.in_flight.len() >= max_in_flight
-            || now < self.paused_until
-            || self.reach.is_offline(now)
+        self.in_flight.len() >= max_in_flight
+            || self.reach.is_closed(now)
             || (self.reach.is_suspect() && !self.in_flight.is_empty())
     }
 
@@ -229,6 +224,7 @@ impl Writer {
             Ok(mut disabled) => {
                 for lane in &mut self.lanes {
                     lane.disabled = disabled.remove(&lane.name);
+                    lane.reach.set_disabled(lane.disabled.is_some());
                 }
             }
             Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
@@ -299,8 +295,15 @@ impl Writer {
         Ok(())
     }
 
-    /// Decides what an outcome means for one event of a request.
-    fn classify(&self, outcome: &Outcome, event: &OutboundEvent, now: i64) -> WriteBack {
+    /// Decides what an outcome means for one event of a request. `backoff` is drawn once
+    /// per request, so the events of a failed batch come back together.
+    fn classify(
+        &self,
+        outcome: &Outcome,
+        event: &OutboundEvent,
+        backoff: Duration,
+        now: i64,
+    ) -> WriteBack {
         let retry_or_dead = |error: String, retry_after: Option<Duration>| {
             let attempts = event.attempts.saturating_add(1);
             if attempts >= i64::from(self.config.max_attempts) {
@@ -308,7 +311,6 @@ impl Writer {
                     error: format!("{error} (gave up after {attempts} attempts)"),
                 };
             }
-            let backoff = self.config.retry.full_jitter(attempts as u32);
             let wait = self
                 .asked_wait(retry_after)
                 .map_or(backoff, |a| a.max(backoff));
@@ -368,9 +370,8 @@ impl Writer {
                     let wait = retry_after
                         .map(|d| d.min(self.config.retry_after_cap))
                         .unwrap_or(self.config.retry.base);
-                    lane.paused_until = lane
-                        .paused_until
-                        .max(now.saturating_add(wait.as_millis() as i64));
+                    lane.reach
+                        .pause_until(now.saturating_add(wait.as_millis() as i64));
                     log::info!("destination {}: throttled (429) for {wait:?}", lane.name);
                 } else if *status == 410 && lane.disabled.is_none() {
                     let reason = format!("disabled after {detail}");
@@ -380,6 +381,7 @@ impl Writer {
                         log::error!("destination {}: cannot record 410: {e}", lane.name);
                     }
                     lane.disabled = Some(reason);
+                    lane.reach.set_disabled(true);
                 }
             }
             Outcome::Attempted(Attempt::Unreachable { .. }) => {
@@ -395,8 +397,13 @@ impl Writer {
         let mut decided = Vec::with_capacity(completions.len());
         for c in completions.drain(..) {
             self.update_lane(&c, now);
+            let attempt = c.events.iter().map(|e| e.attempts).max().unwrap_or(0) + 1;
+            let backoff = self
+                .config
+                .retry
+                .full_jitter(u32::try_from(attempt).unwrap_or(u32::MAX));
             for event in c.events {
-                let write_back = self.classify(&c.outcome, &event, now);
+                let write_back = self.classify(&c.outcome, &event, backoff, now);
                 decided.push((c.lane, event, write_back));
             }
         }

@@ -120,6 +120,17 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Brings the outbox and inbox tables of an open connection up to date: for a receiver's own
+/// database, or an app that manages its connections itself.
+///
+/// # Errors
+///
+/// [`Error::SchemaTooNew`] (nothing changed) or SQLite errors.
+pub fn migrate_connection(conn: &mut Connection) -> Result<()> {
+    let path = conn.path().unwrap_or("").to_string();
+    migrate(conn, Path::new(&path))
+}
+
 /// Opens (creating if needed) the database at `path`, migrates it and returns a pool.
 ///
 /// The schema version is checked on a plain connection before any PRAGMA is applied, so a

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 /// One request as the receiver saw it.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The event id (structured) or the first event's id (batch).
     pub event_id: String,
+    /// Every event id in the request, in order.
+    pub ids: Vec<String>,
+    pub raw: Vec<u8>,
     pub body: serde_json::Value,
     pub headers: HashMap<String, String>,
     /// How many requests for this event id arrived before this one.
@@ -82,6 +86,16 @@ impl TestReceiver {
         self.received.lock().unwrap().len()
     }
 
+    /// Events received, counting every event of a batch.
+    pub fn event_count(&self) -> usize {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.ids.len())
+            .sum()
+    }
+
     /// Stops the server and closes its port.
     pub fn stop(mut self) {
         self.shut();
@@ -113,8 +127,8 @@ fn serve(
             Ok(None) => continue,
             Err(_) => break,
         };
-        let mut body = String::new();
-        let _ = request.as_reader().read_to_string(&mut body);
+        let mut raw = Vec::new();
+        let _ = request.as_reader().read_to_end(&mut raw);
         let headers: HashMap<String, String> = request
             .headers()
             .iter()
@@ -126,13 +140,22 @@ fn serve(
             })
             .collect();
         let body: serde_json::Value =
-            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-        let event_id = body["id"].as_str().unwrap_or_default().to_string();
+            serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
+        let ids: Vec<String> = match &body {
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|e| e["id"].as_str().unwrap_or_default().to_string())
+                .collect(),
+            other => vec![other["id"].as_str().unwrap_or_default().to_string()],
+        };
+        let event_id = ids.first().cloned().unwrap_or_default();
         let rec = {
             let mut all = received.lock().unwrap();
             let earlier = all.iter().filter(|r| r.event_id == event_id).count();
             let rec = Received {
                 event_id,
+                ids,
+                raw,
                 body,
                 headers,
                 earlier,

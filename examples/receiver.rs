@@ -1,0 +1,236 @@
+//! A receiver for what the relay sends: verifies Standard Webhooks signatures, reads
+//! CloudEvents (one or a batch), and applies each event exactly once by recording its id in
+//! an inbox table inside the same SQLite transaction as the event's effect.
+//!
+//! ```text
+//! cargo run --example receiver -- --db received.db --secret whsec_… [--port 8080]
+//! ```
+//!
+//! Answers: 204 when the events were applied (or were duplicates), 400 for a bad signature
+//! or a body that is not CloudEvents, 413 for a body over 4 MiB, 503 with `Retry-After`
+//! while it is overloaded. Prints `listening on http://127.0.0.1:PORT/events` once ready.
+//! It stops by itself after `--max-seconds` (default: never).
+
+use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sqlite_outbox::rusqlite::{params, Connection, TransactionBehavior};
+use sqlite_outbox::{verify_request, Data, Inbox, Receipt, ReceiveError, Secret, Verifier};
+
+const MAX_BODY: u64 = 4 * 1024 * 1024;
+const THREADS: usize = 4;
+
+struct Args {
+    db: String,
+    secrets: Vec<String>,
+    port: u16,
+    max_seconds: Option<u64>,
+    max_concurrent: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        db: "received.db".into(),
+        secrets: Vec::new(),
+        port: 0,
+        max_seconds: None,
+        max_concurrent: THREADS,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--db" => args.db = value()?,
+            "--secret" => args.secrets.push(value()?),
+            "--port" => args.port = value()?.parse().map_err(|e| format!("--port: {e}"))?,
+            "--max-seconds" => {
+                args.max_seconds = Some(
+                    value()?
+                        .parse()
+                        .map_err(|e| format!("--max-seconds: {e}"))?,
+                )
+            }
+            "--max-concurrent" => {
+                args.max_concurrent = value()?
+                    .parse()
+                    .map_err(|e| format!("--max-concurrent: {e}"))?
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if args.secrets.is_empty() {
+        if let Ok(s) = std::env::var("OUTBOX_SECRET") {
+            args.secrets.push(s);
+        }
+    }
+    if args.secrets.is_empty() {
+        return Err("give --secret whsec_… (or OUTBOX_SECRET)".into());
+    }
+    Ok(args)
+}
+
+/// Applies a verified request's events in one transaction; returns (applied, duplicates).
+fn apply(
+    conn: &mut Connection,
+    events: &[sqlite_outbox::CloudEvent],
+) -> sqlite_outbox::Result<(usize, usize)> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (mut applied, mut duplicates) = (0, 0);
+    for event in events {
+        match Inbox::receive(&tx, &event.source, &event.id)? {
+            Receipt::Duplicate => duplicates += 1,
+            Receipt::New => {
+                let data = match &event.data {
+                    Data::Json(v) => v.to_string(),
+                    Data::Text(t) => t.clone(),
+                    Data::Binary(_) | Data::None => String::new(),
+                };
+                tx.execute(
+                    "INSERT INTO received_events (event_id, source, type, subject, data)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![
+                        event.id,
+                        event.source,
+                        event.event_type,
+                        event.subject,
+                        data
+                    ],
+                )?;
+                applied += 1;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok((applied, duplicates))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = parse_args()?;
+    let secrets = args
+        .secrets
+        .iter()
+        .map(|s| Secret::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verifier = Arc::new(Verifier::new(secrets));
+
+    let mut conn = Connection::open(&args.db)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")?;
+    sqlite_outbox::migrate(&mut conn)?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS received_events (
+             id INTEGER PRIMARY KEY, event_id TEXT NOT NULL, source TEXT NOT NULL,
+             type TEXT NOT NULL, subject TEXT, data TEXT NOT NULL)",
+    )?;
+    drop(conn);
+
+    let server =
+        Arc::new(tiny_http::Server::http(("127.0.0.1", args.port)).map_err(|e| e.to_string())?);
+    let addr = server.server_addr().to_ip().ok_or("not an IP listener")?;
+    println!("listening on http://{addr}/events");
+    let stop_at = args
+        .max_seconds
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    let busy = Arc::new(AtomicUsize::new(0));
+
+    let handles: Vec<_> = (0..THREADS)
+        .map(|n| {
+            let (server, verifier, busy) = (server.clone(), verifier.clone(), busy.clone());
+            let db = args.db.clone();
+            let max_concurrent = args.max_concurrent;
+            thread::Builder::new().name(format!("receiver-{n}")).spawn(
+                move || -> sqlite_outbox::Result<()> {
+                    let mut conn = Connection::open(&db)?;
+                    conn.busy_timeout(Duration::from_secs(2))?;
+                    while !stop_at.is_some_and(|t| Instant::now() >= t) {
+                        let Ok(Some(mut request)) = server.recv_timeout(Duration::from_millis(100))
+                        else {
+                            continue;
+                        };
+                        let (status, message) =
+                            if busy.fetch_add(1, Ordering::SeqCst) >= max_concurrent {
+                                (503, "overloaded".to_string())
+                            } else {
+                                handle(&mut request, &verifier, &mut conn)
+                            };
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                        let mut response =
+                            tiny_http::Response::from_string(message).with_status_code(status);
+                        if status == 503 {
+                            response = response.with_header(
+                                tiny_http::Header::from_bytes("Retry-After", "1")
+                                    .expect("static header"),
+                            );
+                        }
+                        let _ = request.respond(response);
+                    }
+                    Ok(())
+                },
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    for h in handles {
+        if let Ok(Err(e)) = h.join() {
+            log::error!("receiver thread: {e}");
+        }
+    }
+    Ok(())
+}
+
+fn handle(
+    request: &mut tiny_http::Request,
+    verifier: &Verifier,
+    conn: &mut Connection,
+) -> (u16, String) {
+    let mut body = Vec::new();
+    if request
+        .as_reader()
+        .take(MAX_BODY + 1)
+        .read_to_end(&mut body)
+        .is_err()
+    {
+        return (400, "unreadable body".into());
+    }
+    if body.len() as u64 > MAX_BODY {
+        return (413, format!("body over {MAX_BODY} bytes"));
+    }
+    let headers: Vec<(String, String)> = request
+        .headers()
+        .iter()
+        .map(|h| {
+            (
+                h.field.as_str().as_str().to_string(),
+                h.value.as_str().to_string(),
+            )
+        })
+        .collect();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let events = match verify_request(verifier, &headers, &body, now) {
+        Ok(events) => events,
+        Err(e @ ReceiveError::Signature(_)) => {
+            log::warn!("refused: {e}");
+            return (400, e.to_string());
+        }
+        Err(e) => return (400, e.to_string()),
+    };
+    match apply(conn, &events) {
+        Ok((applied, duplicates)) => {
+            log::info!(
+                "{} events: {applied} applied, {duplicates} duplicates",
+                events.len()
+            );
+            (204, String::new())
+        }
+        // Busy database or full disk: the sender retries later, nothing was recorded.
+        Err(e) => {
+            log::warn!("could not apply: {e}");
+            (503, "try again".into())
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The receiving side: verify a signed request, read its CloudEvents, and apply each event
+//! exactly once with an inbox table kept in the receiver's own transaction.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, Transaction};
+
+use crate::cloudevents::{parse_request, CloudEvent, ParseError};
+use crate::error::Result;
+use crate::signature::{Verifier, VerifyError};
+
+/// Rows deleted per transaction when pruning, so the receiver's writers never wait long.
+const PRUNE_PAGE: i64 = 1_000;
+
+/// Whether an event was seen before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receipt {
+    /// First time: apply its effect in the same transaction.
+    New,
+    /// Already received (a re-delivery): skip it, and still answer 2xx.
+    Duplicate,
+}
+
+/// An inbox of received event ids, in the receiver's SQLite database.
+///
+/// ```
+/// use sqlite_outbox::{Inbox, Receipt, rusqlite::Connection};
+/// # fn main() -> Result<(), sqlite_outbox::Error> {
+/// let mut conn = Connection::open_in_memory()?;
+/// sqlite_outbox::migrate(&mut conn)?;
+/// let tx = conn.transaction()?;
+/// assert_eq!(Inbox::receive(&tx, "/shop", "evt-1")?, Receipt::New);
+/// assert_eq!(Inbox::receive(&tx, "/shop", "evt-1")?, Receipt::Duplicate);
+/// tx.commit()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inbox;
+
+impl Inbox {
+    /// Records `(source, event_id)` inside `tx` and tells a new event from a duplicate.
+    ///
+    /// Do the event's work in the same transaction: if it rolls back, the id is not recorded
+    /// either, and the re-delivery is applied then. Together, every event takes effect once.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors (the table comes from [`migrate`](crate::migrate)).
+    pub fn receive(tx: &Transaction<'_>, source: &str, event_id: &str) -> Result<Receipt> {
+        let inserted = tx
+            .prepare_cached(
+                "INSERT INTO outbox_inbox (source, event_id, received_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![source, event_id, unix_ms()])?;
+        Ok(if inserted == 1 {
+            Receipt::New
+        } else {
+            Receipt::Duplicate
+        })
+    }
+
+    /// Deletes inbox rows received more than `older_than` ago, a page per transaction;
+    /// returns how many. Keep more than the senders' longest retry horizon: an event
+    /// re-delivered after its row is gone would be applied again.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors; pages already deleted stay deleted.
+    pub fn prune(conn: &Connection, older_than: Duration) -> Result<usize> {
+        let cutoff = unix_ms().saturating_sub(older_than.as_millis() as i64);
+        let mut total = 0;
+        loop {
+            let deleted = conn
+                .prepare_cached(
+                    "DELETE FROM outbox_inbox WHERE (source, event_id) IN (
+                         SELECT source, event_id FROM outbox_inbox
+                          WHERE received_at < ?1 LIMIT ?2)",
+                )?
+                .execute(params![cutoff, PRUNE_PAGE])?;
+            total += deleted;
+            if deleted < PRUNE_PAGE as usize {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Why a request was refused by [`verify_request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReceiveError {
+    /// The signature check failed: answer 400 (or 401).
+    Signature(VerifyError),
+    /// The body is not valid CloudEvents: answer 400.
+    Body(ParseError),
+}
+
+impl fmt::Display for ReceiveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReceiveError::Signature(e) => write!(f, "signature: {e}"),
+            ReceiveError::Body(e) => write!(f, "body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReceiveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReceiveError::Signature(e) => Some(e),
+            ReceiveError::Body(e) => Some(e),
+        }
+    }
+}
+
+/// Verifies a signed request and parses its CloudEvents (structured or batched, by its
+/// `content-type`), at `now` (unix seconds).
+///
+/// # Errors
+///
+/// [`ReceiveError::Signature`] before the body is even parsed, or [`ReceiveError::Body`].
+pub fn verify_request<K, V>(
+    verifier: &Verifier,
+    headers: &[(K, V)],
+    body: &[u8],
+    now: i64,
+) -> Result<Vec<CloudEvent>, ReceiveError>
+where
+    K: AsRef<str>,
+    V: AsRef<str>,
+{
+    verifier
+        .verify(
+            headers.iter().map(|(k, v)| (k.as_ref(), v.as_ref())),
+            body,
+            now,
+        )
+        .map_err(ReceiveError::Signature)?;
+    let content_type = headers
+        .iter()
+        .find(|(k, _)| k.as_ref().eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_ref());
+    parse_request(content_type, body).map_err(ReceiveError::Body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rolled_back_receipt_is_not_remembered() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::store::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        {
+            let tx = conn.transaction().unwrap();
+            assert_eq!(Inbox::receive(&tx, "s", "e").unwrap(), Receipt::New);
+            // dropped: rolled back
+        }
+        let tx = conn.transaction().unwrap();
+        assert_eq!(Inbox::receive(&tx, "s", "e").unwrap(), Receipt::New);
+        assert_eq!(Inbox::receive(&tx, "other", "e").unwrap(), Receipt::New);
+        tx.commit().unwrap();
+    }
+
+    #[test]
+    fn prune_removes_only_old_rows_in_pages() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::store::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        let old = unix_ms() - 10 * 86_400_000;
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)
+             INSERT INTO outbox_inbox SELECT 's', 'old-' || i, ?1 FROM n",
+            [old],
+        )
+        .unwrap();
+        let tx = conn.transaction().unwrap();
+        Inbox::receive(&tx, "s", "fresh").unwrap();
+        tx.commit().unwrap();
+        let pruned = Inbox::prune(&conn, Duration::from_secs(86_400)).unwrap();
+        assert_eq!(pruned, 2500);
+        let left: i64 = conn
+            .query_row("SELECT COUNT(*) FROM outbox_inbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 1);
+    }
+}
