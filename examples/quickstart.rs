@@ -1,6 +1,7 @@
 //! The main job, end to end on one machine: an app commits orders and their events in the
-//! same SQLite transactions, a relay delivers the events to a local receiver over HTTP, the
-//! receiver goes down for a moment and comes back, and nothing is lost.
+//! same SQLite transactions, a relay delivers them as signed CloudEvents (Standard Webhooks)
+//! to a local receiver that verifies every request, the receiver goes down for a moment and
+//! comes back, and nothing is lost.
 //!
 //! ```text
 //! cargo run --release --example quickstart            # 5,000 orders in a temp folder
@@ -15,18 +16,31 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sqlite_outbox::{Event, HttpConfig, Outbox, RelayConfig};
+use sqlite_outbox::{
+    verify_request, Destination, Event, HttpConfig, Outbox, RelayConfig, Secret, Verifier,
+};
 
-/// A receiver on 127.0.0.1 that counts every event id it is sent.
+/// A receiver on 127.0.0.1 that verifies each request's signature, parses its CloudEvents
+/// and counts every event id; requests that fail verification are counted as rejected.
 struct Receiver {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
-type Seen = Arc<Mutex<HashMap<String, u32>>>;
+#[derive(Default)]
+struct Tally {
+    seen: HashMap<String, u32>,
+    rejected: u32,
+}
+
+type Seen = Arc<Mutex<Tally>>;
 
 impl Receiver {
-    fn start(addr: SocketAddr, seen: Seen) -> Result<Self, Box<dyn std::error::Error>> {
+    fn start(
+        addr: SocketAddr,
+        seen: Seen,
+        verifier: Arc<Verifier>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         // The port was just closed by the previous receiver: allow a moment to rebind.
         let deadline = Instant::now() + Duration::from_secs(5);
         let server = loop {
@@ -43,6 +57,7 @@ impl Receiver {
         let threads = (0..4)
             .map(|n| {
                 let (server, stop, seen) = (server.clone(), stop.clone(), seen.clone());
+                let verifier = verifier.clone();
                 thread::Builder::new()
                     .name(format!("receiver-{n}"))
                     .spawn(move || {
@@ -54,15 +69,27 @@ impl Receiver {
                             };
                             let mut body = Vec::new();
                             let _ = request.as_reader().read_to_end(&mut body);
-                            let id = serde_json::from_slice::<serde_json::Value>(&body)
-                                .ok()
-                                .and_then(|v| v["id"].as_str().map(str::to_string));
-                            let status = match id {
-                                Some(id) => {
-                                    *seen.lock().unwrap().entry(id).or_default() += 1;
+                            let headers: Vec<(String, String)> = request
+                                .headers()
+                                .iter()
+                                .map(|h| (h.field.to_string(), h.value.to_string()))
+                                .collect();
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_secs() as i64);
+                            let status = match verify_request(&verifier, &headers, &body, now) {
+                                Ok(events) => {
+                                    let mut tally = seen.lock().unwrap();
+                                    for event in events {
+                                        *tally.seen.entry(event.id).or_default() += 1;
+                                    }
                                     204
                                 }
-                                None => 400,
+                                Err(e) => {
+                                    log::warn!("rejected: {e}");
+                                    seen.lock().unwrap().rejected += 1;
+                                    400
+                                }
                             };
                             let _ = request.respond(tiny_http::Response::empty(status));
                         }
@@ -106,20 +133,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
 
-    // 2. A local receiver, and a relay delivering to it.
+    // 2. A local receiver that knows the signing secret, and a relay delivering to it.
+    let (secret, secret_text) = Secret::generate()?;
+    let verifier = Arc::new(Verifier::new([secret]));
     let seen: Seen = Arc::default();
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     drop(listener);
-    let receiver = Receiver::start(addr, seen.clone())?;
+    let receiver = Receiver::start(addr, seen.clone(), verifier.clone())?;
+    let destination = Destination::http("default", format!("http://{addr}/events"))
+        .secret(&secret_text)?
+        .http_config(HttpConfig {
+            request_timeout: Duration::from_secs(2),
+            ..HttpConfig::default()
+        });
     let relay = outbox
         .relay(
-            RelayConfig::http(format!("http://{addr}/events"))
+            RelayConfig::new()
+                .destination(destination)
                 .workers(4)
-                .http_config(HttpConfig {
-                    request_timeout: Duration::from_secs(2),
-                    ..HttpConfig::default()
-                })
                 .lease(Duration::from_secs(10))
                 .offline_backoff(Duration::from_millis(50), Duration::from_millis(500)),
         )
@@ -144,7 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(since) = down_since {
             if since.elapsed() >= Duration::from_secs(1) {
-                receiver = Some(Receiver::start(addr, seen.clone())?);
+                receiver = Some(Receiver::start(addr, seen.clone(), verifier.clone())?);
                 outage = since.elapsed();
                 down_since = None;
                 println!("receiver  back up after {outage:.1?}");
@@ -172,7 +204,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(since) = down_since {
         // Few orders: the outage outlasted the writes. Bring the receiver back now.
         thread::sleep(Duration::from_secs(1).saturating_sub(since.elapsed()));
-        receiver = Some(Receiver::start(addr, seen.clone())?);
+        receiver = Some(Receiver::start(addr, seen.clone(), verifier.clone())?);
         outage = since.elapsed();
         println!("receiver  back up after {outage:.1?}");
     }
@@ -198,23 +230,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let delivered = delivered(&outbox)?;
-    let seen = seen.lock().unwrap();
-    let requests: u32 = seen.values().sum();
-    let unique = seen.len();
+    let tally = seen.lock().unwrap();
+    let requests: u32 = tally.seen.values().sum();
+    let unique = tally.seen.len();
     let duplicates = requests as usize - unique;
     let lost = committed.saturating_sub(unique);
     println!();
     println!("committed   {committed} orders, each with its event in the same transaction");
-    println!("delivered   {delivered} (relay: {} acks, {} retries, {} dead, {} released while the receiver was down)",
-        stats.delivered, stats.retried, stats.dead, stats.released);
-    println!("received    {unique} distinct events in {requests} requests");
+    println!(
+        "delivered   {delivered} (relay: {} acks, {} retries, {} dead, {} released while the receiver was down)",
+        stats.delivered, stats.retried, stats.dead, stats.released
+    );
+    println!(
+        "received    {unique} distinct events in {requests} signed CloudEvents requests, \
+         every signature verified ({} rejected)",
+        tally.rejected
+    );
     println!("duplicates  {duplicates}");
     println!("lost        {lost}");
     println!(
         "took        {elapsed:.2?} ({:.0} events/s end to end, including a {outage:.1?} outage)",
         committed as f64 / elapsed.as_secs_f64()
     );
-    if lost > 0 || delivered != committed as i64 {
+    if lost > 0 || delivered != committed as i64 || tally.rejected > 0 {
         return Err(format!("{lost} events were not delivered").into());
     }
     Ok(())

@@ -6,7 +6,21 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
+use std::time::Duration;
+
 use crate::backoff::Backoff;
+use crate::transport::Attempt;
+
+/// How a destination's gate reacts to answers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GatePolicy {
+    /// Backoff of an unreachable destination.
+    pub offline: Backoff,
+    /// Longest 429 pause honoured.
+    pub retry_after_cap: Duration,
+    /// Pause after a 429 without `Retry-After`.
+    pub default_pause: Duration,
+}
 
 /// The reachability of one destination, written by the relay's writer thread and read by its
 /// delivery workers (which skip events while the destination is known to be offline).
@@ -41,6 +55,31 @@ impl Reachability {
     pub fn mark_answered(&self) {
         self.failures.store(0, Ordering::Release);
         self.offline_until.store(0, Ordering::Release);
+    }
+
+    /// Updates the gate from one attempt's outcome, as soon as it is known.
+    pub fn observe(&self, attempt: &Attempt, now: i64, policy: &GatePolicy) {
+        match attempt {
+            Attempt::Answered {
+                status,
+                retry_after,
+                ..
+            } => {
+                self.mark_answered();
+                match status {
+                    // Throttled: this destination waits; the others go on.
+                    429 => {
+                        let wait = retry_after
+                            .map_or(policy.default_pause, |d| d.min(policy.retry_after_cap));
+                        self.pause_until(now.saturating_add(wait.as_millis() as i64));
+                    }
+                    410 => self.set_disabled(true),
+                    _ => {}
+                }
+            }
+            Attempt::Unreachable { .. } => self.mark_unreachable(now, &policy.offline),
+            Attempt::Unsendable { .. } => {}
+        }
     }
 
     /// Pauses the destination until `until` (clock time), unless it already waits longer.
@@ -81,7 +120,6 @@ impl Reachability {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     const OFFLINE: Backoff = Backoff {
         base: Duration::from_millis(100),
@@ -97,6 +135,33 @@ mod tests {
         assert!(!r.is_offline(1_100));
         r.mark_answered();
         assert!(!r.is_offline(1_000) && !r.is_suspect());
+    }
+
+    #[test]
+    fn answers_close_the_gate_at_once() {
+        let policy = GatePolicy {
+            offline: OFFLINE,
+            retry_after_cap: Duration::from_secs(10),
+            default_pause: Duration::from_secs(1),
+        };
+        let answer = |status, retry_after| Attempt::Answered {
+            status,
+            retry_after,
+            detail: String::new(),
+        };
+        let r = Reachability::default();
+        r.observe(&answer(429, Some(Duration::from_secs(3600))), 0, &policy);
+        assert!(r.is_closed(9_999) && !r.is_closed(10_000), "capped pause");
+        r.observe(&answer(410, None), 0, &policy);
+        assert!(r.is_closed(1_000_000));
+        let r = Reachability::default();
+        let refused = Attempt::Unreachable {
+            reason: "refused".into(),
+        };
+        r.observe(&refused, 0, &policy);
+        assert!(r.is_offline(0) && r.is_suspect());
+        r.observe(&answer(500, None), 10, &policy);
+        assert!(!r.is_closed(10));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::claim::WriteBack;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::outbox::Outbox;
-use crate::reachability::Reachability;
+use crate::reachability::{GatePolicy, Reachability};
 use crate::relay_config::RelayConfig;
 use crate::relay_writer::{Job, Lane, Writer};
 use crate::transport::{Attempt, OutboundEvent, Transport};
@@ -192,6 +192,11 @@ impl Relay {
                     reach: reach.clone(),
                     clock: self.outbox.inner.clock.clone(),
                     lease_ms: self.config.lease.as_millis() as i64,
+                    policy: GatePolicy {
+                        offline: self.config.offline,
+                        retry_after_cap: self.config.retry_after_cap,
+                        default_pause: self.config.retry.base,
+                    },
                 };
                 let name = format!("outbox-{}-{n}", destination.name);
                 workers.push(Watched::spawn(name, move || worker.run())?);
@@ -313,6 +318,7 @@ struct Worker {
     reach: Arc<Reachability>,
     clock: Arc<dyn Clock>,
     lease_ms: i64,
+    policy: GatePolicy,
 }
 
 impl Worker {
@@ -342,7 +348,11 @@ impl Worker {
             return Outcome::Skipped;
         }
         match catch_unwind(AssertUnwindSafe(|| self.transport.send(events))) {
-            Ok(attempt) => Outcome::Attempted(attempt),
+            Ok(attempt) => {
+                self.reach
+                    .observe(&attempt, self.clock.now_ms(), &self.policy);
+                Outcome::Attempted(attempt)
+            }
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<&str>()

@@ -352,42 +352,29 @@ impl Writer {
         retry_after.map(|d| d.min(self.config.retry_after_cap))
     }
 
-    /// What an outcome means for its whole destination: reachability, throttling, disabling.
+    /// Books a finished request: frees its in-flight slots and persists a 410. (The worker
+    /// has already closed the destination's gate for 410, 429 and unreachable answers, so
+    /// queued events are not sent meanwhile.)
     fn update_lane(&mut self, completion: &Completion, now: i64) {
         let lane = &mut self.lanes[completion.lane];
         for event in &completion.events {
             lane.in_flight.remove(&event.id);
         }
-        match &completion.outcome {
-            Outcome::Attempted(Attempt::Answered {
-                status,
-                retry_after,
-                detail,
-            }) => {
-                lane.reach.mark_answered();
-                if *status == 429 {
-                    // Throttled: this destination waits; the others go on.
-                    let wait = retry_after
-                        .map(|d| d.min(self.config.retry_after_cap))
-                        .unwrap_or(self.config.retry.base);
-                    lane.reach
-                        .pause_until(now.saturating_add(wait.as_millis() as i64));
-                    log::info!("destination {}: throttled (429) for {wait:?}", lane.name);
-                } else if *status == 410 && lane.disabled.is_none() {
-                    let reason = format!("disabled after {detail}");
-                    log::warn!("destination {}: {reason}", lane.name);
-                    if let Err(e) = destination_state::disable(&self.conn, &lane.name, &reason, now)
-                    {
-                        log::error!("destination {}: cannot record 410: {e}", lane.name);
-                    }
-                    lane.disabled = Some(reason);
-                    lane.reach.set_disabled(true);
+        if let Outcome::Attempted(Attempt::Answered {
+            status: 410,
+            detail,
+            ..
+        }) = &completion.outcome
+        {
+            if lane.disabled.is_none() {
+                let reason = format!("disabled after {detail}");
+                log::warn!("destination {}: {reason}", lane.name);
+                if let Err(e) = destination_state::disable(&self.conn, &lane.name, &reason, now) {
+                    log::error!("destination {}: cannot record 410: {e}", lane.name);
                 }
+                lane.disabled = Some(reason);
+                lane.reach.set_disabled(true);
             }
-            Outcome::Attempted(Attempt::Unreachable { .. }) => {
-                lane.reach.mark_unreachable(now, &self.config.offline)
-            }
-            _ => {}
         }
     }
 

@@ -1,0 +1,154 @@
+//! The receiver example as a real process: verifies, de-duplicates through the inbox, and
+//! applies a re-delivered event once.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{delivered_count, fast, wait_until, PATIENCE};
+use serde_json::json;
+use sqlite_outbox::rusqlite::Connection;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The example binary, built by `cargo test`; built here if this test runs on its own.
+fn receiver_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("examples").join("receiver");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--example", "receiver"])
+            .status()
+            .expect("run cargo build --example receiver");
+        assert!(status.success());
+    }
+    path
+}
+
+struct Receiver {
+    child: Child,
+    url: String,
+}
+
+impl Receiver {
+    fn start(db: &std::path::Path) -> Receiver {
+        let mut child = Command::new(receiver_binary())
+            .args(["--db", db.to_str().unwrap(), "--secret", SECRET])
+            .args(["--port", "0", "--max-seconds", "120"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn receiver");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(PATIENCE)
+            .expect("receiver announces its address");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_string();
+        Receiver { child, url }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn count(db: &std::path::Path, sql: &str) -> i64 {
+    Connection::open(db)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatures() {
+    let dir = tempfile::tempdir().unwrap();
+    let received_db = dir.path().join("received.db");
+    let receiver = Receiver::start(&received_db);
+
+    let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
+    for i in 0..20 {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", json!({"n": i}))))
+            .unwrap();
+    }
+    let relay = outbox
+        .relay(fast(
+            RelayConfig::new().destination(
+                Destination::http("default", receiver.url.clone())
+                    .secret(SECRET)
+                    .unwrap(),
+            ),
+        ))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 20));
+
+    // Deliver three of them again, as a relay that lost its acks would.
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "UPDATE outbox_events SET delivered_at = NULL WHERE id <= 3",
+            [],
+        )
+        .unwrap();
+    outbox.notify();
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 20
+        && common::rows(&outbox)
+            .iter()
+            .take(3)
+            .all(|r| r.attempts == 2)));
+    relay.shutdown();
+
+    assert_eq!(
+        count(&received_db, "SELECT COUNT(*) FROM received_events"),
+        20
+    );
+    assert_eq!(
+        count(
+            &received_db,
+            "SELECT COUNT(DISTINCT event_id) FROM received_events"
+        ),
+        20
+    );
+    assert_eq!(count(&received_db, "SELECT COUNT(*) FROM outbox_inbox"), 20);
+
+    // A forged request is refused with 400 and changes nothing.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let response = agent
+        .post(&receiver.url)
+        .header("content-type", "application/cloudevents+json")
+        .header("webhook-id", "forged")
+        .header("webhook-timestamp", "1700000000")
+        .header("webhook-signature", "v1,Zm9yZ2Vk")
+        .send(r#"{"specversion":"1.0","id":"x","source":"/evil","type":"t"}"#)
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    assert_eq!(
+        count(&received_db, "SELECT COUNT(*) FROM received_events"),
+        20
+    );
+}
