@@ -318,3 +318,74 @@ fn captured_request_for_the_notes() {
     println!("{}", String::from_utf8_lossy(&r.raw));
     let _ = Duration::ZERO;
 }
+
+#[test]
+fn the_official_cloudevents_sdk_accepts_every_request_the_relay_sends() {
+    use cloudevents::{AttributesReader, Event as SdkEvent};
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .route("*", "single")
+        .route("*", "batched")
+        .open(dir.path().join("sdk.db"))
+        .unwrap();
+    let single = TestReceiver::ok();
+    let batched = TestReceiver::ok();
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let mut event = Event::new(
+            "order.created",
+            json!({"i": i, "note": "ünïcode \"quoted\""}),
+        );
+        if i % 2 == 0 {
+            event = event
+                .partition_key(format!("k{}", i % 3))
+                .subject(format!("orders/{i}"));
+        }
+        ids.push(
+            outbox
+                .transaction(|tx| outbox.enqueue(tx, event))
+                .unwrap()
+                .event_id()
+                .to_string(),
+        );
+    }
+    let relay = outbox
+        .relay(fast(
+            RelayConfig::new()
+                .destination(Destination::http("single", single.url()))
+                .destination(Destination::http("batched", batched.url()).batch(7, 1 << 20)),
+        ))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || single.event_count() == 30
+        && batched.event_count() == 30));
+    relay.shutdown();
+
+    let mut from_single: Vec<SdkEvent> = single
+        .received()
+        .iter()
+        .map(|r| serde_json::from_slice::<SdkEvent>(&r.raw).expect("SDK parses a structured event"))
+        .collect();
+    let mut from_batches: Vec<SdkEvent> = batched
+        .received()
+        .iter()
+        .flat_map(|r| serde_json::from_slice::<Vec<SdkEvent>>(&r.raw).expect("SDK parses a batch"))
+        .collect();
+    for events in [&mut from_single, &mut from_batches] {
+        events.sort_by(|a, b| a.id().cmp(b.id()));
+        let got: Vec<&str> = events.iter().map(|e| e.id()).collect();
+        let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+        want.sort();
+        assert_eq!(got, want);
+        for e in events.iter() {
+            assert_eq!(e.ty(), "order.created");
+            assert_eq!(e.source().as_str(), "/sqlite-outbox");
+            assert!(e.time().is_some());
+        }
+        let keyed = events
+            .iter()
+            .filter(|e| e.extension("partitionkey").is_some())
+            .count();
+        assert_eq!(keyed, 15);
+    }
+}
