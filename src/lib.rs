@@ -90,3 +90,8 @@ pub use wire::{batch_body, batch_id, structured_body, CLOUDEVENTS_JSON};
 
 /// The rusqlite this crate was built with: use it for your own transactions.
 pub use rusqlite;
+
+/// Compiles the README's examples as doc tests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
