@@ -40,6 +40,16 @@ pub enum Error {
         /// The event's type.
         event_type: String,
     },
+    /// The outbox is at a storage limit the user set, and nothing droppable could make room.
+    /// Nothing was written; the caller's transaction is still usable.
+    OutboxFull {
+        /// Which limit.
+        limit: crate::Limit,
+        /// The limit's value.
+        max: i64,
+        /// The current amount.
+        current: i64,
+    },
     /// The event data could not be serialized to JSON.
     InvalidData(serde_json::Error),
     /// The database was written by a newer version of this crate; nothing was changed.
@@ -85,6 +95,15 @@ impl fmt::Display for Error {
             Error::NoRoute { event_type } => write!(
                 f,
                 "no route matches event type {event_type:?}; add a route (\"*\" catches all)"
+            ),
+            Error::OutboxFull {
+                limit,
+                max,
+                current,
+            } => write!(
+                f,
+                "outbox full: {current} {limit} with a limit of {max}, and nothing droppable \
+                 to make room"
             ),
             Error::InvalidData(e) => write!(f, "event data cannot be serialized to JSON: {e}"),
             Error::SchemaTooNew { found, supported } => write!(

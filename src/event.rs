@@ -28,6 +28,7 @@ pub struct Event {
     pub(crate) idempotency_key: Option<String>,
     pub(crate) subject: Option<String>,
     pub(crate) source: Option<String>,
+    pub(crate) coalesce_key: Option<String>,
 }
 
 impl Event {
@@ -40,6 +41,7 @@ impl Event {
             idempotency_key: None,
             subject: None,
             source: None,
+            coalesce_key: None,
         }
     }
 
@@ -75,6 +77,15 @@ impl Event {
         self
     }
 
+    /// Sets a coalescing key: enqueueing replaces any still-pending (not yet claimed) event
+    /// with the same type and key, so a device offline for a week uploads one current value
+    /// (latest position, latest settings) instead of thousands. Replacements are counted in
+    /// [`Stats::coalesced`](crate::Stats::coalesced).
+    pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
+        self.coalesce_key = Some(key.into());
+        self
+    }
+
     /// Sets the source (CloudEvents `source`), overriding the outbox's default source.
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.source = Some(source.into());
@@ -100,6 +111,7 @@ impl Event {
             ("idempotency key", &self.idempotency_key, MAX_KEY_LEN),
             ("subject", &self.subject, MAX_KEY_LEN),
             ("source", &self.source, MAX_SOURCE_LEN),
+            ("coalescing key", &self.coalesce_key, MAX_KEY_LEN),
         ];
         for (field, value, limit) in fields {
             if let Some(v) = value {

@@ -48,6 +48,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod admin;
 mod backoff;
 mod claim;
 mod clock;
@@ -64,10 +65,15 @@ mod relay;
 mod relay_config;
 mod relay_writer;
 mod signature;
+mod storage;
 mod store;
 mod transport;
 mod wire;
 
+pub use admin::{
+    DeadFilter, DestinationStats, EventRecord, Health, HealthThresholds, PruneReport, State, Stats,
+    DEFAULT_RETENTION, PRUNE_PAGE_ROWS,
+};
 pub use backoff::{parse_retry_after, Backoff};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cloudevents::{
@@ -84,6 +90,7 @@ pub use outbox::{Outbox, OutboxBuilder, DEFAULT_DESTINATION, DEFAULT_PAYLOAD_LIM
 pub use relay::{Relay, RelayHandle, RelayStats, ShutdownReport};
 pub use relay_config::RelayConfig;
 pub use signature::{signature_header, Secret, Verifier, VerifyError, SECRET_PREFIX};
+pub use storage::{Limit, StoragePolicy};
 pub use store::{migrate_connection as migrate, schema_version, Synchronous};
 pub use transport::{Attempt, OutboundEvent, Transport};
 pub use wire::{batch_body, batch_id, structured_body, CLOUDEVENTS_JSON};

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
 use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
+use crate::storage::{StorageLimits, StoragePolicy};
 use crate::store::{self, ConnectionSettings, Pool, Synchronous};
 
 /// The destination every event goes to when no routes are configured.
@@ -50,6 +51,7 @@ pub(crate) struct Inner {
     pub payload_limit: usize,
     pub default_source: String,
     pub routes: Vec<Route>,
+    pub limits: StorageLimits,
     /// Wakes a relay of this process after a local commit. Capacity one: a wake-up that is
     /// already pending covers every commit after it.
     pub wake_tx: Sender<()>,
@@ -74,6 +76,7 @@ pub struct OutboxBuilder {
     payload_limit: usize,
     default_source: String,
     routes: Vec<Route>,
+    limits: StorageLimits,
     clock: Arc<dyn Clock>,
 }
 
@@ -86,6 +89,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("payload_limit", &self.payload_limit)
             .field("default_source", &self.default_source)
             .field("routes", &self.routes)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -99,6 +103,7 @@ impl Default for OutboxBuilder {
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             default_source: "/sqlite-outbox".to_string(),
             routes: Vec::new(),
+            limits: StorageLimits::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -150,6 +155,33 @@ impl OutboxBuilder {
         self
     }
 
+    /// Limits the pending deliveries (one per event and destination). At the limit, events of
+    /// [`StoragePolicy::DropOldest`] types make room; otherwise enqueue fails with
+    /// [`Error::OutboxFull`]. Defaults to no limit.
+    pub fn max_pending(mut self, count: u64) -> Self {
+        self.limits.max_pending = Some(i64::try_from(count).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// Limits the bytes of pending event data, like [`max_pending`](Self::max_pending).
+    /// Defaults to no limit.
+    pub fn max_pending_bytes(mut self, bytes: u64) -> Self {
+        self.limits.max_pending_bytes = Some(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// Sets the storage policy of event types matching `pattern` (same patterns as
+    /// [`route`](Self::route)). Types without a policy are [`StoragePolicy::Reject`]: they are
+    /// never dropped to make room.
+    pub fn storage_policy(mut self, pattern: impl Into<String>, policy: StoragePolicy) -> Self {
+        let pattern = pattern.into();
+        self.limits.lossy.retain(|p| *p != pattern);
+        if policy == StoragePolicy::DropOldest {
+            self.limits.lossy.push(pattern);
+        }
+        self
+    }
+
     /// Sets the clock used for timestamps, backoff and leases. Defaults to the system clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -184,6 +216,7 @@ impl OutboxBuilder {
                 payload_limit: self.payload_limit,
                 default_source: self.default_source,
                 routes: self.routes,
+                limits: self.limits,
                 wake_tx,
                 wake_rx,
             }),
@@ -239,12 +272,22 @@ impl Outbox {
                 }
             }
         }
-        let event_id = uuid::Uuid::now_v7().to_string();
         let now = self.inner.clock.now_ms();
+        if let Some(key) = &event.coalesce_key {
+            coalesce(tx, &event.event_type, key, &destinations, now)?;
+        }
+        if self.inner.limits.is_set() {
+            let n = destinations.len() as i64;
+            self.inner
+                .limits
+                .make_room(tx, n, n * payload.len() as i64, now)?;
+        }
+        let event_id = uuid::Uuid::now_v7().to_string();
         let mut insert = tx.prepare_cached(
             "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
-                 source, subject, partition_key, payload, created_at, available_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+                 source, subject, partition_key, payload, created_at, available_at,
+                 coalesce_key)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
              ON CONFLICT DO NOTHING",
         )?;
         for destination in &destinations {
@@ -259,7 +302,8 @@ impl Outbox {
                 event.subject,
                 event.partition_key,
                 payload,
-                now
+                now,
+                event.coalesce_key
             ])?;
             if inserted == 0 {
                 if let Some(key) = &event.idempotency_key {
@@ -368,4 +412,30 @@ fn existing_event(tx: &Transaction<'_>, destination: &str, key: &str) -> Result<
         )?
         .query_row(params![destination, key], |r| r.get(0))
         .optional()?)
+}
+
+/// Removes still-pending, unclaimed events of `event_type` with coalescing `key`: the new
+/// event replaces them. Counted in the stats.
+fn coalesce(
+    tx: &Transaction<'_>,
+    event_type: &str,
+    key: &str,
+    destinations: &[&str],
+    now: i64,
+) -> Result<()> {
+    let mut replaced = 0;
+    let mut delete = tx.prepare_cached(
+        "DELETE FROM outbox_events
+          WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3
+            AND delivered_at IS NULL AND dead_at IS NULL
+            AND (lease_expires_at IS NULL OR lease_expires_at <= ?4)",
+    )?;
+    for destination in destinations {
+        replaced += delete.execute(params![event_type, key, destination, now])?;
+    }
+    if replaced > 0 {
+        tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?
+            .execute([replaced as i64])?;
+    }
+    Ok(())
 }

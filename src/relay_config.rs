@@ -30,6 +30,8 @@ pub struct RelayConfig {
     pub(crate) offline: Backoff,
     pub(crate) dead_letter_client_errors: bool,
     pub(crate) shutdown_timeout: Duration,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) retention_interval: Duration,
 }
 
 impl fmt::Debug for RelayConfig {
@@ -48,6 +50,8 @@ impl fmt::Debug for RelayConfig {
             .field("offline", &self.offline)
             .field("dead_letter_client_errors", &self.dead_letter_client_errors)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("retention", &self.retention)
+            .field("retention_interval", &self.retention_interval)
             .finish()
     }
 }
@@ -88,6 +92,8 @@ impl RelayConfig {
             },
             dead_letter_client_errors: true,
             shutdown_timeout: Duration::from_secs(10),
+            retention: Some(crate::admin::DEFAULT_RETENTION),
+            retention_interval: Duration::from_secs(3600),
         }
     }
 
@@ -192,6 +198,21 @@ impl RelayConfig {
     /// in-flight deliveries before it returns. Defaults to 10 s.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Sets how long delivered events are kept; the relay prunes older ones by itself, a
+    /// small page per transaction, never touching pending or dead events. `None` keeps them
+    /// forever. Defaults to 7 days.
+    pub fn retention(mut self, keep: Option<Duration>) -> Self {
+        self.retention = keep;
+        self
+    }
+
+    /// Sets how often the relay prunes. The first prune runs right after start.
+    /// Defaults to 1 hour.
+    pub fn retention_interval(mut self, interval: Duration) -> Self {
+        self.retention_interval = interval;
         self
     }
 

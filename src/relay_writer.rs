@@ -115,6 +115,9 @@ pub(crate) struct Writer {
 /// Loop state that only the writer sees.
 struct State {
     claim_seq: u64,
+    /// When retention last started, and rows pruned in the current run (if one is going on).
+    last_retention: Option<Instant>,
+    pruning: Option<usize>,
     stopping: bool,
     data_version: i64,
     last_poll: Instant,
@@ -125,6 +128,8 @@ impl Writer {
     pub fn run(mut self) -> ShutdownReport {
         let mut state = State {
             claim_seq: 0,
+            last_retention: None,
+            pruning: None,
             stopping: false,
             data_version: self.data_version().unwrap_or(0),
             last_poll: Instant::now(),
@@ -138,6 +143,7 @@ impl Writer {
                 self.apply(&mut completions);
             }
             self.poll_for_work(&mut state);
+            self.retention(&mut state);
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(&mut state, lane) {
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
@@ -215,6 +221,43 @@ impl Writer {
         if state.last_claim.elapsed() >= IDLE_CLAIM_INTERVAL {
             state.last_claim = Instant::now();
             self.lanes.iter_mut().for_each(|l| l.claim_due = true);
+        }
+    }
+
+    /// Prunes delivered events past the retention, one small page per loop turn so claims
+    /// and acks go on in between.
+    fn retention(&mut self, state: &mut State) {
+        let Some(keep) = self.config.retention else {
+            return;
+        };
+        if state.pruning.is_none()
+            && state
+                .last_retention
+                .is_none_or(|t| t.elapsed() >= self.config.retention_interval)
+        {
+            state.last_retention = Some(Instant::now());
+            state.pruning = Some(0);
+        }
+        let Some(total) = state.pruning else { return };
+        let cutoff = self.outbox.now_ms().saturating_sub(keep.as_millis() as i64);
+        match crate::admin::prune_page(&mut self.conn, cutoff) {
+            Ok(n) if n == crate::admin::PRUNE_PAGE_ROWS => state.pruning = Some(total + n),
+            Ok(n) => {
+                state.pruning = None;
+                let total = total + n;
+                if total > 0 {
+                    log::info!("relay {}: pruned {total} delivered events", self.relay_id);
+                }
+                if total >= crate::admin::RECLAIM_AFTER_ROWS {
+                    if let Err(e) = crate::admin::reclaim(&self.conn) {
+                        log::warn!("relay {}: reclaiming space failed: {e}", self.relay_id);
+                    }
+                }
+            }
+            Err(e) => {
+                state.pruning = None;
+                log::warn!("relay {}: pruning failed, will retry: {e}", self.relay_id);
+            }
         }
     }
 

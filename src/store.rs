@@ -155,6 +155,12 @@ pub(crate) fn open_pool(
                 supported: schema_version(),
             });
         }
+        // A new file gets incremental auto-vacuum, so pruning can hand space back to the
+        // file system; it must be chosen before the first table exists.
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        if pages == 0 {
+            conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
+        }
         settings.apply(&conn)?;
         migrate(&mut conn, path)?;
     }

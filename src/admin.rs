@@ -1,0 +1,569 @@
+//! Seeing and fixing an outbox: stats, listing, dead letters, retry, purge, prune, health.
+//!
+//! Everything here works on the database file alone, so the `outbox` CLI can do it while the
+//! app is down (or running: SQLite's WAL lets readers and one writer go on together).
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, Row};
+use serde::Serialize;
+
+use crate::destination::type_matches;
+use crate::destination_state;
+use crate::error::{Error, Result};
+use crate::outbox::Outbox;
+
+/// Rows deleted per transaction by [`Outbox::prune_delivered`] and
+/// [`Outbox::purge_dead`], so the app's own writes never wait long for the lock.
+pub const PRUNE_PAGE_ROWS: usize = 500;
+
+/// After pruning at least this many rows, checkpoint the WAL and hand free pages back.
+pub(crate) const RECLAIM_AFTER_ROWS: usize = 10_000;
+
+/// The default retention of delivered events: 7 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Waiting for delivery (including in flight and waiting for a retry).
+    Pending,
+    /// Accepted by the receiver.
+    Delivered,
+    /// Given up on; kept with its last error until retried or purged.
+    Dead,
+}
+
+impl std::str::FromStr for State {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<State> {
+        match s {
+            "pending" => Ok(State::Pending),
+            "delivered" => Ok(State::Delivered),
+            "dead" => Ok(State::Dead),
+            other => Err(Error::InvalidConfig(format!(
+                "unknown state {other:?}: use pending, delivered or dead"
+            ))),
+        }
+    }
+}
+
+/// One delivery of one event to one destination, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct EventRecord {
+    /// Row id (commit order).
+    pub id: i64,
+    /// The event id receivers see.
+    pub event_id: String,
+    /// The destination.
+    pub destination: String,
+    /// The event type.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The partition key.
+    pub key: Option<String>,
+    /// The idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The subject.
+    pub subject: Option<String>,
+    /// Where it stands.
+    pub state: State,
+    /// Answered attempts so far.
+    pub attempts: i64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+    /// Commit time (unix ms).
+    pub created_at: i64,
+    /// When it is (or was) next due (unix ms).
+    pub available_at: i64,
+    /// Delivery time (unix ms).
+    pub delivered_at: Option<i64>,
+    /// Dead-letter time (unix ms).
+    pub dead_at: Option<i64>,
+    /// The lease holder, while a relay has it in flight.
+    pub lease_owner: Option<String>,
+    /// The event data (JSON text).
+    pub data: String,
+}
+
+const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_key,
+    idempotency_key, subject, attempts, last_error, created_at, available_at, delivered_at,
+    dead_at, lease_owner, payload";
+
+fn record(r: &Row<'_>) -> rusqlite::Result<EventRecord> {
+    let delivered_at: Option<i64> = r.get(11)?;
+    let dead_at: Option<i64> = r.get(12)?;
+    Ok(EventRecord {
+        id: r.get(0)?,
+        event_id: r.get(1)?,
+        destination: r.get(2)?,
+        event_type: r.get(3)?,
+        key: r.get(4)?,
+        idempotency_key: r.get(5)?,
+        subject: r.get(6)?,
+        state: match (delivered_at, dead_at) {
+            (Some(_), _) => State::Delivered,
+            (None, Some(_)) => State::Dead,
+            (None, None) => State::Pending,
+        },
+        attempts: r.get(7)?,
+        last_error: r.get(8)?,
+        created_at: r.get(9)?,
+        available_at: r.get(10)?,
+        delivered_at,
+        dead_at,
+        lease_owner: r.get(13)?,
+        data: r.get(14)?,
+    })
+}
+
+/// Counts for one destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DestinationStats {
+    /// The destination.
+    pub name: String,
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Delivered (and not yet pruned).
+    pub delivered: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Age of the oldest pending delivery, in ms.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Why it is disabled, if it is.
+    pub disabled: Option<String>,
+}
+
+/// A picture of the outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Of those, leased by a relay right now.
+    pub in_flight: i64,
+    /// Delivered (and not yet pruned).
+    pub delivered: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Bytes of pending event data.
+    pub pending_bytes: i64,
+    /// Age of the oldest pending delivery, in ms.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Per destination.
+    pub destinations: Vec<DestinationStats>,
+    /// `(attempts, deliveries)` for pending and dead deliveries, by attempts so far.
+    pub attempts_histogram: Vec<(i64, i64)>,
+    /// Size of the database file in bytes.
+    pub database_bytes: i64,
+    /// Size of its write-ahead log in bytes.
+    pub wal_bytes: i64,
+    /// Events dropped by a [`StoragePolicy::DropOldest`](crate::StoragePolicy) policy, ever.
+    pub dropped: i64,
+    /// Pending events replaced by a newer one with the same coalescing key, ever.
+    pub coalesced: i64,
+}
+
+/// Which dead letters to retry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    /// Only types matching this pattern (exact, `prefix*`, `*`).
+    pub event_type: Option<String>,
+    /// Only events committed at or after this time (unix ms).
+    pub since_ms: Option<i64>,
+    /// Only events committed before this time (unix ms).
+    pub until_ms: Option<i64>,
+}
+
+/// Whether the outbox needs attention.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Health {
+    /// `true` when nothing needs attention.
+    pub ok: bool,
+    /// What needs attention, one line each.
+    pub reasons: Vec<String>,
+}
+
+/// When [`Outbox::health`] calls the outbox degraded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthThresholds {
+    /// The oldest pending event may be at most this old. Defaults to 1 hour.
+    pub max_pending_age: Duration,
+}
+
+impl Default for HealthThresholds {
+    fn default() -> Self {
+        HealthThresholds {
+            max_pending_age: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What a prune did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct PruneReport {
+    /// Rows deleted.
+    pub deleted: usize,
+    /// Transactions used (one per page).
+    pub pages: usize,
+}
+
+fn file_size(path: &std::path::Path) -> i64 {
+    std::fs::metadata(path).map_or(0, |m| m.len() as i64)
+}
+
+/// The page query of delivered rows older than `?1`.
+pub(crate) const DELIVERED_PAGE: &str = "SELECT id FROM outbox_events
+  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2";
+
+/// Deletes one page of delivered rows older than `cutoff` in its own transaction; returns
+/// how many (fewer than a page means done).
+pub(crate) fn prune_page(conn: &mut Connection, cutoff: i64) -> Result<usize> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let deleted = tx
+        .prepare_cached(&format!(
+            "DELETE FROM outbox_events WHERE id IN ({DELIVERED_PAGE})"
+        ))?
+        .execute(params![cutoff, PRUNE_PAGE_ROWS as i64])?;
+    tx.commit()?;
+    Ok(deleted)
+}
+
+/// Deletes rows chosen by `select_page` (which returns at most `PRUNE_PAGE_ROWS` ids), one
+/// page per transaction, reporting progress after each page.
+fn delete_in_pages(
+    conn: &mut Connection,
+    select_page: &str,
+    cutoff: i64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<PruneReport> {
+    let mut report = PruneReport::default();
+    let sql = format!("DELETE FROM outbox_events WHERE id IN ({select_page})");
+    loop {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let deleted = tx
+            .prepare_cached(&sql)?
+            .execute(params![cutoff, PRUNE_PAGE_ROWS as i64])?;
+        tx.commit()?;
+        report.deleted += deleted;
+        report.pages += 1;
+        progress(report.deleted);
+        if deleted < PRUNE_PAGE_ROWS {
+            return Ok(report);
+        }
+    }
+}
+
+impl Outbox {
+    /// Counts by state and destination, the oldest pending age, attempts, sizes and the
+    /// dropped and coalesced totals.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn stats(&self) -> Result<Stats> {
+        let conn = self.connection()?;
+        let now = self.now_ms();
+        let disabled = destination_state::reasons(&conn)?;
+        let mut destinations: Vec<DestinationStats> = conn
+            .prepare(
+                "SELECT destination,
+                        COUNT(*) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL),
+                        COUNT(*) FILTER (WHERE delivered_at IS NOT NULL),
+                        COUNT(*) FILTER (WHERE dead_at IS NOT NULL AND delivered_at IS NULL),
+                        MIN(created_at) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL)
+                   FROM outbox_events GROUP BY destination ORDER BY destination",
+            )?
+            .query_map([], |r| {
+                let oldest: Option<i64> = r.get(4)?;
+                Ok(DestinationStats {
+                    name: r.get(0)?,
+                    pending: r.get(1)?,
+                    delivered: r.get(2)?,
+                    dead: r.get(3)?,
+                    oldest_pending_age_ms: oldest.map(|t| (now - t).max(0)),
+                    disabled: None,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        for d in &mut destinations {
+            d.disabled = disabled.get(&d.name).cloned();
+        }
+        for (name, reason) in &disabled {
+            if !destinations.iter().any(|d| &d.name == name) {
+                destinations.push(DestinationStats {
+                    name: name.clone(),
+                    pending: 0,
+                    delivered: 0,
+                    dead: 0,
+                    oldest_pending_age_ms: None,
+                    disabled: Some(reason.clone()),
+                });
+            }
+        }
+        let (pending_bytes, dropped, coalesced): (i64, i64, i64) = conn.query_row(
+            "SELECT pending_bytes, dropped, coalesced FROM outbox_stats WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        let in_flight: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL AND lease_expires_at > ?1",
+            [now],
+            |r| r.get(0),
+        )?;
+        let attempts_histogram = conn
+            .prepare(
+                "SELECT attempts, COUNT(*) FROM outbox_events WHERE delivered_at IS NULL
+                  GROUP BY attempts ORDER BY attempts",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let (page_count, page_size): (i64, i64) = conn.query_row(
+            "SELECT * FROM pragma_page_count(), pragma_page_size()",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let mut wal = self.path().as_os_str().to_owned();
+        wal.push("-wal");
+        Ok(Stats {
+            pending: destinations.iter().map(|d| d.pending).sum(),
+            in_flight,
+            delivered: destinations.iter().map(|d| d.delivered).sum(),
+            dead: destinations.iter().map(|d| d.dead).sum(),
+            pending_bytes,
+            oldest_pending_age_ms: destinations
+                .iter()
+                .filter_map(|d| d.oldest_pending_age_ms)
+                .max(),
+            destinations,
+            attempts_histogram,
+            database_bytes: page_count * page_size,
+            wal_bytes: file_size(std::path::Path::new(&wal)),
+            dropped,
+            coalesced,
+        })
+    }
+
+    /// Lists deliveries in `state` (all states with `None`): pending oldest first, the others
+    /// newest first; at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<EventRecord>> {
+        let (condition, order) = match state {
+            Some(State::Pending) => ("delivered_at IS NULL AND dead_at IS NULL", "id"),
+            Some(State::Delivered) => ("delivered_at IS NOT NULL", "delivered_at DESC, id DESC"),
+            Some(State::Dead) => ("dead_at IS NOT NULL AND delivered_at IS NULL", "id DESC"),
+            None => ("1", "id DESC"),
+        };
+        let conn = self.connection()?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RECORD_COLUMNS} FROM outbox_events WHERE {condition} ORDER BY {order} LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit as i64], record)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The deliveries of one event (one per destination).
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn show(&self, event_id: &str) -> Result<Vec<EventRecord>> {
+        let conn = self.connection()?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RECORD_COLUMNS} FROM outbox_events WHERE event_id = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([event_id], record)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Dead letters, newest first, with their last errors.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<EventRecord>> {
+        self.list(Some(State::Dead), limit)
+    }
+
+    /// Makes the given events due now with a fresh attempt budget: dead letters come back,
+    /// and pending events waiting out a backoff are tried at once. Delivered ones are left
+    /// alone. Returns how many deliveries were reset.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn retry(&self, event_ids: &[&str]) -> Result<usize> {
+        let mut conn = self.connection()?;
+        let now = self.now_ms();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let mut reset = 0;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = ?2
+                  WHERE event_id = ?1 AND delivered_at IS NULL",
+            )?;
+            for id in event_ids {
+                reset += stmt.execute(params![id, now])?;
+            }
+        }
+        tx.commit()?;
+        self.notify();
+        Ok(reset)
+    }
+
+    /// Retries every dead letter that `filter` selects; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn retry_dead(&self, filter: &DeadFilter) -> Result<usize> {
+        let mut conn = self.connection()?;
+        let now = self.now_ms();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let candidates: Vec<(i64, String)> = tx
+            .prepare(
+                "SELECT id, event_type FROM outbox_events
+                  WHERE dead_at IS NOT NULL AND delivered_at IS NULL
+                    AND created_at >= ?1 AND created_at < ?2",
+            )?
+            .query_map(
+                params![
+                    filter.since_ms.unwrap_or(i64::MIN),
+                    filter.until_ms.unwrap_or(i64::MAX)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut reset = 0;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = ?2
+                  WHERE id = ?1",
+            )?;
+            for (id, event_type) in candidates {
+                if filter
+                    .event_type
+                    .as_deref()
+                    .is_none_or(|p| type_matches(p, &event_type))
+                {
+                    reset += stmt.execute(params![id, now])?;
+                }
+            }
+        }
+        tx.commit()?;
+        self.notify();
+        Ok(reset)
+    }
+
+    /// Deletes dead letters (all, or those dead for longer than `older_than`), in pages.
+    /// Nothing else ever deletes them.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors; pages already deleted stay deleted.
+    pub fn purge_dead(&self, older_than: Option<Duration>) -> Result<PruneReport> {
+        let cutoff = older_than.map_or(i64::MAX, |d| {
+            self.now_ms().saturating_sub(d.as_millis() as i64)
+        });
+        let mut conn = self.connection()?;
+        delete_in_pages(
+            &mut conn,
+            "SELECT id FROM outbox_events
+              WHERE dead_at IS NOT NULL AND delivered_at IS NULL AND dead_at <= ?1 LIMIT ?2",
+            cutoff,
+            &mut |_| {},
+        )
+    }
+
+    /// Deletes delivered events older than `older_than`, a page of
+    /// [`PRUNE_PAGE_ROWS`] per transaction so the app's writes never wait long; never pending
+    /// or dead ones. After a large prune the WAL is checkpointed and free pages are returned
+    /// to the file system (on files created with incremental auto-vacuum, as this crate
+    /// creates them).
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors; pages already deleted stay deleted.
+    pub fn prune_delivered(&self, older_than: Duration) -> Result<PruneReport> {
+        self.prune_delivered_with_progress(older_than, |_| {})
+    }
+
+    /// [`prune_delivered`](Self::prune_delivered), calling `progress` with the running total
+    /// after each page.
+    ///
+    /// # Errors
+    ///
+    /// As [`prune_delivered`](Self::prune_delivered).
+    pub fn prune_delivered_with_progress(
+        &self,
+        older_than: Duration,
+        mut progress: impl FnMut(usize),
+    ) -> Result<PruneReport> {
+        let cutoff = self.now_ms().saturating_sub(older_than.as_millis() as i64);
+        let mut conn = self.connection()?;
+        let report = delete_in_pages(&mut conn, DELIVERED_PAGE, cutoff, &mut progress)?;
+        if report.deleted >= RECLAIM_AFTER_ROWS {
+            reclaim(&conn)?;
+        }
+        Ok(report)
+    }
+
+    /// Checkpoints the WAL (truncating it) and returns free pages to the file system.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn checkpoint(&self) -> Result<()> {
+        let conn = self.connection()?;
+        reclaim(&conn)?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// Ok, or degraded with reasons: dead letters present, the oldest pending event older
+    /// than the threshold, a destination disabled.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn health(&self, thresholds: HealthThresholds) -> Result<Health> {
+        let stats = self.stats()?;
+        let mut reasons = Vec::new();
+        if stats.dead > 0 {
+            reasons.push(format!("{} dead letters", stats.dead));
+        }
+        let max_age = thresholds.max_pending_age.as_millis() as i64;
+        if let Some(age) = stats.oldest_pending_age_ms.filter(|a| *a > max_age) {
+            reasons.push(format!(
+                "oldest pending event is {} old (threshold {})",
+                humantime::format_duration(Duration::from_secs((age / 1000) as u64)),
+                humantime::format_duration(thresholds.max_pending_age)
+            ));
+        }
+        for d in &stats.destinations {
+            if let Some(reason) = &d.disabled {
+                reasons.push(format!("destination {} is disabled: {reason}", d.name));
+            }
+        }
+        Ok(Health {
+            ok: reasons.is_empty(),
+            reasons,
+        })
+    }
+}
+
+/// Checkpoints the WAL without waiting for readers and hands free pages back.
+pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    conn.execute_batch("PRAGMA incremental_vacuum")?;
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! Bounded storage: limits on pending events and bytes, and what gives way when they are hit.
+
+use rusqlite::{params_from_iter, Transaction};
+
+use crate::error::{Error, Result};
+
+/// How events of a type are treated when the outbox is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoragePolicy {
+    /// Never dropped: when the outbox is full and nothing droppable can make room, enqueue
+    /// returns [`Error::OutboxFull`] and the caller decides. The default, for business events.
+    #[default]
+    Reject,
+    /// Lossy telemetry: the oldest pending events of such types are removed to make room for
+    /// any new event, counted in [`Stats::dropped`](crate::Stats::dropped) and logged.
+    DropOldest,
+}
+
+/// The limits and which types may be dropped.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StorageLimits {
+    pub max_pending: Option<i64>,
+    pub max_pending_bytes: Option<i64>,
+    /// Patterns (exact, `prefix*`, `*`) of types whose policy is `DropOldest`.
+    pub lossy: Vec<String>,
+}
+
+/// Which limit an enqueue ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The number of pending deliveries.
+    PendingEvents,
+    /// The bytes of pending event data.
+    PendingBytes,
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Limit::PendingEvents => "pending events",
+            Limit::PendingBytes => "pending bytes",
+        })
+    }
+}
+
+impl StorageLimits {
+    pub fn is_set(&self) -> bool {
+        self.max_pending.is_some() || self.max_pending_bytes.is_some()
+    }
+
+    /// The SQL condition selecting droppable types, and its parameters.
+    fn lossy_predicate(&self) -> (String, Vec<String>) {
+        let mut terms = Vec::new();
+        let mut values = Vec::new();
+        for pattern in &self.lossy {
+            match pattern.strip_suffix('*') {
+                Some("") => terms.push("1".to_string()),
+                Some(prefix) => {
+                    values.push(prefix.to_string());
+                    // substr, not LIKE/GLOB: no wildcard characters to escape in the prefix.
+                    terms.push(format!(
+                        "substr(event_type, 1, length(?{n})) = ?{n}",
+                        n = values.len()
+                    ));
+                }
+                None => {
+                    values.push(pattern.clone());
+                    terms.push(format!("event_type = ?{}", values.len()));
+                }
+            }
+        }
+        (format!("({})", terms.join(" OR ")), values)
+    }
+
+    /// Makes room in `tx` for `add_count` new rows carrying `add_bytes`, dropping the oldest
+    /// pending droppable events if needed. Returns how many were dropped.
+    ///
+    /// Nothing is deleted unless enough room can be made, so a refused enqueue leaves the
+    /// caller's transaction exactly as it was.
+    pub fn make_room(
+        &self,
+        tx: &Transaction<'_>,
+        add_count: i64,
+        add_bytes: i64,
+        now: i64,
+    ) -> Result<usize> {
+        let (count, bytes): (i64, i64) = tx
+            .prepare_cached("SELECT pending_count, pending_bytes FROM outbox_stats WHERE id = 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let over_count = self.max_pending.map_or(0, |m| count + add_count - m).max(0);
+        let over_bytes = self
+            .max_pending_bytes
+            .map_or(0, |m| bytes + add_bytes - m)
+            .max(0);
+        if over_count == 0 && over_bytes == 0 {
+            return Ok(0);
+        }
+        let full = || {
+            let (limit, max, current) = if over_count > 0 {
+                (Limit::PendingEvents, self.max_pending.unwrap_or(0), count)
+            } else {
+                (
+                    Limit::PendingBytes,
+                    self.max_pending_bytes.unwrap_or(0),
+                    bytes,
+                )
+            };
+            Error::OutboxFull {
+                limit,
+                max,
+                current,
+            }
+        };
+        // A single event larger than the whole byte budget can never fit.
+        if self.lossy.is_empty() || self.max_pending_bytes.is_some_and(|m| add_bytes > m) {
+            return Err(full());
+        }
+        // Oldest first, skipping events a relay is delivering right now. The pending index
+        // keeps this proportional to the pending events, which the limit bounds.
+        let (predicate, mut values) = self.lossy_predicate();
+        values.push(now.to_string());
+        let sql = format!(
+            "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_pending
+              WHERE delivered_at IS NULL AND dead_at IS NULL AND {predicate}
+                AND (lease_expires_at IS NULL OR lease_expires_at <= CAST(?{} AS INTEGER))
+              ORDER BY id",
+            values.len()
+        );
+        let mut victims = Vec::new();
+        let (mut freed_count, mut freed_bytes) = (0i64, 0i64);
+        {
+            let mut stmt = tx.prepare_cached(&sql)?;
+            let mut rows = stmt.query(params_from_iter(values.iter()))?;
+            while freed_count < over_count || freed_bytes < over_bytes {
+                let Some(row) = rows.next()? else { break };
+                victims.push(row.get::<_, i64>(0)?);
+                freed_count += 1;
+                freed_bytes += row.get::<_, i64>(1)?;
+            }
+        }
+        if freed_count < over_count || freed_bytes < over_bytes {
+            return Err(full());
+        }
+        let mut delete = tx.prepare_cached("DELETE FROM outbox_events WHERE id = ?1")?;
+        for id in &victims {
+            delete.execute([id])?;
+        }
+        tx.prepare_cached("UPDATE outbox_stats SET dropped = dropped + ?1 WHERE id = 1")?
+            .execute([victims.len() as i64])?;
+        log::warn!(
+            "outbox full: dropped the {} oldest pending droppable events to make room",
+            victims.len()
+        );
+        Ok(victims.len())
+    }
+}
