@@ -1,0 +1,420 @@
+//! Operating the outbox through its admin API: stats, dead letters, retry, purge, prune,
+//! health, bounded storage and coalescing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{delivered_count, fast, rows, wait_until, Reply, TestReceiver, PATIENCE};
+use serde_json::json;
+use sqlite_outbox::{
+    DeadFilter, Error, Event, HealthThresholds, Limit, ManualClock, Outbox, RelayConfig, State,
+    StoragePolicy, PRUNE_PAGE_ROWS,
+};
+
+const T0: i64 = 1_700_000_000_000;
+const DAY: i64 = 86_400_000;
+
+fn enqueue(outbox: &Outbox, event_type: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            outbox
+                .transaction(|tx| outbox.enqueue(tx, Event::new(event_type, json!({"i": i}))))
+                .unwrap()
+                .event_id()
+                .to_string()
+        })
+        .collect()
+}
+
+fn set(outbox: &Outbox, sql: &str) {
+    outbox.connection().unwrap().execute_batch(sql).unwrap();
+}
+
+/// The trigger-kept totals must equal a real count whatever happened.
+fn assert_totals_exact(outbox: &Outbox) {
+    let conn = outbox.connection().unwrap();
+    let (count, bytes): (i64, i64) = conn
+        .query_row(
+            "SELECT COUNT(*), COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let stats = outbox.stats().unwrap();
+    assert_eq!((stats.pending, stats.pending_bytes), (count, bytes));
+    let kept: i64 = conn
+        .query_row("SELECT pending_count FROM outbox_stats", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(kept, count);
+}
+
+#[test]
+fn stats_count_states_destinations_attempts_and_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("stats.db"))
+        .unwrap();
+    enqueue(&outbox, "a", 5);
+    clock.advance_ms(60_000);
+    set(
+        &outbox,
+        "UPDATE outbox_events SET delivered_at = 1 WHERE id <= 2;
+         UPDATE outbox_events SET dead_at = 1, attempts = 3, last_error = 'HTTP 400' WHERE id = 3;
+         UPDATE outbox_events SET attempts = 2 WHERE id = 4;",
+    );
+    let s = outbox.stats().unwrap();
+    assert_eq!((s.pending, s.delivered, s.dead), (2, 2, 1));
+    assert_eq!(s.oldest_pending_age_ms, Some(60_000));
+    assert_eq!(s.attempts_histogram, vec![(0, 1), (2, 1), (3, 1)]);
+    assert_eq!(s.destinations.len(), 1);
+    assert_eq!(s.destinations[0].name, "default");
+    assert!(s.database_bytes > 0);
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn list_show_and_dead_letters_with_their_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("list.db")).unwrap();
+    let ids = enqueue(&outbox, "order.created", 3);
+    set(
+        &outbox,
+        "UPDATE outbox_events SET dead_at = 1, attempts = 1, last_error = 'HTTP 400: bad' WHERE id = 2",
+    );
+    let dead = outbox.dead_letters(10).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].event_id, ids[1]);
+    assert_eq!(dead[0].last_error.as_deref(), Some("HTTP 400: bad"));
+    assert_eq!(dead[0].state, State::Dead);
+    let pending = outbox.list(Some(State::Pending), 10).unwrap();
+    assert_eq!(
+        pending
+            .iter()
+            .map(|r| r.event_id.clone())
+            .collect::<Vec<_>>(),
+        vec![ids[0].clone(), ids[2].clone()]
+    );
+    assert_eq!(outbox.list(None, 2).unwrap().len(), 2);
+    let shown = outbox.show(&ids[0]).unwrap();
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0].data, r#"{"i":0}"#);
+    assert!(outbox.show("no-such-id").unwrap().is_empty());
+}
+
+#[test]
+fn retrying_dead_letters_delivers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("retry.db")).unwrap();
+    let flaky = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reject = flaky.clone();
+    let receiver = TestReceiver::start(0, move |_| {
+        if reject.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::StatusBody(422, "schema mismatch")
+        } else {
+            Reply::Status(200)
+        }
+    });
+    let a = enqueue(&outbox, "order.created", 3);
+    let b = enqueue(&outbox, "user.signup", 2);
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || outbox.stats().unwrap().dead == 5));
+    // The receiver is fixed; an operator retries one, then all of one type, then the rest.
+    flaky.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(outbox.retry(&[a[0].as_str()]).unwrap(), 1);
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
+    let by_type = DeadFilter {
+        event_type: Some("order.*".into()),
+        ..DeadFilter::default()
+    };
+    assert_eq!(outbox.retry_dead(&by_type).unwrap(), 2);
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 3));
+    assert_eq!(outbox.retry_dead(&DeadFilter::default()).unwrap(), 2);
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 5));
+    relay.shutdown();
+    for row in rows(&outbox) {
+        assert!(row.delivered && row.attempts == 1, "{row:?}");
+    }
+    assert_eq!(outbox.show(&b[1]).unwrap()[0].state, State::Delivered);
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn purge_dead_deletes_only_dead_letters_and_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("purge.db"))
+        .unwrap();
+    enqueue(&outbox, "t", 4);
+    set(
+        &outbox,
+        &format!(
+            "UPDATE outbox_events SET dead_at = {} WHERE id IN (1, 2);
+             UPDATE outbox_events SET dead_at = {} WHERE id = 3;",
+            T0 - 10 * DAY,
+            T0
+        ),
+    );
+    assert_eq!(
+        outbox
+            .purge_dead(Some(Duration::from_secs(86_400)))
+            .unwrap()
+            .deleted,
+        2
+    );
+    assert_eq!(outbox.stats().unwrap().dead, 1);
+    assert_eq!(outbox.purge_dead(None).unwrap().deleted, 1);
+    let s = outbox.stats().unwrap();
+    assert_eq!((s.dead, s.pending), (0, 1));
+}
+
+#[test]
+fn prune_pages_its_deletes_and_leaves_pending_and_dead_rows_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("prune.db"))
+        .unwrap();
+    let total = 2 * PRUNE_PAGE_ROWS + 100;
+    {
+        let mut conn = outbox.connection().unwrap();
+        let tx = conn.transaction().unwrap();
+        for _ in 0..total + 20 {
+            outbox.enqueue(&tx, Event::new("t", json!(1))).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    set(
+        &outbox,
+        &format!(
+            "UPDATE outbox_events SET delivered_at = {old} WHERE id <= {total};
+             UPDATE outbox_events SET delivered_at = {new} WHERE id = {fresh};
+             UPDATE outbox_events SET dead_at = {old} WHERE id = {dead};",
+            old = T0 - 30 * DAY,
+            new = T0 - DAY,
+            fresh = total + 1,
+            dead = total + 2,
+        ),
+    );
+    let mut progress = Vec::new();
+    let report = outbox
+        .prune_delivered_with_progress(Duration::from_secs(7 * 86_400), |n| progress.push(n))
+        .unwrap();
+    assert_eq!(report.deleted, total);
+    assert_eq!(report.pages, 3, "pages of {PRUNE_PAGE_ROWS}");
+    assert_eq!(progress, vec![PRUNE_PAGE_ROWS, 2 * PRUNE_PAGE_ROWS, total]);
+    let s = outbox.stats().unwrap();
+    assert_eq!((s.delivered, s.dead, s.pending), (1, 1, 18));
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn the_relay_prunes_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("retention.db")).unwrap();
+    let receiver = TestReceiver::ok();
+    enqueue(&outbox, "t", 1200);
+    set(
+        &outbox,
+        "UPDATE outbox_events SET delivered_at = 1 WHERE id <= 1100",
+    );
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())).retention(Some(Duration::from_secs(3600))))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || outbox.stats().unwrap().delivered
+        == 100
+        && outbox.stats().unwrap().pending == 0));
+    relay.shutdown();
+    assert_eq!(receiver.count(), 100);
+}
+
+#[test]
+fn health_turns_degraded_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("health.db"))
+        .unwrap();
+    let thresholds = HealthThresholds {
+        max_pending_age: Duration::from_secs(600),
+    };
+    assert!(outbox.health(thresholds).unwrap().ok);
+    let ids = enqueue(&outbox, "t", 2);
+    clock.advance_ms(601_000);
+    let h = outbox.health(thresholds).unwrap();
+    assert!(!h.ok);
+    assert!(h.reasons[0].contains("oldest pending"), "{:?}", h.reasons);
+    set(
+        &outbox,
+        &format!(
+            "UPDATE outbox_events SET delivered_at = {T0} WHERE id = 1;
+                  UPDATE outbox_events SET dead_at = {T0}, last_error = 'x' WHERE id = 2;"
+        ),
+    );
+    outbox
+        .disable_destination("default", "HTTP 410 Gone")
+        .unwrap();
+    let h = outbox.health(thresholds).unwrap();
+    assert_eq!(h.reasons.len(), 2, "{:?}", h.reasons);
+    assert!(h.reasons.iter().any(|r| r.contains("1 dead letters")));
+    assert!(h.reasons.iter().any(|r| r.contains("default is disabled")));
+    outbox.purge_dead(None).unwrap();
+    outbox.enable_destination("default").unwrap();
+    assert!(outbox.health(thresholds).unwrap().ok);
+    let _ = ids;
+}
+
+#[test]
+fn reject_policy_refuses_at_the_limit_and_the_transaction_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending(3)
+        .open(dir.path().join("reject.db"))
+        .unwrap();
+    enqueue(&outbox, "order.created", 3);
+    let (full, after) = outbox
+        .transaction(|tx| {
+            tx.execute("CREATE TABLE orders (id INTEGER)", [])?;
+            let full = outbox.enqueue(tx, Event::new("order.created", json!(4)));
+            tx.execute("INSERT INTO orders VALUES (4)", [])?;
+            Ok((full, 1))
+        })
+        .unwrap();
+    assert!(matches!(
+        full,
+        Err(Error::OutboxFull {
+            limit: Limit::PendingEvents,
+            max: 3,
+            current: 3
+        })
+    ));
+    assert_eq!(after, 1);
+    let orders: i64 = outbox
+        .connection()
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM orders", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(orders, 1, "the caller's other write committed");
+    assert_eq!(outbox.stats().unwrap().pending, 3);
+    // Room again once something is delivered.
+    set(
+        &outbox,
+        "UPDATE outbox_events SET delivered_at = 1 WHERE id = 1",
+    );
+    enqueue(&outbox, "order.created", 1);
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn drop_oldest_makes_room_from_lossy_types_only_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending(10)
+        .storage_policy("telemetry.*", StoragePolicy::DropOldest)
+        .open(dir.path().join("drop.db"))
+        .unwrap();
+    let orders = enqueue(&outbox, "order.created", 4);
+    let readings = enqueue(&outbox, "telemetry.temperature", 6);
+    // Full. New telemetry pushes out the oldest telemetry, never an order.
+    let newer = enqueue(&outbox, "telemetry.temperature", 3);
+    // A business event also gets in by dropping telemetry.
+    let order = enqueue(&outbox, "order.created", 1);
+    let kept: Vec<String> = outbox
+        .list(Some(State::Pending), 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(kept.len(), 10);
+    for id in orders.iter().chain(&order).chain(&newer) {
+        assert!(kept.contains(id), "{id} was dropped");
+    }
+    for id in &readings[..4] {
+        assert!(!kept.contains(id), "oldest reading {id} kept");
+    }
+    let s = outbox.stats().unwrap();
+    assert_eq!(s.dropped, 4);
+    // Only orders left to drop? Then even telemetry is refused rather than losing an order.
+    let only_orders = Outbox::builder()
+        .max_pending(2)
+        .storage_policy("telemetry.*", StoragePolicy::DropOldest)
+        .open(dir.path().join("orders-only.db"))
+        .unwrap();
+    enqueue(&only_orders, "order.created", 2);
+    let refused =
+        only_orders.transaction(|tx| only_orders.enqueue(tx, Event::new("telemetry.x", json!(1))));
+    assert!(matches!(refused, Err(Error::OutboxFull { .. })));
+    assert_eq!(only_orders.stats().unwrap().pending, 2);
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn the_byte_limit_counts_payload_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending_bytes(1000)
+        .storage_policy("*", StoragePolicy::DropOldest)
+        .open(dir.path().join("bytes.db"))
+        .unwrap();
+    for _ in 0..5 {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!("é".repeat(149)))))
+            .unwrap();
+    }
+    // Each payload is 300 bytes ("é" is two bytes, plus quotes): three fit in 1000.
+    let s = outbox.stats().unwrap();
+    assert_eq!((s.pending, s.pending_bytes, s.dropped), (3, 900, 2));
+    let too_big =
+        outbox.transaction(|tx| outbox.enqueue(tx, Event::new("t", json!("x".repeat(2000)))));
+    assert!(matches!(
+        too_big,
+        Err(Error::OutboxFull {
+            limit: Limit::PendingBytes,
+            ..
+        })
+    ));
+    assert_totals_exact(&outbox);
+}
+
+#[test]
+fn coalescing_keeps_one_current_value_per_key_while_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("coalesce.db")).unwrap();
+    for i in 0..1000 {
+        outbox
+            .transaction(|tx| {
+                outbox.enqueue(
+                    tx,
+                    Event::new("device.position", json!({"fix": i})).coalesce_key("gps"),
+                )?;
+                outbox.enqueue(
+                    tx,
+                    Event::new("device.settings", json!({"rev": i})).coalesce_key("settings"),
+                )
+            })
+            .unwrap();
+    }
+    enqueue(&outbox, "device.position", 2); // no key: never replaced
+    let pending = outbox.list(Some(State::Pending), 100).unwrap();
+    assert_eq!(pending.len(), 4);
+    let latest = |t: &str| {
+        pending
+            .iter()
+            .find(|r| r.event_type == t && r.data.contains("999"))
+            .is_some()
+    };
+    assert!(latest("device.position") && latest("device.settings"));
+    assert_eq!(outbox.stats().unwrap().coalesced, 2 * 999);
+    assert_totals_exact(&outbox);
+}
