@@ -350,6 +350,24 @@ impl Outbox {
         })
     }
 
+    /// Pending deliveries to `destination` (all destinations with `None`).
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn pending_count(&self, destination: Option<&str>) -> Result<i64> {
+        let conn = self.connection()?;
+        Ok(match destination {
+            None => conn.query_row("SELECT pending_count FROM outbox_stats", [], |r| r.get(0))?,
+            Some(d) => conn.query_row(
+                "SELECT COUNT(*) FROM outbox_events
+                  WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL",
+                [d],
+                |r| r.get(0),
+            )?,
+        })
+    }
+
     /// Lists deliveries in `state` (all states with `None`): pending oldest first, the others
     /// newest first; at most `limit`.
     ///

@@ -93,7 +93,7 @@ pub use signature::{signature_header, Secret, Verifier, VerifyError, SECRET_PREF
 pub use storage::{Limit, StoragePolicy};
 pub use store::{migrate_connection as migrate, schema_version, Synchronous};
 pub use transport::{Attempt, OutboundEvent, Transport};
-pub use wire::{batch_body, batch_id, structured_body, CLOUDEVENTS_JSON};
+pub use wire::{batch_body, batch_id, rfc3339_millis, structured_body, CLOUDEVENTS_JSON};
 
 /// The rusqlite this crate was built with: use it for your own transactions.
 pub use rusqlite;
