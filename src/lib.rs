@@ -38,6 +38,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! - `cli` (default): the `outbox` command-line tool.
+//! - `metrics`: counters, gauges and a latency histogram through the `metrics` facade; see
+//!   the table in the README's Operating section.
+//!
 //! # About threads
 //!
 //! [`Outbox`] is `Send + Sync` and cheap to clone. A relay runs one writer thread (the only
@@ -67,6 +73,7 @@ mod relay_writer;
 mod signature;
 mod storage;
 mod store;
+mod telemetry;
 mod transport;
 mod wire;
 

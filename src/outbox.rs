@@ -305,8 +305,10 @@ impl Outbox {
                 now,
                 event.coalesce_key
             ])?;
-            if inserted == 0 {
-                if let Some(key) = &event.idempotency_key {
+            if inserted == 1 {
+                crate::telemetry::enqueued(&event.event_type, destination);
+            } else if let Some(key) = &event.idempotency_key {
+                {
                     if let Some(existing_event_id) = existing_event(tx, destination, key)? {
                         return Ok(Enqueued::Duplicate { existing_event_id });
                     }
@@ -436,6 +438,7 @@ fn coalesce(
     if replaced > 0 {
         tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?
             .execute([replaced as i64])?;
+        crate::telemetry::coalesced(event_type, replaced);
     }
     Ok(())
 }

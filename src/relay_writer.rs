@@ -112,8 +112,12 @@ pub(crate) struct Writer {
     pub counters: Arc<Counters>,
 }
 
+/// How often the pending, age and size gauges are refreshed (they cost a query).
+const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Loop state that only the writer sees.
 struct State {
+    last_gauges: Option<Instant>,
     claim_seq: u64,
     /// When retention last started, and rows pruned in the current run (if one is going on).
     last_retention: Option<Instant>,
@@ -127,6 +131,7 @@ struct State {
 impl Writer {
     pub fn run(mut self) -> ShutdownReport {
         let mut state = State {
+            last_gauges: None,
             claim_seq: 0,
             last_retention: None,
             pruning: None,
@@ -222,6 +227,16 @@ impl Writer {
             state.last_claim = Instant::now();
             self.lanes.iter_mut().for_each(|l| l.claim_due = true);
         }
+        if crate::telemetry::GAUGES_ENABLED
+            && state
+                .last_gauges
+                .is_none_or(|t| t.elapsed() >= GAUGE_INTERVAL)
+        {
+            state.last_gauges = Some(Instant::now());
+            if let Err(e) = self.update_gauges() {
+                log::debug!("relay {}: gauges not updated: {e}", self.relay_id);
+            }
+        }
     }
 
     /// Prunes delivered events past the retention, one small page per loop turn so claims
@@ -272,6 +287,21 @@ impl Writer {
             }
             Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
         }
+    }
+
+    fn update_gauges(&self) -> Result<()> {
+        let (pending, oldest, pages, page_size): (i64, Option<i64>, i64, i64) =
+            self.conn.query_row(
+                "SELECT (SELECT pending_count FROM outbox_stats),
+                        (SELECT MIN(created_at) FROM outbox_events
+                          WHERE delivered_at IS NULL AND dead_at IS NULL),
+                        (SELECT * FROM pragma_page_count()), (SELECT * FROM pragma_page_size())",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
+        let now = self.outbox.now_ms();
+        crate::telemetry::gauges(pending, oldest.map(|t| now - t), pages * page_size);
+        Ok(())
     }
 
     fn data_version(&self) -> Result<i64> {
@@ -465,11 +495,19 @@ impl Writer {
             }
             self.counters.record(write_back);
             match write_back {
-                WriteBack::Delivered => log::debug!("event {}: delivered", event.event_id),
+                WriteBack::Delivered => {
+                    crate::telemetry::delivered(
+                        &event.event_type,
+                        &event.destination,
+                        now - event.created_at,
+                    );
+                    log::debug!("event {}: delivered", event.event_id)
+                }
                 WriteBack::Retry {
                     available_at,
                     error,
                 } => {
+                    crate::telemetry::retried(&event.event_type, &event.destination);
                     lane.next_due_ms = Some(
                         lane.next_due_ms
                             .map_or(*available_at, |d| d.min(*available_at)),
@@ -482,6 +520,7 @@ impl Writer {
                     );
                 }
                 WriteBack::Dead { error } => {
+                    crate::telemetry::dead(&event.event_type, &event.destination);
                     log::warn!("event {}: dead-lettered: {error}", event.event_id)
                 }
                 WriteBack::Release { error: Some(e) } => {

@@ -147,6 +147,7 @@ impl StorageLimits {
         }
         tx.prepare_cached("UPDATE outbox_stats SET dropped = dropped + ?1 WHERE id = 1")?
             .execute([victims.len() as i64])?;
+        crate::telemetry::dropped(victims.len());
         log::warn!(
             "outbox full: dropped the {} oldest pending droppable events to make room",
             victims.len()
