@@ -331,7 +331,7 @@ fn event_from_object(mut object: Map<String, Value>) -> Result<CloudEvent, Strin
             Value::Null => continue,
             Value::String(_) | Value::Bool(_) => {}
             Value::Number(n) => {
-                if !n.as_i64().is_some_and(|i| i32::try_from(i).is_ok()) {
+                if n.as_i64().is_none_or(|i| i32::try_from(i).is_err()) {
                     return Err(format!("extension {name} = {n} is not a 32-bit integer"));
                 }
             }
