@@ -146,7 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 move || -> sqlite_outbox::Result<()> {
                     let mut conn = Connection::open(&db)?;
                     conn.busy_timeout(Duration::from_secs(2))?;
-                    while !stop_at.is_some_and(|t| Instant::now() >= t) {
+                    while stop_at.is_none_or(|t| Instant::now() < t) {
                         let Ok(Some(mut request)) = server.recv_timeout(Duration::from_millis(100))
                         else {
                             continue;
