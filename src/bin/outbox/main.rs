@@ -505,10 +505,14 @@ fn stats(outbox: &Outbox, json: bool) -> Outcome {
         .iter()
         .map(|(a, n)| format!("{a}:{n}"))
         .collect();
-    println!(
-        "attempts    {}  (attempts:deliveries, not delivered)",
-        histogram.join(" ")
-    );
+    if histogram.is_empty() {
+        println!("attempts           -");
+    } else {
+        println!(
+            "attempts    {}  (attempts:count, undelivered)",
+            histogram.join(" ")
+        );
+    }
     println!();
     let rows: Vec<Vec<String>> = s
         .destinations
