@@ -307,6 +307,16 @@ fn dead_letters_show_retry_purge_and_health() {
     want.sort();
     assert_eq!(got, want);
 
+    // A destination disabled (by a 410, here by hand) shows in health until enabled.
+    sqlite_outbox::Outbox::open(&db)
+        .unwrap()
+        .disable_destination("default", "HTTP 410")
+        .unwrap();
+    let h = outbox(&db, &["health"]);
+    assert!(stdout(&h).contains("default is disabled"), "{}", stdout(&h));
+    let e = outbox(&db, &["enable", "default"]);
+    assert!(stdout(&e).contains("enabled default"), "{}", stdout(&e));
+
     let p = outbox(&db, &["purge-dead"]);
     assert!(stdout(&p).contains("purged 1"), "{}", stdout(&p));
     assert!(outbox(&db, &["show", &c]).status.code() == Some(1));
