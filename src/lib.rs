@@ -56,6 +56,8 @@
 
 mod admin;
 mod backoff;
+#[doc(hidden)]
+pub mod bench_support;
 mod claim;
 mod clock;
 mod cloudevents;

@@ -73,6 +73,7 @@ pub struct OutboxBuilder {
     pool_size: u32,
     synchronous: Synchronous,
     busy_timeout: Duration,
+    wal_autocheckpoint: u32,
     payload_limit: usize,
     default_source: String,
     routes: Vec<Route>,
@@ -86,6 +87,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("pool_size", &self.pool_size)
             .field("synchronous", &self.synchronous)
             .field("busy_timeout", &self.busy_timeout)
+            .field("wal_autocheckpoint", &self.wal_autocheckpoint)
             .field("payload_limit", &self.payload_limit)
             .field("default_source", &self.default_source)
             .field("routes", &self.routes)
@@ -100,6 +102,7 @@ impl Default for OutboxBuilder {
             pool_size: 4,
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
+            wal_autocheckpoint: 4096,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             default_source: "/sqlite-outbox".to_string(),
             routes: Vec::new(),
@@ -125,6 +128,16 @@ impl OutboxBuilder {
     /// Sets how long a connection waits for SQLite's write lock. Defaults to 5 s.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets `PRAGMA wal_autocheckpoint` (in pages) on pooled connections. A running relay
+    /// checkpoints the WAL in the background, so commits through the pool never pay for a
+    /// checkpoint while the WAL stays below this; the limit keeps the WAL bounded (4096 pages
+    /// of 4 KiB, 16 MiB) when no relay runs. Set the same on connections of your own.
+    /// Defaults to 4096.
+    pub fn wal_autocheckpoint(mut self, pages: u32) -> Self {
+        self.wal_autocheckpoint = pages;
         self
     }
 
@@ -205,6 +218,7 @@ impl OutboxBuilder {
         let settings = ConnectionSettings {
             synchronous: self.synchronous,
             busy_timeout: self.busy_timeout,
+            wal_autocheckpoint: self.wal_autocheckpoint,
         };
         let (pool, path) = store::open_pool(path.as_ref(), &settings, self.pool_size)?;
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);

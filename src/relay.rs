@@ -219,6 +219,7 @@ impl Relay {
             done_rx,
             stop_rx,
             counters: counters.clone(),
+            wrote: true,
         };
         let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
         log::info!("relay {relay_id}: started");

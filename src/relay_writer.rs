@@ -110,7 +110,13 @@ pub(crate) struct Writer {
     pub done_rx: Receiver<Completion>,
     pub stop_rx: Receiver<()>,
     pub counters: Arc<Counters>,
+    /// Whether anything was written since the last checkpoint.
+    pub wrote: bool,
 }
+
+/// How often the writer checkpoints the WAL while the database is being written, so that the
+/// app's commits never run a checkpoint themselves.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -118,6 +124,8 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 /// Loop state that only the writer sees.
 struct State {
     last_gauges: Option<Instant>,
+    /// When the WAL was last checkpointed.
+    last_checkpoint: Instant,
     claim_seq: u64,
     /// When retention last started, and rows pruned in the current run (if one is going on).
     last_retention: Option<Instant>,
@@ -132,6 +140,7 @@ impl Writer {
     pub fn run(mut self) -> ShutdownReport {
         let mut state = State {
             last_gauges: None,
+            last_checkpoint: Instant::now(),
             claim_seq: 0,
             last_retention: None,
             pruning: None,
@@ -149,6 +158,7 @@ impl Writer {
             }
             self.poll_for_work(&mut state);
             self.retention(&mut state);
+            self.checkpoint(&mut state);
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(&mut state, lane) {
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
@@ -210,6 +220,7 @@ impl Writer {
         match self.data_version() {
             Ok(v) if v != state.data_version => {
                 state.data_version = v;
+                self.wrote = true;
                 self.load_disabled();
                 self.lanes.iter_mut().for_each(|l| l.claim_due = true);
             }
@@ -236,6 +247,21 @@ impl Writer {
             if let Err(e) = self.update_gauges() {
                 log::debug!("relay {}: gauges not updated: {e}", self.relay_id);
             }
+        }
+    }
+
+    /// Checkpoints the WAL in the background (PASSIVE: never waits for readers or writers).
+    fn checkpoint(&mut self, state: &mut State) {
+        if !self.wrote || state.last_checkpoint.elapsed() < CHECKPOINT_INTERVAL {
+            return;
+        }
+        state.last_checkpoint = Instant::now();
+        self.wrote = false;
+        if let Err(e) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        {
+            log::debug!("relay {}: checkpoint failed: {e}", self.relay_id);
         }
     }
 
@@ -552,6 +578,7 @@ impl Writer {
             )?);
         }
         tx.commit()?;
+        self.wrote = true;
         Ok(recorded)
     }
 

@@ -43,6 +43,10 @@ impl Synchronous {
 pub(crate) struct ConnectionSettings {
     pub synchronous: Synchronous,
     pub busy_timeout: Duration,
+    /// WAL pages after which a committing connection checkpoints by itself. High, so that a
+    /// running relay (which checkpoints in the background) keeps checkpoints off the app's
+    /// commits; still bounded, so the WAL cannot grow without limit when no relay runs.
+    pub wal_autocheckpoint: u32,
 }
 
 impl ConnectionSettings {
@@ -52,8 +56,9 @@ impl ConnectionSettings {
         // journal_mode returns the resulting mode as a row; read it so the statement runs.
         let _mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.execute_batch(&format!(
-            "PRAGMA synchronous={}; PRAGMA foreign_keys=ON;",
-            self.synchronous.pragma_value()
+            "PRAGMA synchronous={}; PRAGMA foreign_keys=ON; PRAGMA wal_autocheckpoint={};",
+            self.synchronous.pragma_value(),
+            self.wal_autocheckpoint
         ))
     }
 }

@@ -1,0 +1,293 @@
+//! Shared by the benches and `examples/bench.rs`: a counting receiver on 127.0.0.1, the bare
+//! baselines (plain rusqlite, plain ureq) and database builders.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sqlite_outbox::rusqlite::{params, Connection};
+
+/// A tiny_http receiver on 127.0.0.1 that answers 204 and counts the events it got.
+pub struct CountingReceiver {
+    pub url: String,
+    pub events: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl CountingReceiver {
+    pub fn start(threads: usize) -> CountingReceiver {
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind"));
+        let port = server.server_addr().to_ip().expect("ip").port();
+        let events = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|n| {
+                let (server, events, stop) = (server.clone(), events.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name(format!("bench-receiver-{n}"))
+                    .spawn(move || {
+                        let mut body = Vec::with_capacity(64 * 1024);
+                        while !stop.load(Ordering::Relaxed) {
+                            let Ok(Some(mut request)) =
+                                server.recv_timeout(Duration::from_millis(50))
+                            else {
+                                continue;
+                            };
+                            body.clear();
+                            let _ = request.as_reader().read_to_end(&mut body);
+                            let n = count_events(&body);
+                            let _ = request.respond(tiny_http::Response::empty(204));
+                            events.fetch_add(n, Ordering::Relaxed);
+                        }
+                    })
+                    .expect("spawn receiver")
+            })
+            .collect();
+        CountingReceiver {
+            url: format!("http://127.0.0.1:{port}/events"),
+            events,
+            stop,
+            threads,
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` events arrived (or `limit` passes); returns whether they did.
+    pub fn wait_for(&self, n: u64, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.count() < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+}
+
+impl Drop for CountingReceiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Events in a body: one per `"specversion"` member (a batch holds several).
+fn count_events(body: &[u8]) -> u64 {
+    let needle = b"\"specversion\"";
+    body.windows(needle.len()).filter(|w| w == needle).count() as u64
+}
+
+/// The outbox table with the outbox's columns and indexes but none of its bookkeeping
+/// (no triggers, no stats row): what a hand-written outbox would insert into.
+pub const BARE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox_events (
+    id INTEGER PRIMARY KEY, event_id TEXT NOT NULL, destination TEXT NOT NULL DEFAULT 'default',
+    idempotency_key TEXT, event_type TEXT NOT NULL, source TEXT, subject TEXT,
+    partition_key TEXT, payload TEXT NOT NULL, created_at INTEGER NOT NULL,
+    available_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, lease_owner TEXT,
+    lease_expires_at INTEGER, last_attempted_at INTEGER, last_error TEXT,
+    delivered_at INTEGER, dead_at INTEGER, coalesce_key TEXT);
+CREATE INDEX IF NOT EXISTS outbox_events_pending ON outbox_events (destination, available_at, id)
+    WHERE delivered_at IS NULL AND dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_events_pending_by_key ON outbox_events (partition_key, destination, id)
+    WHERE delivered_at IS NULL AND dead_at IS NULL AND partition_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS outbox_events_delivered ON outbox_events (delivered_at)
+    WHERE delivered_at IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_idempotency ON outbox_events (destination, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS outbox_events_pending_by_coalesce_key
+    ON outbox_events (event_type, coalesce_key, destination)
+    WHERE coalesce_key IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL;
+";
+
+pub const BUSINESS_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total INTEGER NOT NULL)";
+
+/// The event data every bench writes.
+pub fn order_data(n: i64) -> serde_json::Value {
+    serde_json::json!({"order_id": n, "customer": "customer-7", "total_cents": 1999, "currency": "EUR"})
+}
+
+/// A plain connection with the outbox's PRAGMAs.
+pub fn bare_connection(path: &std::path::Path, synchronous: &str) -> Connection {
+    let conn = Connection::open(path).expect("open");
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA foreign_keys=ON; {BARE_SCHEMA}"
+    ))
+    .expect("bare schema");
+    conn
+}
+
+/// One bare transaction: per event, a business row and an outbox row (fresh UUIDv7 id,
+/// serialized data), in an IMMEDIATE transaction.
+pub fn bare_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
+    let tx = conn
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    for i in 0..events {
+        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
+            .unwrap()
+            .execute(params!["customer-7", n + i])
+            .unwrap();
+        let payload = serde_json::to_string(&order_data(n + i)).unwrap();
+        tx.prepare_cached(
+            "INSERT INTO outbox_events (event_id, destination, event_type, partition_key,
+                 payload, created_at, available_at)
+             VALUES (?1, 'default', 'order.created', ?2, ?3, ?4, ?4)",
+        )
+        .unwrap()
+        .execute(params![
+            uuid::Uuid::now_v7().to_string(),
+            "customer-7",
+            payload,
+            n
+        ])
+        .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// The same through the outbox, on the caller's own connection.
+pub fn outbox_enqueue_tx(
+    outbox: &sqlite_outbox::Outbox,
+    conn: &mut Connection,
+    n: i64,
+    events: i64,
+) {
+    let tx = conn
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    for i in 0..events {
+        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
+            .unwrap()
+            .execute(params!["customer-7", n + i])
+            .unwrap();
+        outbox
+            .enqueue(
+                &tx,
+                sqlite_outbox::Event::new("order.created", order_data(n + i))
+                    .partition_key("customer-7"),
+            )
+            .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Fills an outbox database with `n` pending events quickly (one transaction per 10,000).
+pub fn fill_pending(outbox: &sqlite_outbox::Outbox, n: usize) {
+    let mut conn = outbox.connection().unwrap();
+    let mut done = 0;
+    while done < n {
+        let tx = conn.transaction().unwrap();
+        for i in done..(done + 10_000).min(n) {
+            outbox
+                .enqueue(
+                    &tx,
+                    sqlite_outbox::Event::new("order.created", order_data(i as i64)),
+                )
+                .unwrap();
+        }
+        tx.commit().unwrap();
+        done = (done + 10_000).min(n);
+    }
+}
+
+/// Adds `n` delivered rows of history with one statement.
+pub fn fill_delivered(conn: &Connection, n: usize) {
+    conn.execute(
+        "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < ?1)
+         INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at,
+                                    attempts, delivered_at)
+         SELECT printf('%032x', i), 'order.created', '{\"order_id\":1}', 1, 1, 1, 2 FROM k",
+        [n as i64],
+    )
+    .unwrap();
+}
+
+/// A plain claim-with-lease + ack loop over `table`'s pending rows: the least a relay must do.
+pub fn bare_claim_ack(conn: &mut Connection, batch: i64) -> usize {
+    let mut total = 0;
+    loop {
+        let tx = conn
+            .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        let ids: Vec<i64> = tx
+            .prepare_cached(
+                "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
+                  WHERE id IN (SELECT id FROM outbox_events
+                                WHERE delivered_at IS NULL AND dead_at IS NULL
+                                  AND destination = 'default' AND available_at <= 9e15
+                                ORDER BY available_at, id LIMIT ?1)
+                 RETURNING id",
+            )
+            .unwrap()
+            .query_map([batch], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        tx.commit().unwrap();
+        if ids.is_empty() {
+            return total;
+        }
+        let tx = conn
+            .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        for id in &ids {
+            tx.prepare_cached(
+                "UPDATE outbox_events SET delivered_at = 1, lease_owner = NULL,
+                        lease_expires_at = NULL WHERE id = ?1 AND lease_owner = 'bare'",
+            )
+            .unwrap()
+            .execute([id])
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        total += ids.len();
+    }
+}
+
+/// Plain ureq keep-alive POSTs of `body`, `n` in all over `connections` threads.
+pub fn bare_posts(url: &str, body: &[u8], content_type: &str, n: usize, connections: usize) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .max_idle_connections(connections)
+        .max_idle_connections_per_host(connections)
+        .timeout_global(Some(Duration::from_secs(15)))
+        .build()
+        .into();
+    std::thread::scope(|s| {
+        for t in 0..connections {
+            let agent = agent.clone();
+            let per = n / connections + usize::from(t < n % connections);
+            s.spawn(move || {
+                for _ in 0..per {
+                    let mut r = agent
+                        .post(url)
+                        .header("content-type", content_type)
+                        .send(body)
+                        .expect("bare post");
+                    let _ = r.body_mut().read_to_vec();
+                }
+            });
+        }
+    });
+}
+
+/// The `q` quantile (0..=1) of `samples`, sorted in place.
+pub fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort_unstable();
+    let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
+    samples[idx.min(samples.len() - 1)]
+}

@@ -1,0 +1,470 @@
+//! A short run of every benchmark comparison, in under two minutes, printed as one table:
+//! each figure, its bare baseline measured in the same run, and the ratio.
+//!
+//! ```text
+//! cargo run --release --example bench
+//! ```
+//!
+//! The criterion benches under `benches/` measure the same things more thoroughly.
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlite_outbox::rusqlite::Connection;
+use sqlite_outbox::{
+    bench_support, Destination, Event, OutboundEvent, Outbox, RelayConfig, Synchronous,
+};
+use support::*;
+
+/// A "now" after every event's commit time, for claiming outside a relay.
+const FAR: i64 = 4_000_000_000_000_000;
+
+struct Line {
+    what: String,
+    outbox: String,
+    baseline: String,
+    ratio: String,
+    target: &'static str,
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn per_s(r: f64) -> String {
+    if r >= 10_000.0 {
+        format!("{:.0}k/s", r / 1000.0)
+    } else {
+        format!("{r:.0}/s")
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Median of `rounds` alternating runs of `a` and `b`, so drift hits both alike.
+fn alternate(rounds: usize, mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> (f64, f64) {
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        xs.push(a());
+        ys.push(b());
+    }
+    xs.sort_by(f64::total_cmp);
+    ys.sort_by(f64::total_cmp);
+    (xs[rounds / 2], ys[rounds / 2])
+}
+
+fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, txs: i64) -> Line {
+    let pragma = if sync == Synchronous::Full {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
+    let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
+    let mut bare = bare_connection(&dir.join(format!("bare-{file}.db")), pragma);
+    let path = dir.join(format!("outbox-{file}.db"));
+    let outbox = Outbox::builder().synchronous(sync).open(&path).unwrap();
+    let mut own = Connection::open(&path).unwrap();
+    own.execute_batch(&format!(
+        "PRAGMA synchronous={pragma}; PRAGMA wal_autocheckpoint=4096; {BUSINESS_TABLE}"
+    ))
+    .unwrap();
+    bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
+        .unwrap();
+    let (mut n1, mut n2) = (0, 0);
+    let (o, b) = alternate(
+        5,
+        || {
+            let t = Instant::now();
+            for _ in 0..txs {
+                n1 += per_tx;
+                outbox_enqueue_tx(&outbox, &mut own, n1, per_tx);
+            }
+            rate((txs * per_tx) as usize, t.elapsed())
+        },
+        || {
+            let t = Instant::now();
+            for _ in 0..txs {
+                n2 += per_tx;
+                bare_enqueue_tx(&mut bare, n2, per_tx);
+            }
+            rate((txs * per_tx) as usize, t.elapsed())
+        },
+    );
+    Line {
+        what: format!("enqueue, {label}"),
+        outbox: format!("{} events", per_s(o)),
+        baseline: per_s(b),
+        ratio: format!("{:.2}×", o / b),
+        target: "≥ 0.9×",
+    }
+}
+
+fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
+    let outbox = Outbox::open(dir.join("drain-latency.db")).unwrap();
+    outbox
+        .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
+        .unwrap();
+    fill_pending(&outbox, 50_000);
+    let before = receiver.count();
+    let relay = outbox
+        .relay(RelayConfig::http(&receiver.url).workers(4))
+        .start()
+        .unwrap();
+    let mut samples = Vec::new();
+    let mut n = 0;
+    while receiver.count() < before + 45_000 && samples.len() < 200_000 {
+        n += 1;
+        let t = Instant::now();
+        outbox
+            .transaction(|tx| {
+                tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
+                outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
+                Ok(())
+            })
+            .unwrap();
+        samples.push(t.elapsed());
+    }
+    relay.shutdown();
+    // Baseline: the same commits on a plain connection with SQLite's default checkpointing,
+    // nothing else running.
+    let mut bare = bare_connection(&dir.join("bare-latency.db"), "NORMAL");
+    let mut bare_samples = Vec::new();
+    for i in 0..samples.len().min(50_000) as i64 {
+        let t = Instant::now();
+        bare_enqueue_tx(&mut bare, i, 1);
+        bare_samples.push(t.elapsed());
+    }
+    let mut lines = Vec::new();
+    for (q, name, target) in [(0.5, "p50", ""), (0.999, "p99.9", "p99.9 ≤ 1 ms")] {
+        let o = quantile(&mut samples, q);
+        let b = quantile(&mut bare_samples, q);
+        lines.push(Line {
+            what: format!(
+                "app commit {name} while relay drains ({} commits)",
+                samples.len()
+            ),
+            outbox: ms(o),
+            baseline: format!("{} (bare, idle)", ms(b)),
+            ratio: format!("{:.2}×", o.as_secs_f64() / b.as_secs_f64()),
+            target,
+        });
+    }
+    lines
+}
+
+fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
+    let n = 100_000;
+    let outbox = Outbox::open(dir.join("claim.db")).unwrap();
+    let mut bare = bare_connection(&dir.join("bare-claim.db"), "NORMAL");
+    let (o, b) = alternate(
+        3,
+        || {
+            fill_pending(&outbox, n);
+            let mut conn = outbox.connection().unwrap();
+            let t = Instant::now();
+            let mut seq = 0;
+            loop {
+                seq += 1;
+                let owner = format!("bench:{seq}");
+                let events = bench_support::claim(&conn, "default", &owner, FAR, 100).unwrap();
+                if events.is_empty() {
+                    break;
+                }
+                bench_support::ack_delivered(&mut conn, &events, FAR).unwrap();
+            }
+            rate(n, t.elapsed())
+        },
+        || {
+            let tx = bare.transaction().unwrap();
+            for i in 0..n as i64 {
+                tx.prepare_cached(
+                    "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at)
+                     VALUES (?1, 'order.created', ?2, 1, 1)",
+                )
+                .unwrap()
+                .execute(sqlite_outbox::rusqlite::params![
+                    uuid::Uuid::now_v7().to_string(),
+                    serde_json::to_string(&order_data(i)).unwrap()
+                ])
+                .unwrap();
+            }
+            tx.commit().unwrap();
+            let t = Instant::now();
+            let done = bare_claim_ack(&mut bare, 100);
+            rate(done, t.elapsed())
+        },
+    );
+    let mut lines = vec![Line {
+        what: "claim + ack, batches of 100".into(),
+        outbox: format!("{} rows", per_s(o)),
+        baseline: per_s(b),
+        ratio: format!("{:.2}×", o / b),
+        target: "",
+    }];
+    // The claim's latency must not grow with delivered history.
+    let claim_latency = |history: usize| {
+        let path = dir.join(format!("history-{history}.db"));
+        let outbox = Outbox::open(&path).unwrap();
+        fill_delivered(&outbox.connection().unwrap(), history);
+        fill_pending(&outbox, 1_000);
+        let conn = outbox.connection().unwrap();
+        let mut samples = Vec::new();
+        for round in 0..300 {
+            let t = Instant::now();
+            let got =
+                bench_support::claim(&conn, "default", &format!("r{round}"), FAR, 100).unwrap();
+            samples.push(t.elapsed());
+            assert_eq!(got.len(), 100);
+            conn.execute(
+                "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
+                  WHERE lease_owner IS NOT NULL",
+                [],
+            )
+            .unwrap();
+        }
+        quantile(&mut samples, 0.5)
+    };
+    let empty = claim_latency(0);
+    let full = claim_latency(1_000_000);
+    lines.push(Line {
+        what: "claim of 100 (1k pending) beside 1M delivered".into(),
+        outbox: ms(full),
+        baseline: format!("{} (no history)", ms(empty)),
+        ratio: format!("{:.2}×", full.as_secs_f64() / empty.as_secs_f64()),
+        target: "≤ 1.2×",
+    });
+    lines
+}
+
+fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
+    let n = 30_000;
+    let sample = bench_support::sample_event(&order_data(1));
+    let single_body = sqlite_outbox::structured_body(&sample).unwrap();
+    let batch: Vec<OutboundEvent> = (0..100).map(|_| sample.clone()).collect();
+    let batch_body = sqlite_outbox::batch_body(&batch).unwrap();
+    let mut lines = Vec::new();
+    let mut round = 0;
+    for (label, workers, batch_size, target) in [
+        ("relay, 1 event/request, 1 worker", 1, None, "≥ 0.7×"),
+        ("relay, 1 event/request, 4 workers", 4, None, "≥ 0.7×"),
+        (
+            "relay, 100 events/request, 4 workers",
+            4,
+            Some(100),
+            "≥ 150k/s",
+        ),
+    ] {
+        let (o, b) = alternate(
+            1,
+            || {
+                round += 1;
+                let outbox = Outbox::open(dir.join(format!("relay-{round}.db"))).unwrap();
+                fill_pending(&outbox, n);
+                let mut destination = Destination::http("default", &receiver.url);
+                if let Some(size) = batch_size {
+                    destination = destination.batch(size, 1 << 20);
+                }
+                let start = receiver.count();
+                let t = Instant::now();
+                let relay = outbox
+                    .relay(RelayConfig::new().destination(destination).workers(workers))
+                    .start()
+                    .unwrap();
+                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
+                let r = rate(n, t.elapsed());
+                relay.shutdown();
+                r
+            },
+            || {
+                let start = receiver.count();
+                let t = Instant::now();
+                match batch_size {
+                    None => bare_posts(
+                        &receiver.url,
+                        &single_body,
+                        "application/cloudevents+json",
+                        n,
+                        workers,
+                    ),
+                    Some(size) => bare_posts(
+                        &receiver.url,
+                        &batch_body,
+                        "application/cloudevents-batch+json",
+                        n / size,
+                        workers,
+                    ),
+                }
+                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
+                rate(n, t.elapsed())
+            },
+        );
+        lines.push(Line {
+            what: label.into(),
+            outbox: format!("{} events", per_s(o)),
+            baseline: format!("{} (bare ureq)", per_s(b)),
+            ratio: format!("{:.2}×", o / b),
+            target,
+        });
+    }
+    lines
+}
+
+fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
+    let outbox = Outbox::open(dir.join("latency.db")).unwrap();
+    let receiver = CountingReceiver::start(2);
+    let relay = outbox
+        .relay(RelayConfig::http(&receiver.url).workers(2))
+        .start()
+        .unwrap();
+    let mut samples = Vec::new();
+    for i in 0..1_000 {
+        let before = receiver.count();
+        let t = Instant::now();
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", order_data(i))))
+            .unwrap();
+        assert!(receiver.wait_for(before + 1, Duration::from_secs(10)));
+        samples.push(t.elapsed());
+    }
+    relay.shutdown();
+    let p50 = quantile(&mut samples, 0.5);
+    let p99 = quantile(&mut samples, 0.99);
+    vec![
+        Line {
+            what: "commit → receipt, idle relay, p50".into(),
+            outbox: ms(p50),
+            baseline: "".into(),
+            ratio: "".into(),
+            target: "≤ 1 ms",
+        },
+        Line {
+            what: "commit → receipt, idle relay, p99".into(),
+            outbox: ms(p99),
+            baseline: "".into(),
+            ratio: "".into(),
+            target: "≤ 10 ms",
+        },
+    ]
+}
+
+/// Runs in a child process: drains the backlog at `path` to `url`, prints peak RSS in KiB.
+fn rss_child(path: &str, url: &str, n: u64) {
+    let outbox = Outbox::open(path).unwrap();
+    let relay = outbox
+        .relay(
+            RelayConfig::new().destination(Destination::http("default", url).batch(100, 1 << 20)),
+        )
+        .start()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(100);
+    while relay.stats().delivered < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    relay.shutdown();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("0");
+    println!("{hwm}");
+}
+
+fn peak_rss(dir: &std::path::Path, receiver: &CountingReceiver) -> Line {
+    let n = 1_000_000u64;
+    let path = dir.join("rss.db");
+    {
+        let outbox = Outbox::open(&path).unwrap();
+        fill_pending(&outbox, n as usize);
+    }
+    let t = Instant::now();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--rss-child",
+            path.to_str().unwrap(),
+            &receiver.url,
+            &n.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    Line {
+        what: format!("peak RSS draining 1M events (batched, {:.1?})", t.elapsed()),
+        outbox: format!("{:.1} MiB", kib as f64 / 1024.0),
+        baseline: "".into(),
+        ratio: "".into(),
+        target: "≤ 32 MiB",
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 5 && args[1] == "--rss-child" {
+        rss_child(&args[2], &args[3], args[4].parse().unwrap());
+        return;
+    }
+    let started = Instant::now();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let receiver = Arc::new(CountingReceiver::start(4));
+    let mut lines = Vec::new();
+    eprintln!("enqueue…");
+    lines.push(enqueue(
+        dir,
+        "NORMAL, 1 event/tx",
+        Synchronous::Normal,
+        1,
+        3_000,
+    ));
+    lines.push(enqueue(dir, "FULL, 1 event/tx", Synchronous::Full, 1, 300));
+    lines.push(enqueue(
+        dir,
+        "NORMAL, 100 events/tx",
+        Synchronous::Normal,
+        100,
+        40,
+    ));
+    eprintln!("claim…");
+    lines.extend(claim_ack(dir));
+    eprintln!("relay…");
+    lines.extend(relay_http(dir, &receiver));
+    eprintln!("latency…");
+    lines.extend(commit_to_receipt(dir));
+    lines.extend(commit_latency_while_draining(dir, &receiver));
+    eprintln!("memory…");
+    lines.push(peak_rss(dir, &receiver));
+
+    let header = [
+        "measure",
+        "outbox",
+        "baseline (same run)",
+        "ratio",
+        "target",
+    ];
+    let rows: Vec<[String; 5]> = lines
+        .iter()
+        .map(|l| {
+            [
+                l.what.clone(),
+                l.outbox.clone(),
+                l.baseline.clone(),
+                l.ratio.clone(),
+                l.target.to_string(),
+            ]
+        })
+        .collect();
+    println!("| {} |", header.join(" | "));
+    println!("|{}", "---|".repeat(header.len()));
+    for r in rows {
+        println!("| {} |", r.join(" | "));
+    }
+    eprintln!("took {:.0?}", started.elapsed());
+}

@@ -1,0 +1,64 @@
+//! The relay's claim and ack, exposed for the benches only (not a stable API).
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::claim::{self, ClaimRequest, WriteBack};
+use crate::error::Result;
+use crate::transport::OutboundEvent;
+
+/// Claims up to `limit` due events of `destination` as the relay does.
+pub fn claim(
+    conn: &Connection,
+    destination: &str,
+    owner: &str,
+    now: i64,
+    limit: i64,
+) -> Result<Vec<OutboundEvent>> {
+    claim::claim(
+        conn,
+        &ClaimRequest {
+            destination,
+            default_source: "/bench",
+            owner,
+            now,
+            lease_ms: 60_000,
+            limit,
+        },
+    )
+}
+
+/// Marks `events` delivered in one transaction, fenced by their leases, as the relay does.
+pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) -> Result<usize> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut acked = 0;
+    for e in events {
+        acked += usize::from(claim::write_back(
+            &tx,
+            e.id,
+            &e.lease_owner,
+            now,
+            &WriteBack::Delivered,
+        )?);
+    }
+    tx.commit()?;
+    Ok(acked)
+}
+
+/// An outbound event like those the benches enqueue, to build bare request bodies from.
+pub fn sample_event(data: &serde_json::Value) -> OutboundEvent {
+    OutboundEvent {
+        id: 1,
+        event_id: uuid::Uuid::now_v7().to_string(),
+        destination: "default".into(),
+        event_type: "order.created".into(),
+        source: "/sqlite-outbox".into(),
+        subject: None,
+        partition_key: None,
+        idempotency_key: None,
+        payload: data.to_string(),
+        created_at: 1_700_000_000_000,
+        attempts: 0,
+        lease_owner: "bench".into(),
+        lease_expires_at: 0,
+    }
+}
