@@ -87,48 +87,16 @@ CREATE INDEX outbox_events_pending_by_coalesce_key
     ON outbox_events (event_type, coalesce_key, destination)
     WHERE coalesce_key IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL;
 
--- Running totals, kept exact by the triggers below whoever writes the table
--- (the app, a relay, the CLI, another process), so enforcing a storage limit
--- costs one row read instead of a count over every pending event.
+-- Totals of events dropped by a storage policy and replaced by coalescing,
+-- and, while any opener of the file sets a storage limit, exact pending
+-- totals kept by triggers (see src/storage.rs, which creates them: they cost
+-- every write a little, so files without limits do without them).
 CREATE TABLE outbox_stats (
     id            INTEGER PRIMARY KEY CHECK (id = 1),
-    pending_count INTEGER NOT NULL,
-    pending_bytes INTEGER NOT NULL,
+    pending_count INTEGER NOT NULL DEFAULT 0,
+    pending_bytes INTEGER NOT NULL DEFAULT 0,
     dropped       INTEGER NOT NULL DEFAULT 0,
     coalesced     INTEGER NOT NULL DEFAULT 0
 );
 
-INSERT INTO outbox_stats (id, pending_count, pending_bytes)
-SELECT 1, COUNT(*), COALESCE(SUM(octet_length(payload)), 0)
-  FROM outbox_events WHERE delivered_at IS NULL AND dead_at IS NULL;
-
-CREATE TRIGGER outbox_events_pending_insert AFTER INSERT ON outbox_events
-WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
-BEGIN
-    UPDATE outbox_stats
-       SET pending_count = pending_count + 1,
-           pending_bytes = pending_bytes + octet_length(NEW.payload)
-     WHERE id = 1;
-END;
-
-CREATE TRIGGER outbox_events_pending_delete AFTER DELETE ON outbox_events
-WHEN OLD.delivered_at IS NULL AND OLD.dead_at IS NULL
-BEGIN
-    UPDATE outbox_stats
-       SET pending_count = pending_count - 1,
-           pending_bytes = pending_bytes - octet_length(OLD.payload)
-     WHERE id = 1;
-END;
-
-CREATE TRIGGER outbox_events_pending_update AFTER UPDATE OF delivered_at, dead_at ON outbox_events
-WHEN (OLD.delivered_at IS NULL AND OLD.dead_at IS NULL)
-  <> (NEW.delivered_at IS NULL AND NEW.dead_at IS NULL)
-BEGIN
-    UPDATE outbox_stats
-       SET pending_count = pending_count
-               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL THEN 1 ELSE -1 END,
-           pending_bytes = pending_bytes
-               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
-                      THEN octet_length(NEW.payload) ELSE -octet_length(OLD.payload) END
-     WHERE id = 1;
-END;
+INSERT INTO outbox_stats (id) VALUES (1);

@@ -306,10 +306,16 @@ impl Outbox {
                 });
             }
         }
-        let (pending_bytes, dropped, coalesced): (i64, i64, i64) = conn.query_row(
-            "SELECT pending_bytes, dropped, coalesced FROM outbox_stats WHERE id = 1",
+        let (dropped, coalesced): (i64, i64) = conn.query_row(
+            "SELECT dropped, coalesced FROM outbox_stats WHERE id = 1",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let pending_bytes: i64 = conn.query_row(
+            "SELECT COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL",
+            [],
+            |r| r.get(0),
         )?;
         let in_flight: i64 = conn.query_row(
             "SELECT COUNT(*) FROM outbox_events
@@ -358,7 +364,11 @@ impl Outbox {
     pub fn pending_count(&self, destination: Option<&str>) -> Result<i64> {
         let conn = self.connection()?;
         Ok(match destination {
-            None => conn.query_row("SELECT pending_count FROM outbox_stats", [], |r| r.get(0))?,
+            None => conn.query_row(
+                "SELECT COUNT(*) FROM outbox_events WHERE delivered_at IS NULL AND dead_at IS NULL",
+                [],
+                |r| r.get(0),
+            )?,
             Some(d) => conn.query_row(
                 "SELECT COUNT(*) FROM outbox_events
                   WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL",

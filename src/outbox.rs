@@ -221,6 +221,10 @@ impl OutboxBuilder {
             wal_autocheckpoint: self.wal_autocheckpoint,
         };
         let (pool, path) = store::open_pool(path.as_ref(), &settings, self.pool_size)?;
+        if self.limits.is_set() {
+            let mut conn = pool.get()?;
+            crate::storage::ensure_totals(&mut conn)?;
+        }
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             inner: Arc::new(Inner {

@@ -318,7 +318,8 @@ impl Writer {
     fn update_gauges(&self) -> Result<()> {
         let (pending, oldest, pages, page_size): (i64, Option<i64>, i64, i64) =
             self.conn.query_row(
-                "SELECT (SELECT pending_count FROM outbox_stats),
+                "SELECT (SELECT COUNT(*) FROM outbox_events
+                          WHERE delivered_at IS NULL AND dead_at IS NULL),
                         (SELECT MIN(created_at) FROM outbox_events
                           WHERE delivered_at IS NULL AND dead_at IS NULL),
                         (SELECT * FROM pragma_page_count()), (SELECT * FROM pragma_page_size())",

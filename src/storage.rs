@@ -43,6 +43,69 @@ impl std::fmt::Display for Limit {
     }
 }
 
+/// Triggers that keep `outbox_stats.pending_count` and `pending_bytes` exact whoever writes
+/// the table (the app, a relay, the CLI, another process), so that enforcing a limit costs one
+/// row read instead of a count over every pending event. Created, with the totals recounted,
+/// the first time the file is opened with a limit; they then stay.
+const TOTALS_TRIGGERS: &str = "
+CREATE TRIGGER IF NOT EXISTS outbox_events_pending_insert AFTER INSERT ON outbox_events
+WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
+BEGIN
+    UPDATE outbox_stats
+       SET pending_count = pending_count + 1,
+           pending_bytes = pending_bytes + octet_length(NEW.payload)
+     WHERE id = 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_events_pending_delete AFTER DELETE ON outbox_events
+WHEN OLD.delivered_at IS NULL AND OLD.dead_at IS NULL
+BEGIN
+    UPDATE outbox_stats
+       SET pending_count = pending_count - 1,
+           pending_bytes = pending_bytes - octet_length(OLD.payload)
+     WHERE id = 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_events_pending_update
+AFTER UPDATE OF delivered_at, dead_at ON outbox_events
+WHEN (OLD.delivered_at IS NULL AND OLD.dead_at IS NULL)
+  <> (NEW.delivered_at IS NULL AND NEW.dead_at IS NULL)
+BEGIN
+    UPDATE outbox_stats
+       SET pending_count = pending_count
+               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL THEN 1 ELSE -1 END,
+           pending_bytes = pending_bytes
+               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
+                      THEN octet_length(NEW.payload) ELSE -octet_length(OLD.payload) END
+     WHERE id = 1;
+END;
+";
+
+/// Installs the totals triggers if they are missing, recounting the totals in the same
+/// transaction so they start exact.
+pub(crate) fn ensure_totals(conn: &mut rusqlite::Connection) -> Result<()> {
+    let installed: bool = conn.query_row(
+        "SELECT COUNT(*) = 3 FROM sqlite_master
+          WHERE type = 'trigger' AND name LIKE 'outbox_events_pending_%'",
+        [],
+        |r| r.get(0),
+    )?;
+    if installed {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(TOTALS_TRIGGERS)?;
+    tx.execute(
+        "UPDATE outbox_stats SET (pending_count, pending_bytes) = (
+             SELECT COUNT(*), COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL)
+          WHERE id = 1",
+        [],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
 impl StorageLimits {
     pub fn is_set(&self) -> bool {
         self.max_pending.is_some() || self.max_pending_bytes.is_some()
