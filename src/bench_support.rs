@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::claim::{self, ClaimRequest, WriteBack};
+use crate::claim::{self, ClaimRequest};
 use crate::error::Result;
 use crate::transport::OutboundEvent;
 
@@ -27,19 +27,15 @@ pub fn claim(
     )
 }
 
-/// Marks `events` delivered in one transaction, fenced by their leases, as the relay does.
+/// Marks `events` (of one claim) delivered in one transaction, fenced by their lease, as the
+/// relay does.
 pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) -> Result<usize> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut acked = 0;
-    for e in events {
-        acked += usize::from(claim::write_back(
-            &tx,
-            e.id,
-            &e.lease_owner,
-            now,
-            &WriteBack::Delivered,
-        )?);
-    }
+    let Some(first) = events.first() else {
+        return Ok(0);
+    };
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    let acked = claim::mark_delivered(&tx, &first.lease_owner, &ids, now)?.len();
     tx.commit()?;
     Ok(acked)
 }

@@ -98,6 +98,26 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Vec<Out
     Ok(events)
 }
 
+/// Marks the rows `ids`, all claimed by `owner`, delivered in one statement; returns the ids
+/// whose lease `owner` still held (the others were taken over and are left alone).
+pub(crate) fn mark_delivered(
+    conn: &Connection,
+    owner: &str,
+    ids: &[i64],
+    now: i64,
+) -> Result<Vec<i64>> {
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let mut stmt = conn.prepare_cached(
+        "UPDATE outbox_events
+            SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
+                lease_owner = NULL, lease_expires_at = NULL
+          WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
+         RETURNING id",
+    )?;
+    let rows = stmt.query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 /// Records the outcome of row `id` if, and only if, `owner` still holds its lease.
 ///
 /// Returns whether the row was updated: `false` means the lease was taken over by another
@@ -275,6 +295,30 @@ mod tests {
         write_back(&conn, k1, "r", 1, &dead).unwrap();
         let got = claim(&conn, &req("r", 2, 10)).unwrap();
         assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![k2]);
+    }
+
+    #[test]
+    fn mark_delivered_is_fenced_per_row() {
+        let (_d, conn) = db();
+        let a = insert(&conn, None, 0);
+        let b = insert(&conn, None, 0);
+        claim(&conn, &req("mine", 0, 10)).unwrap();
+        // b's lease expires and another relay takes it.
+        conn.execute(
+            "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
+            [b],
+        )
+        .unwrap();
+        let done = mark_delivered(&conn, "mine", &[a, b], 5).unwrap();
+        assert_eq!(done, vec![a]);
+        let owner: String = conn
+            .query_row(
+                "SELECT lease_owner FROM outbox_events WHERE id = ?1",
+                [b],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(owner, "theirs");
     }
 
     #[test]

@@ -26,8 +26,14 @@ use crate::relay_config::RelayConfig;
 use crate::transport::{Attempt, OutboundEvent};
 use crate::wire::encoded_size_bound;
 
-/// Outcomes written back in one transaction at most.
-const MAX_ACKS_PER_TX: usize = 1_000;
+/// Outcomes written back in one transaction at most: enough to amortize the commit, few
+/// enough that the write lock is held well under a millisecond, so the app's own commits
+/// never wait long behind the relay.
+const MAX_ACKS_PER_TX: usize = 64;
+/// How long the writer may wait to gather more outcomes into one ack transaction.
+const ACK_WINDOW: Duration = Duration::from_millis(1);
+/// Below this many requests in flight, outcomes are recorded at once.
+const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
 /// How often an idle relay claims even without a sign of new work, to pick up leases that a
 /// crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
@@ -70,9 +76,14 @@ impl Lane {
         }
     }
 
-    /// Whether claiming now would be pointless.
-    fn blocked(&self, now: i64, max_in_flight: usize) -> bool {
-        self.in_flight.len() >= max_in_flight
+    /// Whether claiming now would be pointless: the destination is closed, or the claim
+    /// would be a small one. Waiting until a whole batch fits keeps claims (each a write
+    /// transaction) few and large while the workers still have queued work.
+    fn blocked(&self, now: i64, config: &RelayConfig) -> bool {
+        let room = config.max_in_flight.saturating_sub(self.in_flight.len());
+        let worth_it = config.claim_batch.min(config.max_in_flight / 2).max(1);
+        (room < worth_it && !self.in_flight.is_empty())
+            || room == 0
             || self.reach.is_closed(now)
             || (self.reach.is_suspect() && !self.in_flight.is_empty())
     }
@@ -118,6 +129,10 @@ pub(crate) struct Writer {
 /// app's commits never run a checkpoint themselves.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 
+/// WAL frames (pages) past which the writer restarts the WAL instead of waiting for a gap in
+/// the writes: 16 MiB of 4 KiB pages.
+const WAL_RESTART_FRAMES: i64 = 4096;
+
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -154,6 +169,7 @@ impl Writer {
         while !state.stopping {
             self.drain_completions(&mut completions);
             if !completions.is_empty() {
+                self.gather_more(&mut completions);
                 self.apply(&mut completions);
             }
             self.poll_for_work(&mut state);
@@ -181,13 +197,33 @@ impl Writer {
         }
     }
 
+    /// While many requests are in flight, waits a moment for more of them to finish, so one
+    /// transaction records many outcomes instead of one each: commits are the writer's main
+    /// cost. Bounded by `ACK_WINDOW`; with little in flight it does not wait at all.
+    fn gather_more(&self, completions: &mut Vec<Completion>) {
+        let done = |c: &Vec<Completion>| c.iter().map(|c| c.events.len()).sum::<usize>();
+        let pending = self.in_flight().saturating_sub(done(completions));
+        if pending < ACK_GATHER_MIN_IN_FLIGHT {
+            return;
+        }
+        let target = (pending / 2).min(MAX_ACKS_PER_TX);
+        let deadline = Instant::now() + ACK_WINDOW;
+        while done(completions) < target && completions.len() < MAX_ACKS_PER_TX {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.done_rx.recv_timeout(left) {
+                Ok(c) => completions.push(c),
+                Err(_) => break,
+            }
+        }
+    }
+
     /// Blocks until there is something to do, or the poll interval passes.
     fn wait(&mut self, state: &mut State, completions: &mut Vec<Completion>) {
         let now = self.outbox.now_ms();
         let more_to_claim = self
             .lanes
             .iter()
-            .any(|l| l.claim_due && !l.blocked(now, self.config.max_in_flight));
+            .any(|l| l.claim_due && !l.blocked(now, &self.config));
         // More work is waiting to be claimed: only look at the channels.
         let timeout = if more_to_claim {
             Duration::ZERO
@@ -257,11 +293,26 @@ impl Writer {
         }
         state.last_checkpoint = Instant::now();
         self.wrote = false;
-        if let Err(e) = self
+        // (busy, frames in the WAL, frames checkpointed)
+        let passive = self
             .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-        {
-            log::debug!("relay {}: checkpoint failed: {e}", self.relay_id);
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            });
+        match passive {
+            // Under writes that never pause, a PASSIVE checkpoint never catches up with the
+            // end of the WAL, so the WAL is never restarted and grows. Past a bound, restart
+            // it: this briefly holds new writers back, which is why it is the exception.
+            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => {
+                if let Err(e) =
+                    self.conn
+                        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                {
+                    log::debug!("relay {}: WAL restart failed: {e}", self.relay_id);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
         }
     }
 
@@ -342,7 +393,7 @@ impl Writer {
         let now = self.outbox.now_ms();
         let max_in_flight = self.config.max_in_flight;
         let lane = &self.lanes[index];
-        if !lane.claim_due || state.stopping || lane.blocked(now, max_in_flight) {
+        if !lane.claim_due || state.stopping || lane.blocked(now, &self.config) {
             return Ok(());
         }
         if lane.work_tx.is_none() {
@@ -568,15 +619,29 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut recorded = Vec::with_capacity(decided.len());
-        for (_, event, write_back) in decided {
-            recorded.push(claim::write_back(
-                &tx,
-                event.id,
-                &event.lease_owner,
-                now,
-                write_back,
-            )?);
+        let mut recorded = vec![false; decided.len()];
+        // Deliveries of one claim go in one statement (the common case, and the hot path);
+        // anything else row by row.
+        let mut i = 0;
+        while i < decided.len() {
+            let (_, event, write_back) = &decided[i];
+            if *write_back != WriteBack::Delivered {
+                recorded[i] =
+                    claim::write_back(&tx, event.id, &event.lease_owner, now, write_back)?;
+                i += 1;
+                continue;
+            }
+            let owner = &event.lease_owner;
+            let end = decided[i..]
+                .iter()
+                .position(|(_, e, w)| *w != WriteBack::Delivered || e.lease_owner != *owner)
+                .map_or(decided.len(), |n| i + n);
+            let ids: Vec<i64> = decided[i..end].iter().map(|(_, e, _)| e.id).collect();
+            let done = claim::mark_delivered(&tx, owner, &ids, now)?;
+            for (slot, (_, e, _)) in recorded[i..end].iter_mut().zip(&decided[i..end]) {
+                *slot = done.contains(&e.id);
+            }
+            i = end;
         }
         tx.commit()?;
         self.wrote = true;

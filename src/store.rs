@@ -1,6 +1,7 @@
 //! The database file: connection pool, per-connection PRAGMAs and schema migrations.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use r2d2_sqlite::SqliteConnectionManager;
@@ -38,6 +39,28 @@ impl Synchronous {
     }
 }
 
+/// The longest busy timeout any outbox of this process asked for, in milliseconds: the busy
+/// handler is a plain function, so it cannot carry a per-connection value.
+static BUSY_TIMEOUT_MS: AtomicU64 = AtomicU64::new(5_000);
+
+/// Waits for SQLite's write lock in fine steps: 25 µs at first, so a lock held for a few
+/// hundred microseconds (a relay's ack) costs about that, not SQLite's default first sleep
+/// of a whole millisecond; then 100 µs, then 1 ms steps, until the busy timeout.
+fn busy_handler(attempt: i32) -> bool {
+    let attempt = attempt.max(0) as u64;
+    // Time already waited before this attempt, following the same schedule.
+    let (step_us, waited_us) = match attempt {
+        0..=39 => (25, attempt * 25),
+        40..=89 => (100, 1_000 + (attempt - 40) * 100),
+        _ => (1_000, 6_000 + (attempt - 90) * 1_000),
+    };
+    if waited_us >= BUSY_TIMEOUT_MS.load(Ordering::Relaxed) * 1_000 {
+        return false;
+    }
+    std::thread::sleep(Duration::from_micros(step_us));
+    true
+}
+
 /// Settings applied to every connection the outbox opens.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectionSettings {
@@ -52,7 +75,7 @@ pub(crate) struct ConnectionSettings {
 impl ConnectionSettings {
     /// Applies the outbox's PRAGMAs to `conn`.
     pub fn apply(&self, conn: &Connection) -> rusqlite::Result<()> {
-        conn.busy_timeout(self.busy_timeout)?;
+        conn.busy_handler(Some(busy_handler))?;
         // journal_mode returns the resulting mode as a row; read it so the statement runs.
         let _mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.execute_batch(&format!(
@@ -145,6 +168,15 @@ pub(crate) fn open_pool(
     settings: &ConnectionSettings,
     pool_size: u32,
 ) -> Result<(Pool, PathBuf)> {
+    let timeout_ms = u64::try_from(settings.busy_timeout.as_millis()).unwrap_or(u64::MAX);
+    if timeout_ms > i32::MAX as u64 {
+        return Err(Error::InvalidConfig(format!(
+            "busy timeout of {:?} is too long; the most is {} ms",
+            settings.busy_timeout,
+            i32::MAX
+        )));
+    }
+    BUSY_TIMEOUT_MS.fetch_max(timeout_ms, Ordering::Relaxed);
     {
         let mut conn = Connection::open_with_flags(
             path,
@@ -152,7 +184,6 @@ pub(crate) fn open_pool(
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        conn.busy_timeout(settings.busy_timeout)?;
         let found = read_user_version(&conn, path)?;
         if found > schema_version() {
             return Err(Error::SchemaTooNew {
@@ -190,6 +221,18 @@ mod tests {
         assert_eq!(m[0].0, 1);
         assert!(m[0].1.contains("CREATE TABLE outbox_events"));
         assert!(m.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn busy_handler_waits_in_fine_steps_then_gives_up_at_the_timeout() {
+        let start = std::time::Instant::now();
+        for attempt in 0..40 {
+            assert!(busy_handler(attempt));
+        }
+        // Forty first steps of 25 µs: about a millisecond, not forty.
+        assert!(start.elapsed() < Duration::from_millis(20));
+        let timeout = BUSY_TIMEOUT_MS.load(Ordering::Relaxed) as i32;
+        assert!(!busy_handler(90 + timeout));
     }
 
     #[test]

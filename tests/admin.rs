@@ -53,9 +53,11 @@ fn assert_totals_exact(outbox: &Outbox) {
         .unwrap();
     if triggers > 0 {
         let kept: (i64, i64) = conn
-            .query_row("SELECT pending_count, pending_bytes FROM outbox_stats", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT pending_count, pending_bytes FROM outbox_stats",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .unwrap();
         assert_eq!(kept, (count, bytes), "trigger-kept totals drifted");
     }
@@ -436,7 +438,10 @@ fn totals_start_exact_when_a_limit_is_first_set_on_an_existing_file() {
     let path = dir.path().join("late.db");
     let plain = Outbox::open(&path).unwrap();
     enqueue(&plain, "t", 7);
-    set(&plain, "UPDATE outbox_events SET delivered_at = 1 WHERE id <= 2");
+    set(
+        &plain,
+        "UPDATE outbox_events SET delivered_at = 1 WHERE id <= 2",
+    );
     let limited = Outbox::builder().max_pending(6).open(&path).unwrap();
     assert_totals_exact(&limited);
     enqueue(&limited, "t", 1);

@@ -248,26 +248,65 @@ fn a_file_that_is_not_sqlite_is_refused_untouched() {
 }
 
 #[test]
-fn every_pooled_connection_has_wal_busy_timeout_and_foreign_keys() {
+fn every_pooled_connection_has_wal_sync_and_foreign_keys() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::builder()
         .pool_size(3)
-        .busy_timeout(std::time::Duration::from_millis(1234))
         .synchronous(sqlite_outbox::Synchronous::Full)
+        .wal_autocheckpoint(777)
         .open(dir.path().join("pragmas.db"))
         .unwrap();
     let conns: Vec<_> = (0..3).map(|_| outbox.connection().unwrap()).collect();
     for c in &conns {
-        let mode: String = c
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
-        let fk: i64 = c
-            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
-            .unwrap();
-        let busy: i64 = c
-            .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
-            .unwrap();
-        let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
-        assert_eq!((mode.as_str(), fk, busy, sync), ("wal", 1, 1234, 2));
+        let get = |pragma: &str| -> String {
+            c.query_row(&format!("PRAGMA {pragma}"), [], |r| {
+                r.get::<_, sqlite_outbox::rusqlite::types::Value>(0)
+            })
+            .map(|v| match v {
+                sqlite_outbox::rusqlite::types::Value::Integer(i) => i.to_string(),
+                sqlite_outbox::rusqlite::types::Value::Text(t) => t,
+                other => format!("{other:?}"),
+            })
+            .unwrap()
+        };
+        assert_eq!(get("journal_mode"), "wal");
+        assert_eq!(get("foreign_keys"), "1");
+        assert_eq!(get("synchronous"), "2");
+        assert_eq!(get("wal_autocheckpoint"), "777");
     }
+}
+
+#[test]
+fn a_writer_waits_for_the_lock_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("busy.db")).unwrap();
+    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
+    let path = outbox.path().to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let started = std::time::Instant::now();
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
+        .expect("waits for the lock, within the 5 s busy timeout");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(150));
+    holder.join().unwrap();
+    assert_eq!(rows(&outbox).len(), 1);
+}
+
+#[test]
+fn an_absurd_busy_timeout_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Outbox::builder()
+        .busy_timeout(std::time::Duration::from_secs(u64::MAX / 4))
+        .open(dir.path().join("absurd.db"))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
 }
