@@ -181,9 +181,17 @@ impl Relay {
         for (index, (destination, transport)) in
             self.config.destinations.iter().zip(transports).enumerate()
         {
-            let work = bounded::<Job>(self.config.max_in_flight);
+            let worker_count = destination.workers.unwrap_or(self.config.workers);
             let reach = Arc::new(Reachability::default());
-            for n in 0..destination.workers.unwrap_or(self.config.workers) {
+            // Every job holds at least one event, so this many jobs never fills the channel.
+            let capacity = self.config.max_in_flight.max(
+                self.config
+                    .claim_batch
+                    .max(destination.batch.map_or(0, |b| b.max_events * worker_count))
+                    * 4,
+            );
+            let work = bounded::<Job>(capacity);
+            for n in 0..worker_count {
                 let worker = Worker {
                     lane: index,
                     work_rx: work.1.clone(),
@@ -204,6 +212,8 @@ impl Relay {
             lanes.push(Lane::new(
                 destination.name.clone(),
                 destination.batch,
+                worker_count,
+                &self.config,
                 reach,
                 work,
             ));

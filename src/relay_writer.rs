@@ -45,6 +45,9 @@ pub(crate) type Job = Vec<OutboundEvent>;
 pub(crate) struct Lane {
     pub name: String,
     pub batch: Option<Batching>,
+    /// Events one claim takes at most, and events this lane may have in flight.
+    claim_batch: usize,
+    max_in_flight: usize,
     pub reach: Arc<Reachability>,
     pub work_tx: Option<Sender<Job>>,
     pub work_rx: Receiver<Job>,
@@ -57,15 +60,26 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
+    /// A lane for one destination. A batching destination claims enough for a batch per
+    /// worker at once (and may have four such claims in flight): per event, the claim and
+    /// ack transactions then cost a fraction of what they cost one event at a time.
     pub fn new(
         name: String,
         batch: Option<Batching>,
+        workers: usize,
+        config: &RelayConfig,
         reach: Arc<Reachability>,
         work: (Sender<Job>, Receiver<Job>),
     ) -> Lane {
+        let claim_batch = match batch {
+            Some(b) => config.claim_batch.max(b.max_events.saturating_mul(workers)),
+            None => config.claim_batch,
+        };
         Lane {
             name,
             batch,
+            claim_batch,
+            max_in_flight: config.max_in_flight.max(claim_batch.saturating_mul(4)),
             reach,
             work_tx: Some(work.0),
             work_rx: work.1,
@@ -79,9 +93,9 @@ impl Lane {
     /// Whether claiming now would be pointless: the destination is closed, or the claim
     /// would be a small one. Waiting until a whole batch fits keeps claims (each a write
     /// transaction) few and large while the workers still have queued work.
-    fn blocked(&self, now: i64, config: &RelayConfig) -> bool {
-        let room = config.max_in_flight.saturating_sub(self.in_flight.len());
-        let worth_it = config.claim_batch.min(config.max_in_flight / 2).max(1);
+    fn blocked(&self, now: i64) -> bool {
+        let room = self.max_in_flight.saturating_sub(self.in_flight.len());
+        let worth_it = self.claim_batch.min(self.max_in_flight / 2).max(1);
         (room < worth_it && !self.in_flight.is_empty())
             || room == 0
             || self.reach.is_closed(now)
@@ -220,10 +234,7 @@ impl Writer {
     /// Blocks until there is something to do, or the poll interval passes.
     fn wait(&mut self, state: &mut State, completions: &mut Vec<Completion>) {
         let now = self.outbox.now_ms();
-        let more_to_claim = self
-            .lanes
-            .iter()
-            .any(|l| l.claim_due && !l.blocked(now, &self.config));
+        let more_to_claim = self.lanes.iter().any(|l| l.claim_due && !l.blocked(now));
         // More work is waiting to be claimed: only look at the channels.
         let timeout = if more_to_claim {
             Duration::ZERO
@@ -391,9 +402,8 @@ impl Writer {
 
     fn claim(&mut self, state: &mut State, index: usize) -> Result<()> {
         let now = self.outbox.now_ms();
-        let max_in_flight = self.config.max_in_flight;
         let lane = &self.lanes[index];
-        if !lane.claim_due || state.stopping || lane.blocked(now, &self.config) {
+        if !lane.claim_due || state.stopping || lane.blocked(now) {
             return Ok(());
         }
         if lane.work_tx.is_none() {
@@ -404,7 +414,7 @@ impl Writer {
         let limit = if lane.reach.is_suspect() {
             1
         } else {
-            (max_in_flight - lane.in_flight.len()).min(self.config.claim_batch)
+            (lane.max_in_flight - lane.in_flight.len()).min(lane.claim_batch)
         };
         state.claim_seq += 1;
         let owner = format!("{}:{}", self.relay_id, state.claim_seq);
