@@ -325,6 +325,36 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     lines
 }
 
+/// Relay throughput by worker count and batch size, as CSV on stdout (for the README plot:
+/// `cargo run --release --example bench -- sweep > sweep.csv`).
+fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
+    println!("workers,batch,events_per_second");
+    let mut round = 0;
+    for batch in [1usize, 10, 100] {
+        for workers in [1usize, 2, 4, 8] {
+            round += 1;
+            let n = if batch == 1 { 20_000 } else { 100_000 };
+            let outbox = Outbox::open(dir.join(format!("sweep-{round}.db"))).unwrap();
+            fill_pending(&outbox, n);
+            let mut destination = Destination::http("default", &receiver.url);
+            if batch > 1 {
+                destination = destination.batch(batch, 1 << 20);
+            }
+            let start = receiver.count();
+            let t = Instant::now();
+            let relay = outbox
+                .relay(RelayConfig::new().destination(destination).workers(workers))
+                .start()
+                .unwrap();
+            assert!(receiver.wait_for(start + n as u64, Duration::from_secs(120)));
+            let r = rate(n, t.elapsed());
+            relay.shutdown();
+            println!("{workers},{batch},{r:.0}");
+            eprintln!("workers {workers}, batch {batch}: {}", per_s(r));
+        }
+    }
+}
+
 fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
     let outbox = Outbox::open(dir.join("latency.db")).unwrap();
     let receiver = CountingReceiver::start(2);
@@ -426,6 +456,10 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let receiver = Arc::new(CountingReceiver::start(4));
+    if args.get(1).map(String::as_str) == Some("sweep") {
+        sweep(dir, &receiver);
+        return;
+    }
     // `cargo run --release --example bench -- relay latency` runs only those sections.
     let only: Vec<&str> = args[1..].iter().map(String::as_str).collect();
     let run = |name: &str| only.is_empty() || only.contains(&name);

@@ -20,6 +20,15 @@ pub const PRUNE_PAGE_ROWS: usize = 500;
 /// After pruning at least this many rows, checkpoint the WAL and hand free pages back.
 pub(crate) const RECLAIM_AFTER_ROWS: usize = 10_000;
 
+/// The `available_at` a retried event gets: due at `?2`, or parked if an older event of its
+/// partition key is still pending (so retrying cannot break the key's order).
+const DUE_OR_PARKED: &str = "CASE WHEN partition_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM outbox_events AS o
+         WHERE o.partition_key = outbox_events.partition_key
+           AND o.destination = outbox_events.destination AND o.id < outbox_events.id
+           AND o.delivered_at IS NULL AND o.dead_at IS NULL)
+    THEN 9223372036854775807 ELSE ?2 END";
+
 /// The default retention of delivered events: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -435,10 +444,10 @@ impl Outbox {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut reset = 0;
         {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = ?2
-                  WHERE event_id = ?1 AND delivered_at IS NULL",
-            )?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = {DUE_OR_PARKED}
+                  WHERE event_id = ?1 AND delivered_at IS NULL"
+            ))?;
             for id in event_ids {
                 reset += stmt.execute(params![id, now])?;
             }
@@ -473,10 +482,10 @@ impl Outbox {
             .collect::<rusqlite::Result<_>>()?;
         let mut reset = 0;
         {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = ?2
-                  WHERE id = ?1",
-            )?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = {DUE_OR_PARKED}
+                  WHERE id = ?1"
+            ))?;
             for (id, event_type) in candidates {
                 if filter
                     .event_type

@@ -36,6 +36,11 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     };
     let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
     let acked = claim::mark_delivered(&tx, &first.lease_owner, &ids, now)?.len();
+    for e in events {
+        if let Some(key) = &e.partition_key {
+            claim::unpark_next(&tx, key, &e.destination, now)?;
+        }
+    }
     tx.commit()?;
     Ok(acked)
 }

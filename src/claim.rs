@@ -7,6 +7,14 @@
 
 use rusqlite::{params, Connection};
 
+/// `available_at` of an event parked behind an earlier pending event of its partition key.
+///
+/// Only the oldest pending event of a key (its head) is ever due; the others wait here, out
+/// of the claim's way, and the next one is made due when the head is delivered or
+/// dead-lettered. Without parking, a claim would have to step over every queued event of
+/// every busy key, and its cost would grow with the backlog.
+pub const PARKED: i64 = i64::MAX;
+
 use crate::error::Result;
 use crate::transport::OutboundEvent;
 
@@ -116,6 +124,31 @@ pub(crate) fn mark_delivered(
     )?;
     let rows = stmt.query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether a pending event of `key` for `destination` exists (so a new one must park).
+pub(crate) fn key_has_pending(conn: &Connection, key: &str, destination: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM outbox_events
+                             WHERE partition_key = ?1 AND destination = ?2
+                               AND delivered_at IS NULL AND dead_at IS NULL)",
+        )?
+        .query_row(params![key, destination], |r| r.get(0))?)
+}
+
+/// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
+/// leaves the pending set (delivered, dead-lettered, dropped, replaced).
+pub(crate) fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE outbox_events SET available_at = ?3
+          WHERE available_at = ?4 AND id = (
+                SELECT MIN(id) FROM outbox_events
+                 WHERE partition_key = ?1 AND destination = ?2
+                   AND delivered_at IS NULL AND dead_at IS NULL)",
+    )?
+    .execute(params![key, destination, now, PARKED])?;
+    Ok(())
 }
 
 /// Records the outcome of row `id` if, and only if, `owner` still holds its lease.
@@ -319,6 +352,29 @@ mod tests {
             )
             .unwrap();
         assert_eq!(owner, "theirs");
+    }
+
+    #[test]
+    fn only_heads_are_due_and_the_next_is_unparked_when_the_head_leaves() {
+        let (_d, conn) = db();
+        let head = insert(&conn, Some("k"), 0);
+        assert!(key_has_pending(&conn, "k", "default").unwrap());
+        let next = insert(&conn, Some("k"), PARKED);
+        let last = insert(&conn, Some("k"), PARKED);
+        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![head]);
+        write_back(&conn, head, "r", 1, &WriteBack::Delivered).unwrap();
+        unpark_next(&conn, "k", "default", 1).unwrap();
+        let got = claim(&conn, &req("r", 2, 10)).unwrap();
+        assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![next]);
+        let available: i64 = conn
+            .query_row(
+                "SELECT available_at FROM outbox_events WHERE id = ?1",
+                [last],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(available, PARKED, "only one event per key is unparked");
     }
 
     #[test]

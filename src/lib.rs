@@ -84,6 +84,7 @@ pub use admin::{
     DEFAULT_RETENTION, PRUNE_PAGE_ROWS,
 };
 pub use backoff::{parse_retry_after, Backoff};
+pub use claim::PARKED;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cloudevents::{
     parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,

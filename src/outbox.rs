@@ -8,6 +8,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
 
+use crate::claim;
 use crate::clock::{Clock, SystemClock};
 use crate::destination::{self, destinations_for, Route};
 use crate::destination_state::{self, DisabledDestination};
@@ -309,10 +310,15 @@ impl Outbox {
             "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
                  source, subject, partition_key, payload, created_at, available_at,
                  coalesce_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
              ON CONFLICT DO NOTHING",
         )?;
         for destination in &destinations {
+            // Behind a pending event of the same key, the new one parks (see claim::PARKED).
+            let available_at = match &event.partition_key {
+                Some(key) if claim::key_has_pending(tx, key, destination)? => claim::PARKED,
+                _ => now,
+            };
             // ON CONFLICT DO NOTHING: a key committed by another connection since the check
             // above must not abort the caller's transaction the way a constraint error would.
             let inserted = insert.execute(params![
@@ -325,6 +331,7 @@ impl Outbox {
                 event.partition_key,
                 payload,
                 now,
+                available_at,
                 event.coalesce_key
             ])?;
             if inserted == 1 {
@@ -452,10 +459,18 @@ fn coalesce(
         "DELETE FROM outbox_events
           WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3
             AND delivered_at IS NULL AND dead_at IS NULL
-            AND (lease_expires_at IS NULL OR lease_expires_at <= ?4)",
+            AND (lease_expires_at IS NULL OR lease_expires_at <= ?4)
+         RETURNING partition_key",
     )?;
     for destination in destinations {
-        replaced += delete.execute(params![event_type, key, destination, now])?;
+        let keys: Vec<Option<String>> = delete
+            .query_map(params![event_type, key, destination, now], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        replaced += keys.len();
+        // A replaced event may have been its key's head.
+        for partition_key in keys.iter().flatten() {
+            claim::unpark_next(tx, partition_key, destination, now)?;
+        }
     }
     if replaced > 0 {
         tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?

@@ -653,6 +653,13 @@ impl Writer {
             }
             i = end;
         }
+        // A key whose head left the pending set lets its next event go.
+        for ((_, event, write_back), recorded) in decided.iter().zip(&recorded) {
+            let left = matches!(write_back, WriteBack::Delivered | WriteBack::Dead { .. });
+            if let (true, true, Some(key)) = (left, *recorded, &event.partition_key) {
+                claim::unpark_next(&tx, key, &event.destination, now)?;
+            }
+        }
         tx.commit()?;
         self.wrote = true;
         Ok(recorded)

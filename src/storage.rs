@@ -204,9 +204,21 @@ impl StorageLimits {
         if freed_count < over_count || freed_bytes < over_bytes {
             return Err(full());
         }
-        let mut delete = tx.prepare_cached("DELETE FROM outbox_events WHERE id = ?1")?;
+        let mut delete = tx.prepare_cached(
+            "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
+        )?;
+        let mut heads = Vec::new();
         for id in &victims {
-            delete.execute([id])?;
+            let (key, destination): (Option<String>, String) =
+                delete.query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            if let Some(key) = key {
+                heads.push((key, destination));
+            }
+        }
+        drop(delete);
+        // A dropped event may have been its key's head.
+        for (key, destination) in heads {
+            crate::claim::unpark_next(tx, &key, &destination, now)?;
         }
         tx.prepare_cached("UPDATE outbox_stats SET dropped = dropped + ?1 WHERE id = 1")?
             .execute([victims.len() as i64])?;

@@ -57,7 +57,10 @@ impl<'a> StructuredEvent<'a> {
 
 /// Formats unix milliseconds as an RFC 3339 UTC timestamp.
 pub fn rfc3339_millis(unix_ms: i64) -> String {
-    let t = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    // Far-future values (a parked event's due time) are shown as the latest time humantime
+    // can print rather than overflowing.
+    let ms = unix_ms.clamp(0, 253_402_300_799_999) as u64;
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
 

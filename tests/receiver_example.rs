@@ -4,7 +4,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -15,22 +14,6 @@ use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-/// The example binary, built by `cargo test`; built here if this test runs on its own.
-fn receiver_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join("receiver");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--example", "receiver"])
-            .status()
-            .expect("run cargo build --example receiver");
-        assert!(status.success());
-    }
-    path
-}
-
 struct Receiver {
     child: Child,
     url: String,
@@ -38,7 +21,7 @@ struct Receiver {
 
 impl Receiver {
     fn start(db: &std::path::Path) -> Receiver {
-        let mut child = Command::new(receiver_binary())
+        let mut child = Command::new(common::example_binary("receiver"))
             .args(["--db", db.to_str().unwrap(), "--secret", SECRET])
             .args(["--port", "0", "--max-seconds", "120"])
             .env("RUST_LOG", "warn")

@@ -268,3 +268,19 @@ pub fn fast(config: sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig {
         .lease(Duration::from_secs(30))
         .shutdown_timeout(Duration::from_secs(5))
 }
+
+/// An example binary built by `cargo test` (built here if this test runs on its own).
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--example", name])
+            .status()
+            .expect("run cargo build --example");
+        assert!(status.success());
+    }
+    path
+}

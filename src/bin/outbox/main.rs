@@ -611,7 +611,11 @@ fn show(outbox: &Outbox, event_id: &str, json: bool) -> Outcome {
         println!("key          {}", r.key.as_deref().unwrap_or("-"));
         println!("subject      {}", r.subject.as_deref().unwrap_or("-"));
         println!("committed    {}", output::time(Some(r.created_at)));
-        println!("next due     {}", output::time(Some(r.available_at)));
+        if r.available_at == sqlite_outbox::PARKED {
+            println!("next due     after the earlier pending events of its key");
+        } else {
+            println!("next due     {}", output::time(Some(r.available_at)));
+        }
         println!("delivered    {}", output::time(r.delivered_at));
         println!("dead         {}", output::time(r.dead_at));
         println!("last error   {}", r.last_error.as_deref().unwrap_or("-"));
