@@ -310,3 +310,34 @@ fn an_absurd_busy_timeout_is_a_config_error() {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
 }
+
+/// Regression: with a keyed backlog every claim used to step over all queued events of every
+/// key (a 40k backlog drained at 100 events/s). Only each key's head may be due.
+#[test]
+fn a_keyed_backlog_parks_all_but_each_keys_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("parked.db")).unwrap();
+    let mut conn = outbox.connection().unwrap();
+    let tx = conn.transaction().unwrap();
+    for i in 0..100 {
+        outbox
+            .enqueue(
+                &tx,
+                Event::new("t", json!(i)).partition_key(format!("k{}", i % 5)),
+            )
+            .unwrap();
+        outbox.enqueue(&tx, Event::new("t", json!(i))).unwrap();
+    }
+    tx.commit().unwrap();
+    let (due_keyed, parked, due_unkeyed): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT COUNT(*) FILTER (WHERE partition_key IS NOT NULL AND available_at < ?1),
+                    COUNT(*) FILTER (WHERE available_at = ?1),
+                    COUNT(*) FILTER (WHERE partition_key IS NULL AND available_at < ?1)
+               FROM outbox_events",
+            [sqlite_outbox::PARKED],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((due_keyed, parked, due_unkeyed), (5, 95, 100));
+}
