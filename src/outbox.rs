@@ -288,13 +288,9 @@ impl Outbox {
                 event_type: event.event_type,
             });
         }
-        if let Some(key) = &event.idempotency_key {
-            for destination in &destinations {
-                if let Some(existing_event_id) = existing_event(tx, destination, key)? {
-                    return Ok(Enqueued::Duplicate { existing_event_id });
-                }
-            }
-        }
+        // Writes come before reads: SQLite cannot turn a caller's deferred transaction that
+        // has only read so far into a writer while another connection writes (SQLITE_BUSY),
+        // but a first write simply waits for the lock.
         let now = self.inner.clock.now_ms();
         if let Some(key) = &event.coalesce_key {
             coalesce(tx, &event.event_type, key, &destinations, now)?;
@@ -310,17 +306,13 @@ impl Outbox {
             "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
                  source, subject, partition_key, payload, created_at, available_at,
                  coalesce_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
              ON CONFLICT DO NOTHING",
         )?;
+        let mut inserted_any = false;
         for destination in &destinations {
-            // Behind a pending event of the same key, the new one parks (see claim::PARKED).
-            let available_at = match &event.partition_key {
-                Some(key) if claim::key_has_pending(tx, key, destination)? => claim::PARKED,
-                _ => now,
-            };
-            // ON CONFLICT DO NOTHING: a key committed by another connection since the check
-            // above must not abort the caller's transaction the way a constraint error would.
+            // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
+            // transaction the way a constraint error would. Keys are per destination.
             let inserted = insert.execute(params![
                 event_id,
                 destination,
@@ -331,18 +323,29 @@ impl Outbox {
                 event.partition_key,
                 payload,
                 now,
-                available_at,
                 event.coalesce_key
             ])?;
-            if inserted == 1 {
-                crate::telemetry::enqueued(&event.event_type, destination);
-            } else if let Some(key) = &event.idempotency_key {
-                {
+            if inserted == 0 {
+                continue;
+            }
+            inserted_any = true;
+            crate::telemetry::enqueued(&event.event_type, destination);
+            // Behind a pending event of the same key, the new one parks (see claim::PARKED).
+            if let Some(key) = &event.partition_key {
+                claim::park_if_behind(tx, tx.last_insert_rowid(), key, destination)?;
+            }
+        }
+        if !inserted_any {
+            if let Some(key) = &event.idempotency_key {
+                for destination in &destinations {
                     if let Some(existing_event_id) = existing_event(tx, destination, key)? {
                         return Ok(Enqueued::Duplicate { existing_event_id });
                     }
                 }
             }
+            // Only the idempotency index can refuse a row, so this is unreachable in
+            // practice; report it rather than pretend the event was written.
+            return Err(Error::Sqlite(rusqlite::Error::QueryReturnedNoRows));
         }
         Ok(Enqueued::New { event_id })
     }

@@ -83,6 +83,7 @@ fn routes_send_each_event_to_every_matching_destination_and_refuse_unrouted_ones
 
 #[test]
 fn an_idempotency_key_is_a_duplicate_across_all_its_destinations() {
+    // Keys are per destination: a repeat finds every destination already holding it.
     let dir = tempfile::tempdir().unwrap();
     let outbox = two_way(&dir);
     let first = outbox
