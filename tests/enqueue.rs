@@ -341,3 +341,36 @@ fn a_keyed_backlog_parks_all_but_each_keys_head() {
         .unwrap();
     assert_eq!((due_keyed, parked, due_unkeyed), (5, 95, 100));
 }
+
+/// Regression: enqueue used to read before writing, and SQLite refuses (SQLITE_BUSY, no
+/// waiting) to turn a deferred transaction that has only read into a writer while another
+/// connection holds the write lock.
+#[test]
+fn an_enqueue_opening_a_deferred_transaction_waits_for_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("deferred.db")).unwrap();
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
+        .unwrap();
+    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
+    let path = outbox.path().to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let tx = own.transaction().unwrap(); // DEFERRED
+    outbox
+        .enqueue(&tx, Event::new("t", json!(1)).partition_key("k"))
+        .expect("waits for the writer, then parks behind the first event");
+    tx.commit().unwrap();
+    holder.join().unwrap();
+    assert_eq!(rows(&outbox).len(), 2);
+}
