@@ -5,11 +5,13 @@
 //! ```text
 //! cargo run --example crash_writer -- DB_PATH FIRST_SEQ [COUNT [PAUSE_MICROS]]
 //! ```
+//!
+//! `OUTBOX_SYNCHRONOUS=FULL` opens the database with `synchronous=FULL` (default NORMAL).
 
 use std::io::Write;
 
 use serde_json::json;
-use sqlite_outbox::{Error, Event, Outbox};
+use sqlite_outbox::{Error, Event, Outbox, Synchronous};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -19,7 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let first: i64 = args.next().ok_or("FIRST_SEQ missing")?.parse()?;
     let count: i64 = args.next().map_or(Ok(i64::MAX), |c| c.parse())?;
     let pause = std::time::Duration::from_micros(args.next().map_or(Ok(0), |p| p.parse())?);
-    let outbox = Outbox::open(&db)?;
+    let synchronous = match std::env::var("OUTBOX_SYNCHRONOUS").as_deref() {
+        Ok("FULL") => Synchronous::Full,
+        _ => Synchronous::Normal,
+    };
+    let outbox = Outbox::builder().synchronous(synchronous).open(&db)?;
     outbox.transaction(|tx| {
         tx.execute(
             "CREATE TABLE IF NOT EXISTS orders (seq INTEGER PRIMARY KEY, event_id TEXT NOT NULL)",

@@ -66,6 +66,12 @@ pub enum Error {
     },
     /// A configuration value is out of range or malformed.
     InvalidConfig(String),
+    /// The database or the disk is full (`SQLITE_FULL`): nothing of the failed statement
+    /// was written, earlier commits are intact; it works again once space is freed.
+    DiskFull(rusqlite::Error),
+    /// The database file cannot be written (`SQLITE_READONLY`: permissions, an immutable or
+    /// read-only mounted file). Reopen the outbox once it can.
+    ReadOnly(rusqlite::Error),
     /// The outbox or relay has been shut down.
     Closed,
     /// An error from SQLite.
@@ -113,6 +119,12 @@ impl fmt::Display for Error {
             ),
             Error::NotADatabase { path } => write!(f, "{path} is not a SQLite database"),
             Error::InvalidConfig(msg) => write!(f, "invalid configuration: {msg}"),
+            Error::DiskFull(e) => write!(
+                f,
+                "the database or disk is full ({e}); nothing was written, earlier commits are \
+                 intact"
+            ),
+            Error::ReadOnly(e) => write!(f, "the database file cannot be written ({e})"),
             Error::Closed => write!(f, "the outbox relay is shut down"),
             Error::Sqlite(e) => write!(f, "SQLite error: {e}"),
             Error::Pool(e) => write!(f, "no database connection available: {e}"),
@@ -125,7 +137,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::InvalidData(e) => Some(e),
-            Error::Sqlite(e) => Some(e),
+            Error::Sqlite(e) | Error::DiskFull(e) | Error::ReadOnly(e) => Some(e),
             Error::Pool(e) => Some(e),
             Error::Io(e) => Some(e),
             _ => None,
@@ -135,7 +147,11 @@ impl std::error::Error for Error {
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        Error::Sqlite(e)
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => Error::DiskFull(e),
+            Some(rusqlite::ErrorCode::ReadOnly) => Error::ReadOnly(e),
+            _ => Error::Sqlite(e),
+        }
     }
 }
 

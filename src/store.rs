@@ -120,7 +120,7 @@ fn read_user_version(conn: &Connection, path: &Path) -> Result<i64> {
             Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
                 path: path.display().to_string(),
             },
-            _ => Error::Sqlite(e),
+            _ => Error::from(e),
         })
 }
 
