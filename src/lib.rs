@@ -71,6 +71,7 @@ mod outbox;
 mod reachability;
 mod relay;
 mod relay_config;
+mod relay_housekeeping;
 mod relay_writer;
 mod signature;
 mod storage;

@@ -29,7 +29,7 @@ use crate::wire::encoded_size_bound;
 /// Outcomes written back in one transaction at most: enough to amortize the commit, few
 /// enough that the write lock is held well under a millisecond, so the app's own commits
 /// never wait long behind the relay.
-const MAX_ACKS_PER_TX: usize = 64;
+const MAX_ACKS_PER_TX: usize = 200;
 /// How long the writer may wait to gather more outcomes into one ack transaction.
 const ACK_WINDOW: Duration = Duration::from_millis(1);
 /// Below this many requests in flight, outcomes are recorded at once.
@@ -139,30 +139,19 @@ pub(crate) struct Writer {
     pub wrote: bool,
 }
 
-/// How often the writer checkpoints the WAL while the database is being written, so that the
-/// app's commits never run a checkpoint themselves.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
-
-/// WAL frames (pages) past which the writer restarts the WAL instead of waiting for a gap in
-/// the writes: 16 MiB of 4 KiB pages.
-const WAL_RESTART_FRAMES: i64 = 4096;
-
-/// How often the pending, age and size gauges are refreshed (they cost a query).
-const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
-
 /// Loop state that only the writer sees.
-struct State {
-    last_gauges: Option<Instant>,
+pub(crate) struct State {
+    pub last_gauges: Option<Instant>,
     /// When the WAL was last checkpointed.
-    last_checkpoint: Instant,
-    claim_seq: u64,
+    pub last_checkpoint: Instant,
+    pub claim_seq: u64,
     /// When retention last started, and rows pruned in the current run (if one is going on).
-    last_retention: Option<Instant>,
-    pruning: Option<usize>,
-    stopping: bool,
-    data_version: i64,
-    last_poll: Instant,
-    last_claim: Instant,
+    pub last_retention: Option<Instant>,
+    pub pruning: Option<usize>,
+    pub stopping: bool,
+    pub data_version: i64,
+    pub last_poll: Instant,
+    pub last_claim: Instant,
 }
 
 impl Writer {
@@ -285,83 +274,7 @@ impl Writer {
             state.last_claim = Instant::now();
             self.lanes.iter_mut().for_each(|l| l.claim_due = true);
         }
-        if crate::telemetry::GAUGES_ENABLED
-            && state
-                .last_gauges
-                .is_none_or(|t| t.elapsed() >= GAUGE_INTERVAL)
-        {
-            state.last_gauges = Some(Instant::now());
-            if let Err(e) = self.update_gauges() {
-                log::debug!("relay {}: gauges not updated: {e}", self.relay_id);
-            }
-        }
-    }
-
-    /// Checkpoints the WAL in the background (PASSIVE: never waits for readers or writers).
-    fn checkpoint(&mut self, state: &mut State) {
-        if !self.wrote || state.last_checkpoint.elapsed() < CHECKPOINT_INTERVAL {
-            return;
-        }
-        state.last_checkpoint = Instant::now();
-        self.wrote = false;
-        // (busy, frames in the WAL, frames checkpointed)
-        let passive = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-            });
-        match passive {
-            // Under writes that never pause, a PASSIVE checkpoint never catches up with the
-            // end of the WAL, so the WAL is never restarted and grows. Past a bound, restart
-            // it: this briefly holds new writers back, which is why it is the exception.
-            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => {
-                if let Err(e) =
-                    self.conn
-                        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
-                {
-                    log::debug!("relay {}: WAL restart failed: {e}", self.relay_id);
-                }
-            }
-            Ok(_) => {}
-            Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
-        }
-    }
-
-    /// Prunes delivered events past the retention, one small page per loop turn so claims
-    /// and acks go on in between.
-    fn retention(&mut self, state: &mut State) {
-        let Some(keep) = self.config.retention else {
-            return;
-        };
-        if state.pruning.is_none()
-            && state
-                .last_retention
-                .is_none_or(|t| t.elapsed() >= self.config.retention_interval)
-        {
-            state.last_retention = Some(Instant::now());
-            state.pruning = Some(0);
-        }
-        let Some(total) = state.pruning else { return };
-        let cutoff = self.outbox.now_ms().saturating_sub(keep.as_millis() as i64);
-        match crate::admin::prune_page(&mut self.conn, cutoff) {
-            Ok(n) if n == crate::admin::PRUNE_PAGE_ROWS => state.pruning = Some(total + n),
-            Ok(n) => {
-                state.pruning = None;
-                let total = total + n;
-                if total > 0 {
-                    log::info!("relay {}: pruned {total} delivered events", self.relay_id);
-                }
-                if total >= crate::admin::RECLAIM_AFTER_ROWS {
-                    if let Err(e) = crate::admin::reclaim(&self.conn) {
-                        log::warn!("relay {}: reclaiming space failed: {e}", self.relay_id);
-                    }
-                }
-            }
-            Err(e) => {
-                state.pruning = None;
-                log::warn!("relay {}: pruning failed, will retry: {e}", self.relay_id);
-            }
-        }
+        self.gauges(state);
     }
 
     /// Reads which destinations are disabled (an operator may have changed it).
@@ -375,22 +288,6 @@ impl Writer {
             }
             Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
         }
-    }
-
-    fn update_gauges(&self) -> Result<()> {
-        let (pending, oldest, pages, page_size): (i64, Option<i64>, i64, i64) =
-            self.conn.query_row(
-                "SELECT (SELECT COUNT(*) FROM outbox_events
-                          WHERE delivered_at IS NULL AND dead_at IS NULL),
-                        (SELECT MIN(created_at) FROM outbox_events
-                          WHERE delivered_at IS NULL AND dead_at IS NULL),
-                        (SELECT * FROM pragma_page_count()), (SELECT * FROM pragma_page_size())",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )?;
-        let now = self.outbox.now_ms();
-        crate::telemetry::gauges(pending, oldest.map(|t| now - t), pages * page_size);
-        Ok(())
     }
 
     fn data_version(&self) -> Result<i64> {
