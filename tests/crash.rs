@@ -136,13 +136,7 @@ fn committed_events_survive_repeated_kill_9_of_writer_and_relay() {
         )
         .unwrap();
     assert_eq!(mismatched, 0);
-    let in_db: HashSet<String> = conn
-        .prepare("SELECT event_id FROM outbox_events")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let in_db: HashSet<String> = common::stored_event_ids(&db);
 
     let received = receiver.received();
     let mut first_receipt: HashMap<String, usize> = HashMap::new();

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -39,13 +38,7 @@ fn committed_then_killed(synchronous: &str) {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(integrity, "ok");
-    let stored: HashSet<String> = conn
-        .prepare("SELECT event_id FROM outbox_events")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let stored = common::stored_event_ids(&db);
     let lost: Vec<&String> = printed.iter().filter(|id| !stored.contains(*id)).collect();
     assert!(
         lost.is_empty(),

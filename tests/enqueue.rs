@@ -280,18 +280,7 @@ fn every_pooled_connection_has_wal_sync_and_foreign_keys() {
 fn a_writer_waits_for_the_lock_instead_of_failing() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("busy.db")).unwrap();
-    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
-    let path = outbox.path().to_path_buf();
-    let holder = std::thread::spawn(move || {
-        let mut conn = rusqlite::Connection::open(path).unwrap();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .unwrap();
-        locked_tx.send(()).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        tx.commit().unwrap();
-    });
-    locked_rx.recv().unwrap();
+    let holder = hold_write_lock(outbox.path(), 200);
     let started = std::time::Instant::now();
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
@@ -352,18 +341,7 @@ fn an_enqueue_opening_a_deferred_transaction_waits_for_the_lock() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
-    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
-    let path = outbox.path().to_path_buf();
-    let holder = std::thread::spawn(move || {
-        let mut conn = rusqlite::Connection::open(path).unwrap();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .unwrap();
-        locked_tx.send(()).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        tx.commit().unwrap();
-    });
-    locked_rx.recv().unwrap();
+    let holder = hold_write_lock(outbox.path(), 200);
     let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
     own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     let tx = own.transaction().unwrap(); // DEFERRED
@@ -373,4 +351,22 @@ fn an_enqueue_opening_a_deferred_transaction_waits_for_the_lock() {
     tx.commit().unwrap();
     holder.join().unwrap();
     assert_eq!(rows(&outbox).len(), 2);
+}
+
+/// Takes the write lock on `path` from another connection for `ms` milliseconds; returns once
+/// the lock is held.
+fn hold_write_lock(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<()> {
+    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
+    let path = path.to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    holder
 }

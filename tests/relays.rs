@@ -57,6 +57,18 @@ fn per_id(receiver: &TestReceiver) -> HashMap<String, usize> {
     m
 }
 
+fn attempts_by_row(outbox: &Outbox) -> Vec<(i64, i64)> {
+    outbox
+        .connection()
+        .unwrap()
+        .prepare("SELECT id, attempts FROM outbox_events ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
 fn stop(mut children: Vec<Child>) {
     for c in &mut children {
         let _ = Command::new("kill")
@@ -162,15 +174,7 @@ fn a_paused_relay_cannot_mark_events_another_relay_claimed() {
     let other = spawn_relay(&db, &receiver.url(), "30");
     assert!(wait_until(PATIENCE, || delivered(&outbox) == 40));
     // The other relay's leases and outcomes stand; now wake the paused one.
-    let before: Vec<(i64, i64)> = outbox
-        .connection()
-        .unwrap()
-        .prepare("SELECT id, attempts FROM outbox_events ORDER BY id")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let before = attempts_by_row(&outbox);
     assert!(Command::new("kill")
         .args(["-CONT", &pid])
         .status()
@@ -178,15 +182,7 @@ fn a_paused_relay_cannot_mark_events_another_relay_claimed() {
         .success());
     std::thread::sleep(Duration::from_millis(1500));
     stop(vec![paused, other]);
-    let after: Vec<(i64, i64)> = outbox
-        .connection()
-        .unwrap()
-        .prepare("SELECT id, attempts FROM outbox_events ORDER BY id")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let after = attempts_by_row(&outbox);
     assert_eq!(
         before, after,
         "the woken relay changed rows another relay had claimed"

@@ -284,3 +284,15 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     }
     path
 }
+
+/// Every event id stored in the database at `path`.
+pub fn stored_event_ids(path: &std::path::Path) -> std::collections::HashSet<String> {
+    sqlite_outbox::rusqlite::Connection::open(path)
+        .unwrap()
+        .prepare("SELECT event_id FROM outbox_events")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
