@@ -126,24 +126,6 @@ pub(crate) fn mark_delivered(
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Parks the just-inserted row `id` if an older event of its key is still pending.
-pub(crate) fn park_if_behind(
-    conn: &Connection,
-    id: i64,
-    key: &str,
-    destination: &str,
-) -> Result<()> {
-    conn.prepare_cached(
-        "UPDATE outbox_events SET available_at = ?4
-          WHERE id = ?1 AND EXISTS (
-                SELECT 1 FROM outbox_events
-                 WHERE partition_key = ?2 AND destination = ?3 AND id < ?1
-                   AND delivered_at IS NULL AND dead_at IS NULL)",
-    )?
-    .execute(params![id, key, destination, PARKED])?;
-    Ok(())
-}
-
 /// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
 /// leaves the pending set (delivered, dead-lettered, dropped, replaced).
 pub(crate) fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {
@@ -365,11 +347,8 @@ mod tests {
     fn only_heads_are_due_and_the_next_is_unparked_when_the_head_leaves() {
         let (_d, conn) = db();
         let head = insert(&conn, Some("k"), 0);
-        park_if_behind(&conn, head, "k", "default").unwrap();
-        let next = insert(&conn, Some("k"), 0);
-        park_if_behind(&conn, next, "k", "default").unwrap();
-        let last = insert(&conn, Some("k"), 0);
-        park_if_behind(&conn, last, "k", "default").unwrap();
+        let next = insert(&conn, Some("k"), PARKED);
+        let last = insert(&conn, Some("k"), PARKED);
         let got = claim(&conn, &req("r", 0, 10)).unwrap();
         assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![head]);
         write_back(&conn, head, "r", 1, &WriteBack::Delivered).unwrap();

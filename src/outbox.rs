@@ -290,7 +290,9 @@ impl Outbox {
         }
         // Writes come before reads: SQLite cannot turn a caller's deferred transaction that
         // has only read so far into a writer while another connection writes (SQLITE_BUSY),
-        // but a first write simply waits for the lock.
+        // but a first write simply waits for the lock. So the check whether an earlier event
+        // of the key is pending (then the new one parks, see claim::PARKED) is part of the
+        // INSERT itself.
         let now = self.inner.clock.now_ms();
         if let Some(key) = &event.coalesce_key {
             coalesce(tx, &event.event_type, key, &destinations, now)?;
@@ -306,7 +308,13 @@ impl Outbox {
             "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
                  source, subject, partition_key, payload, created_at, available_at,
                  coalesce_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+                     CASE WHEN ?7 IS NOT NULL AND EXISTS (
+                              SELECT 1 FROM outbox_events
+                               WHERE partition_key = ?7 AND destination = ?2
+                                 AND delivered_at IS NULL AND dead_at IS NULL)
+                          THEN ?11 ELSE ?9 END,
+                     ?10)
              ON CONFLICT DO NOTHING",
         )?;
         let mut inserted_any = false;
@@ -323,17 +331,14 @@ impl Outbox {
                 event.partition_key,
                 payload,
                 now,
-                event.coalesce_key
+                event.coalesce_key,
+                claim::PARKED
             ])?;
             if inserted == 0 {
                 continue;
             }
             inserted_any = true;
             crate::telemetry::enqueued(&event.event_type, destination);
-            // Behind a pending event of the same key, the new one parks (see claim::PARKED).
-            if let Some(key) = &event.partition_key {
-                claim::park_if_behind(tx, tx.last_insert_rowid(), key, destination)?;
-            }
         }
         if !inserted_any {
             if let Some(key) = &event.idempotency_key {
