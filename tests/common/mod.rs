@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -34,7 +35,9 @@ pub enum Reply {
 
 type Responder = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
 
-/// A tiny_http server on 127.0.0.1 that records every request and answers as told.
+/// A plain HTTP/1.1 server on 127.0.0.1 (a thread per connection, keep-alive) that records
+/// every request and answers as told. Written by hand rather than with tiny_http, whose task
+/// pool can leave a new connection queued for seconds when several are open at once.
 pub struct TestReceiver {
     pub port: u16,
     received: Arc<Mutex<Vec<Received>>>,
@@ -53,8 +56,11 @@ impl TestReceiver {
         port: u16,
         responder: impl Fn(&Received) -> Reply + Send + Sync + 'static,
     ) -> Self {
-        let server = tiny_http::Server::http(("127.0.0.1", port)).expect("bind receiver");
-        let port = server.server_addr().to_ip().expect("ip listener").port();
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind receiver");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::<Received>::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let responder: Responder = Arc::new(responder);
@@ -63,7 +69,7 @@ impl TestReceiver {
             let stop = stop.clone();
             thread::Builder::new()
                 .name(format!("test-receiver-{port}"))
-                .spawn(move || serve(server, received, stop, responder))
+                .spawn(move || accept_loop(listener, received, stop, responder))
                 .expect("spawn receiver")
         };
         TestReceiver {
@@ -115,30 +121,99 @@ impl Drop for TestReceiver {
     }
 }
 
-fn serve(
-    server: tiny_http::Server,
+fn accept_loop(
+    listener: TcpListener,
     received: Arc<Mutex<Vec<Received>>>,
     stop: Arc<AtomicBool>,
     responder: Responder,
 ) {
+    let mut connections = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        let mut request = match server.recv_timeout(Duration::from_millis(20)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(_) => break,
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let (received, stop, responder) =
+                    (received.clone(), stop.clone(), responder.clone());
+                connections.push(thread::spawn(move || {
+                    serve_connection(stream, received, stop, responder)
+                }));
+            }
+            Err(_) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    // Closing the listener (dropping it) refuses new connections; wait for the open ones.
+    drop(listener);
+    for c in connections {
+        let _ = c.join();
+    }
+}
+
+/// Reads one request: headers (lower-cased names) and a content-length body.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(HashMap<String, String>, Vec<u8>)> {
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    if line.trim().is_empty() {
+        return None;
+    }
+    let mut headers = HashMap::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((headers, body))
+}
+
+fn serve_connection(
+    stream: TcpStream,
+    received: Arc<Mutex<Vec<Received>>>,
+    stop: Arc<AtomicBool>,
+    responder: Responder,
+) {
+    let _ = stream.set_nonblocking(false);
+    // Wake up now and then to notice a stop.
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    while !stop.load(Ordering::SeqCst) {
+        // Wait for the first byte of the next request without consuming it.
+        match reader.fill_buf() {
+            Ok([]) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        let _ = reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_secs(5)));
+        let Some((headers, raw)) = read_request(&mut reader) else {
+            return;
         };
-        let mut raw = Vec::new();
-        let _ = request.as_reader().read_to_end(&mut raw);
-        let headers: HashMap<String, String> = request
-            .headers()
-            .iter()
-            .map(|h| {
-                (
-                    h.field.as_str().as_str().to_ascii_lowercase(),
-                    h.value.to_string(),
-                )
-            })
-            .collect();
+        let _ = reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(100)));
         let body: serde_json::Value =
             serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
         let ids: Vec<String> = match &body {
@@ -163,21 +238,27 @@ fn serve(
             all.push(rec.clone());
             rec
         };
-        let response = match responder(&rec) {
-            Reply::Status(s) => tiny_http::Response::from_string("").with_status_code(s),
-            Reply::StatusBody(s, b) => tiny_http::Response::from_string(b).with_status_code(s),
-            Reply::StatusHeader(s, name, value) => tiny_http::Response::from_string("")
-                .with_status_code(s)
-                .with_header(tiny_http::Header::from_bytes(name, value).expect("header")),
+        let (status, extra, text) = match responder(&rec) {
+            Reply::Status(s) => (s, None, ""),
+            Reply::StatusBody(s, b) => (s, None, b),
+            Reply::StatusHeader(s, name, value) => (s, Some((name, value)), ""),
             Reply::Hang(d) => {
                 let until = Instant::now() + d;
                 while Instant::now() < until && !stop.load(Ordering::SeqCst) {
                     thread::sleep(Duration::from_millis(10));
                 }
-                tiny_http::Response::from_string("").with_status_code(200)
+                (200, None, "")
             }
         };
-        let _ = request.respond(response);
+        let mut response = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n", text.len());
+        if let Some((name, value)) = extra {
+            response.push_str(&format!("{name}: {value}\r\n"));
+        }
+        response.push_str("\r\n");
+        response.push_str(text);
+        if writer.write_all(response.as_bytes()).is_err() {
+            return;
+        }
     }
 }
 
