@@ -331,7 +331,7 @@ fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
     println!("workers,batch,events_per_second");
     let mut round = 0;
     for batch in [1usize, 10, 100] {
-        for workers in [1usize, 2, 4, 8] {
+        for workers in [1usize, 2, 4] {
             round += 1;
             let n = if batch == 1 { 20_000 } else { 100_000 };
             let outbox = Outbox::open(dir.join(format!("sweep-{round}.db"))).unwrap();

@@ -27,7 +27,7 @@ for batch in sorted({int(r["batch"]) for r in rows}):
 ax.set_xlabel("delivery workers (connections)")
 ax.set_ylabel("events delivered per second (thousands)")
 ax.set_yscale("log")
-ax.set_xticks([1, 2, 4, 8])
+ax.set_xticks(sorted({int(r["workers"]) for r in rows}))
 ax.grid(True, which="both", alpha=0.3)
 ax.set_title("sqlite-outbox relay to a local receiver, 2-core VM")
 ax.legend()
