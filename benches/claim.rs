@@ -88,19 +88,7 @@ fn claim_latency(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     seq += 1;
-                    let start = std::time::Instant::now();
-                    let got = bench_support::claim(&conn, "default", &format!("r{seq}"), FAR, 100)
-                        .unwrap();
-                    total += start.elapsed();
-                    assert_eq!(got.len(), 100);
-                    for e in &got {
-                        conn.execute(
-                            "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
-                              WHERE id = ?1",
-                            [e.id],
-                        )
-                        .unwrap();
-                    }
+                    total += timed_claim_and_release(&conn, &format!("r{seq}"), FAR, 100);
                 }
                 total
             });

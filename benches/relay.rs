@@ -6,10 +6,10 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sqlite_outbox::{bench_support, Destination, OutboundEvent, Outbox, RelayConfig};
+use sqlite_outbox::{bench_support, OutboundEvent};
 use support::*;
 
 fn events() -> usize {
@@ -63,22 +63,8 @@ fn relay(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     round += 1;
-                    let outbox =
-                        Outbox::open(dir.path().join(format!("relay-{round}.db"))).unwrap();
-                    fill_pending(&outbox, n);
-                    let mut destination = Destination::http("default", &receiver.url);
-                    if let Some(size) = batch_size {
-                        destination = destination.batch(size, 1 << 20);
-                    }
-                    let start_count = receiver.count();
-                    let start = Instant::now();
-                    let relay = outbox
-                        .relay(RelayConfig::new().destination(destination).workers(workers))
-                        .start()
-                        .unwrap();
-                    assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
-                    total += start.elapsed();
-                    relay.shutdown();
+                    let path = dir.path().join(format!("relay-{round}.db"));
+                    total += timed_drain(&path, &receiver, n, workers, batch_size);
                 }
                 total
             })

@@ -223,20 +223,12 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
         let conn = outbox.connection().unwrap();
         let mut samples = Vec::new();
         for round in 0..300 {
-            let t = Instant::now();
-            let got =
-                bench_support::claim(&conn, "default", &format!("r{round}"), FAR, 100).unwrap();
-            samples.push(t.elapsed());
-            assert_eq!(got.len(), 100);
-            // Hand the claimed rows back (by id: a scan would evict the page cache).
-            for e in &got {
-                conn.execute(
-                    "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
-                      WHERE id = ?1",
-                    [e.id],
-                )
-                .unwrap();
-            }
+            samples.push(timed_claim_and_release(
+                &conn,
+                &format!("r{round}"),
+                FAR,
+                100,
+            ));
         }
         quantile(&mut samples, 0.5)
     };
@@ -274,22 +266,8 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
             1,
             || {
                 round += 1;
-                let outbox = Outbox::open(dir.join(format!("relay-{round}.db"))).unwrap();
-                fill_pending(&outbox, n);
-                let mut destination = Destination::http("default", &receiver.url);
-                if let Some(size) = batch_size {
-                    destination = destination.batch(size, 1 << 20);
-                }
-                let start = receiver.count();
-                let t = Instant::now();
-                let relay = outbox
-                    .relay(RelayConfig::new().destination(destination).workers(workers))
-                    .start()
-                    .unwrap();
-                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
-                let r = rate(n, t.elapsed());
-                relay.shutdown();
-                r
+                let path = dir.join(format!("relay-{round}.db"));
+                rate(n, timed_drain(&path, receiver, n, workers, batch_size))
             },
             || {
                 let start = receiver.count();
@@ -334,21 +312,11 @@ fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
         for workers in [1usize, 2, 4] {
             round += 1;
             let n = if batch == 1 { 20_000 } else { 100_000 };
-            let outbox = Outbox::open(dir.join(format!("sweep-{round}.db"))).unwrap();
-            fill_pending(&outbox, n);
-            let mut destination = Destination::http("default", &receiver.url);
-            if batch > 1 {
-                destination = destination.batch(batch, 1 << 20);
-            }
-            let start = receiver.count();
-            let t = Instant::now();
-            let relay = outbox
-                .relay(RelayConfig::new().destination(destination).workers(workers))
-                .start()
-                .unwrap();
-            assert!(receiver.wait_for(start + n as u64, Duration::from_secs(120)));
-            let r = rate(n, t.elapsed());
-            relay.shutdown();
+            let path = dir.join(format!("sweep-{round}.db"));
+            let r = rate(
+                n,
+                timed_drain(&path, receiver, n, workers, (batch > 1).then_some(batch)),
+            );
             println!("{workers},{batch},{r:.0}");
             eprintln!("workers {workers}, batch {batch}: {}", per_s(r));
         }

@@ -20,6 +20,16 @@ fn now_secs() -> i64 {
         .as_secs() as i64
 }
 
+/// A relay delivering the default destination to `url`, signed with `SECRET`.
+fn signed_relay(outbox: &Outbox, url: String) -> sqlite_outbox::RelayHandle {
+    outbox
+        .relay(fast(RelayConfig::new().destination(
+            Destination::http("default", url).secret(SECRET).unwrap(),
+        )))
+        .start()
+        .unwrap()
+}
+
 fn headers(r: &Received) -> Vec<(String, String)> {
     r.headers
         .iter()
@@ -51,16 +61,7 @@ fn relay_sends_signed_cloudevents_that_the_receiving_side_accepts() {
                 .to_string()
         })
         .collect();
-    let relay = outbox
-        .relay(fast(
-            RelayConfig::new().destination(
-                Destination::http("default", receiver.url())
-                    .secret(SECRET)
-                    .unwrap(),
-            ),
-        ))
-        .start()
-        .unwrap();
+    let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || receiver.count() == 3));
     relay.shutdown();
 
@@ -134,16 +135,7 @@ fn a_retry_is_signed_afresh_with_its_own_timestamp() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
         .unwrap();
-    let relay = outbox
-        .relay(fast(
-            RelayConfig::new().destination(
-                Destination::http("default", receiver.url())
-                    .secret(SECRET)
-                    .unwrap(),
-            ),
-        ))
-        .start()
-        .unwrap();
+    let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
     relay.shutdown();
     let got = receiver.received();
@@ -286,16 +278,7 @@ fn captured_request_for_the_notes() {
             )
         })
         .unwrap();
-    let relay = outbox
-        .relay(fast(
-            RelayConfig::new().destination(
-                Destination::http("default", receiver.url())
-                    .secret(SECRET)
-                    .unwrap(),
-            ),
-        ))
-        .start()
-        .unwrap();
+    let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
     relay.shutdown();
     let r = &receiver.received()[0];

@@ -291,3 +291,51 @@ pub fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
     samples[idx.min(samples.len() - 1)]
 }
+
+/// Claims `limit` events as the relay does and times only the claim; the claimed rows are
+/// handed back (by id: a scan would evict the page cache) so the next claim finds them.
+pub fn timed_claim_and_release(conn: &Connection, owner: &str, far: i64, limit: i64) -> Duration {
+    let start = Instant::now();
+    let got = sqlite_outbox::bench_support::claim(conn, "default", owner, far, limit).unwrap();
+    let took = start.elapsed();
+    assert_eq!(got.len() as i64, limit);
+    for e in &got {
+        conn.execute(
+            "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
+            [e.id],
+        )
+        .unwrap();
+    }
+    took
+}
+
+/// Fills a fresh outbox at `path` with `n` events and times a relay draining them to
+/// `receiver` with `workers` connections, batching `batch` events per request if given.
+pub fn timed_drain(
+    path: &std::path::Path,
+    receiver: &CountingReceiver,
+    n: usize,
+    workers: usize,
+    batch: Option<usize>,
+) -> Duration {
+    let outbox = sqlite_outbox::Outbox::open(path).unwrap();
+    fill_pending(&outbox, n);
+    let mut destination = sqlite_outbox::Destination::http("default", &receiver.url);
+    if let Some(size) = batch {
+        destination = destination.batch(size, 1 << 20);
+    }
+    let start_count = receiver.count();
+    let start = Instant::now();
+    let relay = outbox
+        .relay(
+            sqlite_outbox::RelayConfig::new()
+                .destination(destination)
+                .workers(workers),
+        )
+        .start()
+        .unwrap();
+    assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
+    let took = start.elapsed();
+    relay.shutdown();
+    took
+}
