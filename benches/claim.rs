@@ -6,8 +6,7 @@ mod support;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use sqlite_outbox::rusqlite::params;
-use sqlite_outbox::{bench_support, Outbox};
+use sqlite_outbox::Outbox;
 use support::*;
 
 /// A "now" after every event's commit time.
@@ -25,17 +24,7 @@ fn claim_ack(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let tx = bare.transaction().unwrap();
-                for i in 0..ROWS as i64 {
-                    tx.prepare_cached(
-                        "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at)
-                         VALUES (?1, 'order.created', ?2, 1, 1)",
-                    )
-                    .unwrap()
-                    .execute(params![uuid::Uuid::now_v7().to_string(), order_data(i).to_string()])
-                    .unwrap();
-                }
-                tx.commit().unwrap();
+                fill_bare_pending(&mut bare, ROWS);
                 let start = std::time::Instant::now();
                 assert_eq!(bare_claim_ack(&mut bare, 100), ROWS);
                 total += start.elapsed();
@@ -44,24 +33,10 @@ fn claim_ack(c: &mut Criterion) {
         })
     });
     let outbox = Outbox::open(dir.path().join("outbox.db")).unwrap();
-    let mut seq = 0;
     group.bench_function("outbox", |b| {
         b.iter_batched(
             || fill_pending(&outbox, ROWS),
-            |()| {
-                let mut conn = outbox.connection().unwrap();
-                let mut done = 0;
-                loop {
-                    seq += 1;
-                    let owner = format!("bench:{seq}");
-                    let events = bench_support::claim(&conn, "default", &owner, FAR, 100).unwrap();
-                    if events.is_empty() {
-                        break;
-                    }
-                    done += bench_support::ack_delivered(&mut conn, &events, FAR).unwrap();
-                }
-                assert_eq!(done, ROWS);
-            },
+            |()| assert_eq!(outbox_claim_ack(&outbox, FAR), ROWS),
             BatchSize::PerIteration,
         )
     });

@@ -173,35 +173,12 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
         3,
         || {
             fill_pending(&outbox, n);
-            let mut conn = outbox.connection().unwrap();
             let t = Instant::now();
-            let mut seq = 0;
-            loop {
-                seq += 1;
-                let owner = format!("bench:{seq}");
-                let events = bench_support::claim(&conn, "default", &owner, FAR, 100).unwrap();
-                if events.is_empty() {
-                    break;
-                }
-                bench_support::ack_delivered(&mut conn, &events, FAR).unwrap();
-            }
+            assert_eq!(outbox_claim_ack(&outbox, FAR), n);
             rate(n, t.elapsed())
         },
         || {
-            let tx = bare.transaction().unwrap();
-            for i in 0..n as i64 {
-                tx.prepare_cached(
-                    "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at)
-                     VALUES (?1, 'order.created', ?2, 1, 1)",
-                )
-                .unwrap()
-                .execute(sqlite_outbox::rusqlite::params![
-                    uuid::Uuid::now_v7().to_string(),
-                    serde_json::to_string(&order_data(i)).unwrap()
-                ])
-                .unwrap();
-            }
-            tx.commit().unwrap();
+            fill_bare_pending(&mut bare, n);
             let t = Instant::now();
             let done = bare_claim_ack(&mut bare, 100);
             rate(done, t.elapsed())

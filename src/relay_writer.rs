@@ -542,7 +542,9 @@ impl Writer {
                 .position(|(_, e, w)| *w != WriteBack::Delivered || e.lease_owner != *owner)
                 .map_or(decided.len(), |n| i + n);
             let ids: Vec<i64> = decided[i..end].iter().map(|(_, e, _)| e.id).collect();
-            let done = claim::mark_delivered(&tx, owner, &ids, now)?;
+            let done: HashSet<i64> = claim::mark_delivered(&tx, owner, &ids, now)?
+                .into_iter()
+                .collect();
             for (slot, (_, e, _)) in recorded[i..end].iter_mut().zip(&decided[i..end]) {
                 *slot = done.contains(&e.id);
             }

@@ -339,3 +339,38 @@ pub fn timed_drain(
     relay.shutdown();
     took
 }
+
+/// Fills the bare table with `n` pending rows of the bench's shape in one transaction.
+pub fn fill_bare_pending(conn: &mut Connection, n: usize) {
+    let tx = conn.transaction().unwrap();
+    for i in 0..n as i64 {
+        tx.prepare_cached(
+            "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at)
+             VALUES (?1, 'order.created', ?2, 1, 1)",
+        )
+        .unwrap()
+        .execute(params![
+            uuid::Uuid::now_v7().to_string(),
+            order_data(i).to_string()
+        ])
+        .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Claims (100 at a time) and acks everything pending in `outbox`, as the relay's writer
+/// does; returns how many rows were acked.
+pub fn outbox_claim_ack(outbox: &sqlite_outbox::Outbox, far: i64) -> usize {
+    let mut conn = outbox.connection().unwrap();
+    let mut done = 0;
+    for seq in 0.. {
+        let owner = format!("bench:{seq}");
+        let events =
+            sqlite_outbox::bench_support::claim(&conn, "default", &owner, far, 100).unwrap();
+        if events.is_empty() {
+            break;
+        }
+        done += sqlite_outbox::bench_support::ack_delivered(&mut conn, &events, far).unwrap();
+    }
+    done
+}
