@@ -1,36 +1,43 @@
-//! Seeing and fixing an outbox: stats, listing, dead letters, retry, purge, prune, health.
+//! Seeing and fixing an outbox: the operator's side.
 //!
-//! Everything here works on the database file alone, so the `outbox` CLI can do it while the
-//! app is down (or running: SQLite's WAL lets readers and one writer go on together).
+//! The methods are on [`Outbox`]: [`stats`](Outbox::stats), [`list`](Outbox::list),
+//! [`show`](Outbox::show), [`dead_letters`](Outbox::dead_letters), [`retry`](Outbox::retry),
+//! [`retry_dead`](Outbox::retry_dead), [`purge_dead`](Outbox::purge_dead),
+//! [`prune_delivered`](Outbox::prune_delivered), [`checkpoint`](Outbox::checkpoint),
+//! [`health`](Outbox::health), and [`disable_destination`](Outbox::disable_destination) /
+//! [`enable_destination`](Outbox::enable_destination). This module holds what they return
+//! and take. Everything here works on the database file alone, so the `outbox` CLI can do it
+//! while the app is down, or running: SQLite's WAL lets readers and one writer go on together.
+//!
+//! ```
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! use sqlite_outbox::admin::{HealthThresholds, State};
+//! let outbox = sqlite_outbox::Outbox::open(dir.path().join("app.db"))?;
+//! let stats = outbox.stats()?;
+//! println!("{} pending, {} dead", stats.pending, stats.dead);
+//! for dead in outbox.list(Some(State::Dead), 20)? {
+//!     println!("{} {}: {:?}", dead.event_id, dead.event_type, dead.last_error);
+//! }
+//! assert!(outbox.health(HealthThresholds::default())?.ok);
+//! # Ok(()) }
+//! ```
 
 use std::time::Duration;
 
-use rusqlite::{params, Connection, Row};
+use rusqlite::Row;
 use serde::Serialize;
 
+use crate::database;
 use crate::destination::type_matches;
 use crate::destination_state;
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
+use crate::queue::{self, Finished, DEAD, PARKED, PENDING};
 
-/// Rows deleted per transaction by [`Outbox::prune_delivered`] and
-/// [`Outbox::purge_dead`], so the app's own writes never wait long for the lock.
-pub const PRUNE_PAGE_ROWS: usize = 500;
-
-/// After pruning at least this many rows, checkpoint the WAL and hand free pages back.
-pub(crate) const RECLAIM_AFTER_ROWS: usize = 10_000;
-
-/// The `available_at` a retried event gets: due at `?2`, or parked if an older event of its
-/// partition key is still pending (so retrying cannot break the key's order).
-const DUE_OR_PARKED: &str = "CASE WHEN partition_key IS NOT NULL AND EXISTS (
-        SELECT 1 FROM outbox_events AS o
-         WHERE o.partition_key = outbox_events.partition_key
-           AND o.destination = outbox_events.destination AND o.id < outbox_events.id
-           AND o.delivered_at IS NULL AND o.dead_at IS NULL)
-    THEN 9223372036854775807 ELSE ?2 END";
-
-/// The default retention of delivered events: 7 days.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub use crate::database::{schema_version, PooledConnection};
+pub use crate::destination_state::DisabledDestination;
+pub use crate::limits::Limit;
 
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -95,6 +102,14 @@ pub struct EventRecord {
     pub lease_owner: Option<String>,
     /// The event data (JSON text).
     pub data: String,
+}
+
+impl EventRecord {
+    /// Whether it waits behind an earlier pending event of its partition key, and so has no
+    /// due time of its own until that one is delivered or dead.
+    pub fn is_parked(&self) -> bool {
+        self.state == State::Pending && self.available_at == PARKED
+    }
 }
 
 const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_key,
@@ -170,7 +185,7 @@ pub struct Stats {
     pub database_bytes: i64,
     /// Size of its write-ahead log in bytes.
     pub wal_bytes: i64,
-    /// Events dropped by a [`StoragePolicy::DropOldest`](crate::StoragePolicy) policy, ever.
+    /// Events dropped by a [`StoragePolicy::DropOldest`](crate::StoragePolicy::DropOldest) policy, ever.
     pub dropped: i64,
     /// Pending events replaced by a newer one with the same coalescing key, ever.
     pub coalesced: i64,
@@ -226,43 +241,21 @@ fn file_size(path: &std::path::Path) -> i64 {
     std::fs::metadata(path).map_or(0, |m| m.len() as i64)
 }
 
-/// The page query of delivered rows older than `?1`.
-pub(crate) const DELIVERED_PAGE: &str = "SELECT id FROM outbox_events
-  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2";
-
-/// Deletes one page of delivered rows older than `cutoff` in its own transaction; returns
-/// how many (fewer than a page means done).
-pub(crate) fn prune_page(conn: &mut Connection, cutoff: i64) -> Result<usize> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let deleted = tx
-        .prepare_cached(&format!(
-            "DELETE FROM outbox_events WHERE id IN ({DELIVERED_PAGE})"
-        ))?
-        .execute(params![cutoff, PRUNE_PAGE_ROWS as i64])?;
-    tx.commit()?;
-    Ok(deleted)
-}
-
-/// Deletes rows chosen by `select_page` (which returns at most `PRUNE_PAGE_ROWS` ids), one
-/// page per transaction, reporting progress after each page.
+/// Deletes finished rows one page per transaction until none is left, reporting the
+/// running total after each page.
 fn delete_in_pages(
-    conn: &mut Connection,
-    select_page: &str,
-    cutoff: i64,
+    outbox: &Outbox,
+    which: Finished,
     progress: &mut dyn FnMut(usize),
 ) -> Result<PruneReport> {
+    let mut conn = outbox.connection()?;
     let mut report = PruneReport::default();
-    let sql = format!("DELETE FROM outbox_events WHERE id IN ({select_page})");
     loop {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let deleted = tx
-            .prepare_cached(&sql)?
-            .execute(params![cutoff, PRUNE_PAGE_ROWS as i64])?;
-        tx.commit()?;
+        let deleted = queue::delete_page(&mut conn, which)?;
         report.deleted += deleted;
         report.pages += 1;
         progress(report.deleted);
-        if deleted < PRUNE_PAGE_ROWS {
+        if deleted < queue::DELETE_PAGE_ROWS {
             return Ok(report);
         }
     }
@@ -280,14 +273,14 @@ impl Outbox {
         let now = self.now_ms();
         let disabled = destination_state::reasons(&conn)?;
         let mut destinations: Vec<DestinationStats> = conn
-            .prepare(
+            .prepare(&format!(
                 "SELECT destination,
-                        COUNT(*) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL),
+                        COUNT(*) FILTER (WHERE {PENDING}),
                         COUNT(*) FILTER (WHERE delivered_at IS NOT NULL),
-                        COUNT(*) FILTER (WHERE dead_at IS NOT NULL AND delivered_at IS NULL),
-                        MIN(created_at) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL)
-                   FROM outbox_events GROUP BY destination ORDER BY destination",
-            )?
+                        COUNT(*) FILTER (WHERE {DEAD}),
+                        MIN(created_at) FILTER (WHERE {PENDING})
+                   FROM outbox_events GROUP BY destination ORDER BY destination"
+            ))?
             .query_map([], |r| {
                 let oldest: Option<i64> = r.get(4)?;
                 Ok(DestinationStats {
@@ -321,14 +314,17 @@ impl Outbox {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         let pending_bytes: i64 = conn.query_row(
-            "SELECT COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
-              WHERE delivered_at IS NULL AND dead_at IS NULL",
+            &format!(
+                "SELECT COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+                  WHERE {PENDING}"
+            ),
             [],
             |r| r.get(0),
         )?;
         let in_flight: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM outbox_events
-              WHERE delivered_at IS NULL AND dead_at IS NULL AND lease_expires_at > ?1",
+            &format!(
+                "SELECT COUNT(*) FROM outbox_events WHERE {PENDING} AND lease_expires_at > ?1"
+            ),
             [now],
             |r| r.get(0),
         )?;
@@ -374,13 +370,12 @@ impl Outbox {
         let conn = self.connection()?;
         Ok(match destination {
             None => conn.query_row(
-                "SELECT COUNT(*) FROM outbox_events WHERE delivered_at IS NULL AND dead_at IS NULL",
+                &format!("SELECT COUNT(*) FROM outbox_events WHERE {PENDING}"),
                 [],
                 |r| r.get(0),
             )?,
             Some(d) => conn.query_row(
-                "SELECT COUNT(*) FROM outbox_events
-                  WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL",
+                &format!("SELECT COUNT(*) FROM outbox_events WHERE destination = ?1 AND {PENDING}"),
                 [d],
                 |r| r.get(0),
             )?,
@@ -395,9 +390,9 @@ impl Outbox {
     /// SQLite errors.
     pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<EventRecord>> {
         let (condition, order) = match state {
-            Some(State::Pending) => ("delivered_at IS NULL AND dead_at IS NULL", "id"),
+            Some(State::Pending) => (PENDING, "id"),
             Some(State::Delivered) => ("delivered_at IS NOT NULL", "delivered_at DESC, id DESC"),
-            Some(State::Dead) => ("dead_at IS NOT NULL AND delivered_at IS NULL", "id DESC"),
+            Some(State::Dead) => (DEAD, "id DESC"),
             None => ("1", "id DESC"),
         };
         let conn = self.connection()?;
@@ -443,14 +438,8 @@ impl Outbox {
         let now = self.now_ms();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut reset = 0;
-        {
-            let mut stmt = tx.prepare_cached(&format!(
-                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = {DUE_OR_PARKED}
-                  WHERE event_id = ?1 AND delivered_at IS NULL"
-            ))?;
-            for id in event_ids {
-                reset += stmt.execute(params![id, now])?;
-            }
+        for id in event_ids {
+            reset += queue::retry_event(&tx, id, now)?;
         }
         tx.commit()?;
         self.notify();
@@ -466,34 +455,16 @@ impl Outbox {
         let mut conn = self.connection()?;
         let now = self.now_ms();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let candidates: Vec<(i64, String)> = tx
-            .prepare(
-                "SELECT id, event_type FROM outbox_events
-                  WHERE dead_at IS NOT NULL AND delivered_at IS NULL
-                    AND created_at >= ?1 AND created_at < ?2",
-            )?
-            .query_map(
-                params![
-                    filter.since_ms.unwrap_or(i64::MIN),
-                    filter.until_ms.unwrap_or(i64::MAX)
-                ],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?
-            .collect::<rusqlite::Result<_>>()?;
+        let since = filter.since_ms.unwrap_or(i64::MIN);
+        let until = filter.until_ms.unwrap_or(i64::MAX);
         let mut reset = 0;
-        {
-            let mut stmt = tx.prepare_cached(&format!(
-                "UPDATE outbox_events SET dead_at = NULL, attempts = 0, available_at = {DUE_OR_PARKED}
-                  WHERE id = ?1"
-            ))?;
-            for (id, event_type) in candidates {
-                if filter
-                    .event_type
-                    .as_deref()
-                    .is_none_or(|p| type_matches(p, &event_type))
-                {
-                    reset += stmt.execute(params![id, now])?;
-                }
+        for (id, event_type) in queue::dead_rows(&tx, since, until)? {
+            if filter
+                .event_type
+                .as_deref()
+                .is_none_or(|p| type_matches(p, &event_type))
+            {
+                reset += queue::retry_row(&tx, id, now)?;
             }
         }
         tx.commit()?;
@@ -511,18 +482,11 @@ impl Outbox {
         let cutoff = older_than.map_or(i64::MAX, |d| {
             self.now_ms().saturating_sub(d.as_millis() as i64)
         });
-        let mut conn = self.connection()?;
-        delete_in_pages(
-            &mut conn,
-            "SELECT id FROM outbox_events
-              WHERE dead_at IS NOT NULL AND delivered_at IS NULL AND dead_at <= ?1 LIMIT ?2",
-            cutoff,
-            &mut |_| {},
-        )
+        delete_in_pages(self, Finished::DeadSince(cutoff), &mut |_| {})
     }
 
-    /// Deletes delivered events older than `older_than`, a page of
-    /// [`PRUNE_PAGE_ROWS`] per transaction so the app's writes never wait long; never pending
+    /// Deletes delivered events older than `older_than`, a page of 500 rows per transaction
+    /// so the app's writes never wait long; never pending
     /// or dead ones. After a large prune the WAL is checkpointed and free pages are returned
     /// to the file system (on files created with incremental auto-vacuum, as this crate
     /// creates them).
@@ -546,10 +510,9 @@ impl Outbox {
         mut progress: impl FnMut(usize),
     ) -> Result<PruneReport> {
         let cutoff = self.now_ms().saturating_sub(older_than.as_millis() as i64);
-        let mut conn = self.connection()?;
-        let report = delete_in_pages(&mut conn, DELIVERED_PAGE, cutoff, &mut progress)?;
-        if report.deleted >= RECLAIM_AFTER_ROWS {
-            reclaim(&conn)?;
+        let report = delete_in_pages(self, Finished::DeliveredBefore(cutoff), &mut progress)?;
+        if report.deleted >= database::RECLAIM_AFTER_ROWS {
+            database::reclaim(&*self.connection()?)?;
         }
         Ok(report)
     }
@@ -561,7 +524,7 @@ impl Outbox {
     /// SQLite errors.
     pub fn checkpoint(&self) -> Result<()> {
         let conn = self.connection()?;
-        reclaim(&conn)?;
+        database::reclaim(&conn)?;
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
@@ -596,11 +559,4 @@ impl Outbox {
             reasons,
         })
     }
-}
-
-/// Checkpoints the WAL without waiting for readers and hands free pages back.
-pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-    conn.execute_batch("PRAGMA incremental_vacuum")?;
-    Ok(())
 }

@@ -4,16 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::http::{HttpConfig, HttpTransport};
 use crate::signature::Secret;
-use crate::transport::Transport;
-
-/// The longest destination name accepted, in bytes.
-pub const MAX_DESTINATION_NAME_LEN: usize = 64;
+use crate::transport::{HttpConfig, HttpTransport, Transport};
 
 /// Batched delivery: many events per request, as one CloudEvents batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batching {
+pub(crate) struct Batching {
     /// At most this many events per request.
     pub max_events: usize,
     /// At most this many bytes of body per request (a single larger event goes alone).
@@ -21,11 +17,13 @@ pub struct Batching {
 }
 
 #[derive(Clone)]
-pub(crate) enum Target {
+enum Target {
     Http {
         url: String,
         config: HttpConfig,
-        secrets: Vec<Secret>,
+        /// `whsec_…` texts as given; parsed (and refused if malformed) at `start()`, so a
+        /// setter never fails mid-chain. Never shown: `Debug` prints their count.
+        secrets: Vec<String>,
     },
     Custom(Arc<dyn Transport>),
 }
@@ -36,16 +34,18 @@ pub(crate) enum Target {
 /// use sqlite_outbox::Destination;
 /// let billing = Destination::http("billing", "https://billing.example.com/hooks")
 ///     .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-///     .unwrap()
 ///     .batch(100, 1 << 20);
 /// # let _ = billing;
 /// ```
+///
+/// Setters never fail; [`Relay::start`](crate::Relay::start) checks the whole destination
+/// and names what is wrong.
 #[derive(Clone)]
 pub struct Destination {
-    pub(crate) name: String,
-    pub(crate) target: Target,
-    pub(crate) batch: Option<Batching>,
-    pub(crate) workers: Option<usize>,
+    name: String,
+    target: Target,
+    batch: Option<Batching>,
+    workers: Option<usize>,
 }
 
 impl fmt::Debug for Destination {
@@ -70,6 +70,12 @@ impl fmt::Debug for Destination {
 }
 
 impl Destination {
+    /// The destination every event goes to when no routes are configured: `default`.
+    pub const DEFAULT: &'static str = "default";
+
+    /// The longest destination name accepted, in bytes.
+    pub const MAX_NAME_LEN: usize = 64;
+
     /// A destination named `name` posting to `url`.
     pub fn http(name: impl Into<String>, url: impl Into<String>) -> Destination {
         Destination {
@@ -101,19 +107,13 @@ impl Destination {
 
     /// Adds a `whsec_…` signing secret. With two or more, every request carries one
     /// signature per secret, so receivers can rotate without a gap. Ignored by custom
-    /// transports.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`] if the secret is empty or not base64 (the message does not
-    /// repeat it).
-    pub fn secret(mut self, secret: &str) -> Result<Destination> {
-        let parsed = Secret::parse(secret)
-            .map_err(|e| Error::InvalidConfig(format!("destination {}: {e}", self.name)))?;
+    /// transports. An empty or non-base64 secret is refused by
+    /// [`Relay::start`](crate::Relay::start) with an error that does not repeat it.
+    pub fn secret(mut self, secret: impl Into<String>) -> Destination {
         if let Target::Http { secrets, .. } = &mut self.target {
-            secrets.push(parsed);
+            secrets.push(secret.into());
         }
-        Ok(self)
+        self
     }
 
     /// Sets timeouts and extra headers. Defaults to [`HttpConfig::default`].
@@ -145,9 +145,19 @@ impl Destination {
     /// The request timeout, if this is an HTTP destination.
     pub(crate) fn request_timeout(&self) -> Option<std::time::Duration> {
         match &self.target {
-            Target::Http { config, .. } => Some(config.request_timeout),
+            Target::Http { config, .. } => Some(config.request_timeout_value()),
             Target::Custom(_) => None,
         }
+    }
+
+    /// How requests are batched, if they are.
+    pub(crate) fn batching(&self) -> Option<Batching> {
+        self.batch
+    }
+
+    /// The delivery threads this destination asked for, if it set its own.
+    pub(crate) fn worker_count(&self) -> Option<usize> {
+        self.workers
     }
 
     /// Checks the settings and builds the transport.
@@ -167,12 +177,19 @@ impl Destination {
                 url,
                 config,
                 secrets,
-            } => Ok(Arc::new(HttpTransport::with_secrets(
-                url,
-                config.clone(),
-                secrets.clone(),
-                self.batch.is_some(),
-            )?)),
+            } => {
+                let secrets = secrets
+                    .iter()
+                    .map(|s| Secret::parse(s))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| Error::InvalidConfig(format!("destination {}: {e}", self.name)))?;
+                Ok(Arc::new(HttpTransport::with_secrets(
+                    url,
+                    config.clone(),
+                    secrets,
+                    self.batch.is_some(),
+                )?))
+            }
         }
     }
 }
@@ -180,7 +197,7 @@ impl Destination {
 /// Checks a destination name: 1 to 64 bytes of letters, digits, `-`, `_` and `.`.
 pub(crate) fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
-        && name.len() <= MAX_DESTINATION_NAME_LEN
+        && name.len() <= Destination::MAX_NAME_LEN
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
@@ -188,7 +205,8 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidConfig(format!(
-            "destination name {name:?} must be 1 to {MAX_DESTINATION_NAME_LEN} letters, digits, '-', '_' or '.'"
+            "destination name {name:?} must be 1 to {} letters, digits, '-', '_' or '.'",
+            Destination::MAX_NAME_LEN
         )))
     }
 }
@@ -198,12 +216,24 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
 /// Patterns: an exact type (`order.created`), a prefix ending in `*` (`order.*` matches
 /// `order.created` and `order.item.added`), or `*` for every event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub(crate) pattern: String,
-    pub(crate) destination: String,
+pub(crate) struct Route {
+    pattern: String,
+    destination: String,
 }
 
 impl Route {
+    pub fn new(pattern: String, destination: String) -> Route {
+        Route {
+            pattern,
+            destination,
+        }
+    }
+
+    /// The destination events matching this route go to.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
     /// Whether `event_type` matches this route's pattern.
     pub fn matches(&self, event_type: &str) -> bool {
         type_matches(&self.pattern, event_type)
@@ -222,7 +252,7 @@ pub(crate) fn type_matches(pattern: &str, event_type: &str) -> bool {
 /// With no routes at all, everything goes to the default destination.
 pub(crate) fn destinations_for<'a>(routes: &'a [Route], event_type: &str) -> Vec<&'a str> {
     if routes.is_empty() {
-        return vec![crate::outbox::DEFAULT_DESTINATION];
+        return vec![Destination::DEFAULT];
     }
     let mut out: Vec<&str> = Vec::new();
     for r in routes.iter().filter(|r| r.matches(event_type)) {
@@ -238,10 +268,7 @@ mod tests {
     use super::*;
 
     fn route(p: &str, d: &str) -> Route {
-        Route {
-            pattern: p.into(),
-            destination: d.into(),
-        }
+        Route::new(p.into(), d.into())
     }
 
     #[test]
@@ -270,14 +297,19 @@ mod tests {
     }
 
     #[test]
-    fn secrets_are_checked_and_never_shown() {
+    fn secrets_are_checked_at_build_and_never_shown() {
         let d = Destination::http("a", "http://127.0.0.1:1/")
-            .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-            .unwrap();
+            .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         assert!(!format!("{d:?}").contains("MfKQ9r8"));
-        let err = Destination::http("a", "http://x/")
+        assert!(d.build_transport().is_ok());
+        let Err(err) = Destination::http("a", "http://x/")
             .secret("whsec_!!!not-base64")
-            .unwrap_err();
+            .build_transport()
+        else {
+            panic!("a malformed secret was accepted");
+        };
+        assert!(matches!(err, Error::InvalidConfig(_)));
+        assert!(err.to_string().contains("destination a"), "{err}");
         assert!(!err.to_string().contains("not-base64"), "{err}");
     }
 

@@ -44,7 +44,7 @@ pub enum Error {
     /// Nothing was written; the caller's transaction is still usable.
     OutboxFull {
         /// Which limit.
-        limit: crate::Limit,
+        limit: crate::admin::Limit,
         /// The limit's value.
         max: i64,
         /// The current amount.
@@ -59,8 +59,19 @@ pub enum Error {
         /// The newest schema version this build knows.
         supported: i64,
     },
-    /// The file exists but is not a SQLite database.
+    /// The file exists but is not a SQLite database; nothing was changed.
     NotADatabase {
+        /// The path that was opened.
+        path: String,
+    },
+    /// [`Outbox::open_existing`](crate::Outbox::open_existing) found no file at the path.
+    NotFound {
+        /// The path that was opened.
+        path: String,
+    },
+    /// [`Outbox::open_existing`](crate::Outbox::open_existing) found a SQLite database
+    /// without an outbox in it; nothing was changed.
+    NotAnOutbox {
         /// The path that was opened.
         path: String,
     },
@@ -72,8 +83,6 @@ pub enum Error {
     /// The database file cannot be written (`SQLITE_READONLY`: permissions, an immutable or
     /// read-only mounted file). Reopen the outbox once it can.
     ReadOnly(rusqlite::Error),
-    /// The outbox or relay has been shut down.
-    Closed,
     /// An error from SQLite.
     Sqlite(rusqlite::Error),
     /// No pooled connection could be had within the pool's timeout.
@@ -118,6 +127,8 @@ impl fmt::Display for Error {
                  supports ({supported}); upgrade the crate, nothing was changed"
             ),
             Error::NotADatabase { path } => write!(f, "{path} is not a SQLite database"),
+            Error::NotFound { path } => write!(f, "{path} does not exist"),
+            Error::NotAnOutbox { path } => write!(f, "{path} is not an outbox database"),
             Error::InvalidConfig(msg) => write!(f, "invalid configuration: {msg}"),
             Error::DiskFull(e) => write!(
                 f,
@@ -125,7 +136,6 @@ impl fmt::Display for Error {
                  intact"
             ),
             Error::ReadOnly(e) => write!(f, "the database file cannot be written ({e})"),
-            Error::Closed => write!(f, "the outbox relay is shut down"),
             Error::Sqlite(e) => write!(f, "SQLite error: {e}"),
             Error::Pool(e) => write!(f, "no database connection available: {e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),

@@ -4,13 +4,6 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-/// The longest event type accepted, in bytes.
-pub const MAX_EVENT_TYPE_LEN: usize = 255;
-/// The longest partition key, idempotency key or subject accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 255;
-/// The longest source accepted, in bytes.
-pub const MAX_SOURCE_LEN: usize = 1024;
-
 /// An event to be written to the outbox inside the caller's transaction.
 ///
 /// ```
@@ -32,6 +25,14 @@ pub struct Event {
 }
 
 impl Event {
+    /// The longest event type accepted, in bytes.
+    pub const MAX_TYPE_LEN: usize = 255;
+    /// The longest partition key, idempotency key, coalescing key or subject accepted, in
+    /// bytes.
+    pub const MAX_KEY_LEN: usize = 255;
+    /// The longest source accepted, in bytes.
+    pub const MAX_SOURCE_LEN: usize = 1024;
+
     /// Creates an event of `event_type` carrying `data`.
     pub fn new(event_type: impl Into<String>, data: serde_json::Value) -> Self {
         Event {
@@ -80,7 +81,7 @@ impl Event {
     /// Sets a coalescing key: enqueueing replaces any still-pending (not yet claimed) event
     /// with the same type and key, so a device offline for a week uploads one current value
     /// (latest position, latest settings) instead of thousands. Replacements are counted in
-    /// [`Stats::coalesced`](crate::Stats::coalesced).
+    /// [`Stats::coalesced`](crate::admin::Stats::coalesced).
     pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
         self.coalesce_key = Some(key.into());
         self
@@ -100,18 +101,18 @@ impl Event {
     /// Checks every limit and serializes the data, before anything touches the database.
     pub(crate) fn validate(&self, payload_limit: usize) -> Result<String> {
         let type_len = self.event_type.len();
-        if type_len == 0 || type_len > MAX_EVENT_TYPE_LEN {
+        if type_len == 0 || type_len > Self::MAX_TYPE_LEN {
             return Err(Error::InvalidEventType {
                 len: type_len,
-                limit: MAX_EVENT_TYPE_LEN,
+                limit: Self::MAX_TYPE_LEN,
             });
         }
         let fields = [
-            ("partition key", &self.partition_key, MAX_KEY_LEN),
-            ("idempotency key", &self.idempotency_key, MAX_KEY_LEN),
-            ("subject", &self.subject, MAX_KEY_LEN),
-            ("source", &self.source, MAX_SOURCE_LEN),
-            ("coalescing key", &self.coalesce_key, MAX_KEY_LEN),
+            ("partition key", &self.partition_key, Self::MAX_KEY_LEN),
+            ("idempotency key", &self.idempotency_key, Self::MAX_KEY_LEN),
+            ("subject", &self.subject, Self::MAX_KEY_LEN),
+            ("source", &self.source, Self::MAX_SOURCE_LEN),
+            ("coalescing key", &self.coalesce_key, Self::MAX_KEY_LEN),
         ];
         for (field, value, limit) in fields {
             if let Some(v) = value {

@@ -5,25 +5,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
-use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
+use crossbeam_channel::Receiver;
+use rusqlite::{Transaction, TransactionBehavior};
 
-use crate::claim;
 use crate::clock::{Clock, SystemClock};
+use crate::database::{self, ConnectionSettings, Pool, PooledConnection, Synchronous};
 use crate::destination::{self, destinations_for, Route};
 use crate::destination_state::{self, DisabledDestination};
 use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
+use crate::limits::{StorageLimits, StoragePolicy};
+use crate::queue::{self, NewRow};
+use crate::relay::config::RelayConfig;
+use crate::relay::wake::Wakers;
 use crate::relay::Relay;
-use crate::relay_config::RelayConfig;
-use crate::storage::{StorageLimits, StoragePolicy};
-use crate::store::{self, ConnectionSettings, Pool, Synchronous};
-
-/// The destination every event goes to when no routes are configured.
-pub const DEFAULT_DESTINATION: &str = "default";
-
-/// The default limit on an event's serialized data: 256 KiB.
-pub const DEFAULT_PAYLOAD_LIMIT: usize = 256 * 1024;
 
 /// A handle to one outbox database file. Cheap to clone; clones share the pool.
 ///
@@ -42,21 +37,19 @@ pub const DEFAULT_PAYLOAD_LIMIT: usize = 256 * 1024;
 /// ```
 #[derive(Clone)]
 pub struct Outbox {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub pool: Pool,
-    pub path: PathBuf,
-    pub clock: Arc<dyn Clock>,
-    pub payload_limit: usize,
-    pub default_source: String,
-    pub routes: Vec<Route>,
-    pub limits: StorageLimits,
-    /// Wakes a relay of this process after a local commit. Capacity one: a wake-up that is
-    /// already pending covers every commit after it.
-    pub wake_tx: Sender<()>,
-    pub wake_rx: Receiver<()>,
+struct Inner {
+    pool: Pool,
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    payload_limit: usize,
+    default_source: String,
+    routes: Vec<Route>,
+    limits: StorageLimits,
+    /// The relays of this process to wake after a local commit.
+    wakers: Wakers,
 }
 
 impl fmt::Debug for Outbox {
@@ -104,7 +97,7 @@ impl Default for OutboxBuilder {
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
             wal_autocheckpoint: 8192,
-            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            payload_limit: Self::DEFAULT_PAYLOAD_LIMIT,
             default_source: "/sqlite-outbox".to_string(),
             routes: Vec::new(),
             limits: StorageLimits::default(),
@@ -114,6 +107,9 @@ impl Default for OutboxBuilder {
 }
 
 impl OutboxBuilder {
+    /// The default limit on an event's serialized data: 256 KiB.
+    pub const DEFAULT_PAYLOAD_LIMIT: usize = 256 * 1024;
+
     /// Sets the number of pooled connections. A running relay keeps one. Defaults to 4.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
@@ -163,13 +159,10 @@ impl OutboxBuilder {
     /// Patterns are an exact type (`order.created`), a prefix ending in `*` (`order.*`), or
     /// `*` for everything. An event goes to every destination with a matching route, each
     /// delivery tracked on its own (its own attempts, its own backoff). With no routes at all,
-    /// every event goes to [`DEFAULT_DESTINATION`]; with routes, an event that matches none is
+    /// every event goes to [`Destination::DEFAULT`](crate::Destination::DEFAULT); with routes, an event that matches none is
     /// refused with [`Error::NoRoute`] rather than silently kept.
     pub fn route(mut self, pattern: impl Into<String>, destination: impl Into<String>) -> Self {
-        self.routes.push(Route {
-            pattern: pattern.into(),
-            destination: destination.into(),
-        });
+        self.routes.push(Route::new(pattern.into(), destination.into()));
         self
     }
 
@@ -218,19 +211,18 @@ impl OutboxBuilder {
             return Err(Error::InvalidConfig("pool size must be at least 1".into()));
         }
         for route in &self.routes {
-            destination::validate_name(&route.destination)?;
+            destination::validate_name(route.destination())?;
         }
         let settings = ConnectionSettings {
             synchronous: self.synchronous,
             busy_timeout: self.busy_timeout,
             wal_autocheckpoint: self.wal_autocheckpoint,
         };
-        let (pool, path) = store::open_pool(path.as_ref(), &settings, self.pool_size)?;
+        let (pool, path) = database::open_pool(path.as_ref(), &settings, self.pool_size)?;
         if self.limits.is_set() {
             let mut conn = pool.get()?;
-            crate::storage::ensure_totals(&mut conn)?;
+            crate::limits::ensure_totals(&mut conn)?;
         }
-        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             inner: Arc::new(Inner {
                 pool,
@@ -240,10 +232,23 @@ impl OutboxBuilder {
                 default_source: self.default_source,
                 routes: self.routes,
                 limits: self.limits,
-                wake_tx,
-                wake_rx,
+                wakers: Wakers::default(),
             }),
         })
+    }
+
+    /// Opens the outbox at `path`, which must already exist and hold one, and brings its
+    /// schema up to date: for tools that must never create a file or touch a foreign one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if there is no file, [`Error::NotADatabase`] if it is not SQLite,
+    /// [`Error::NotAnOutbox`] if it holds no outbox (in these three cases nothing is created
+    /// or changed: the file is checked on a read-only connection first), then as
+    /// [`open`](Self::open).
+    pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Outbox> {
+        database::check_existing(path.as_ref())?;
+        self.open(path)
     }
 }
 
@@ -255,6 +260,16 @@ impl Outbox {
     /// As [`OutboxBuilder::open`].
     pub fn open(path: impl AsRef<Path>) -> Result<Outbox> {
         OutboxBuilder::default().open(path)
+    }
+
+    /// Opens an outbox that must already exist, with default settings. See
+    /// [`OutboxBuilder::open_existing`].
+    ///
+    /// # Errors
+    ///
+    /// As [`OutboxBuilder::open_existing`].
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Outbox> {
+        OutboxBuilder::default().open_existing(path)
     }
 
     /// Starts configuring an outbox.
@@ -288,14 +303,12 @@ impl Outbox {
                 event_type: event.event_type,
             });
         }
-        // Writes come before reads: SQLite cannot turn a caller's deferred transaction that
-        // has only read so far into a writer while another connection writes (SQLITE_BUSY),
-        // but a first write simply waits for the lock. So the check whether an earlier event
-        // of the key is pending (then the new one parks, see claim::PARKED) is part of the
-        // INSERT itself.
         let now = self.inner.clock.now_ms();
         if let Some(key) = &event.coalesce_key {
-            coalesce(tx, &event.event_type, key, &destinations, now)?;
+            let replaced = queue::coalesce(tx, &event.event_type, key, &destinations, now)?;
+            if replaced > 0 {
+                crate::telemetry::coalesced(&event.event_type, replaced);
+            }
         }
         if self.inner.limits.is_set() {
             let n = destinations.len() as i64;
@@ -304,46 +317,24 @@ impl Outbox {
                 .make_room(tx, n, n * payload.len() as i64, now)?;
         }
         let event_id = uuid::Uuid::now_v7().to_string();
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
-                 source, subject, partition_key, payload, created_at, available_at,
-                 coalesce_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
-                     CASE WHEN ?7 IS NOT NULL AND EXISTS (
-                              SELECT 1 FROM outbox_events
-                               WHERE partition_key = ?7 AND destination = ?2
-                                 AND delivered_at IS NULL AND dead_at IS NULL)
-                          THEN ?11 ELSE ?9 END,
-                     ?10)
-             ON CONFLICT DO NOTHING",
-        )?;
-        let mut inserted_any = false;
-        for destination in &destinations {
-            // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
-            // transaction the way a constraint error would. Keys are per destination.
-            let inserted = insert.execute(params![
-                event_id,
-                destination,
-                event.idempotency_key,
-                event.event_type,
-                event.source,
-                event.subject,
-                event.partition_key,
-                payload,
-                now,
-                event.coalesce_key,
-                claim::PARKED
-            ])?;
-            if inserted == 0 {
-                continue;
-            }
-            inserted_any = true;
-            crate::telemetry::enqueued(&event.event_type, destination);
-        }
+        let row = NewRow {
+            event_id: &event_id,
+            idempotency_key: event.idempotency_key.as_deref(),
+            event_type: &event.event_type,
+            source: event.source.as_deref(),
+            subject: event.subject.as_deref(),
+            partition_key: event.partition_key.as_deref(),
+            payload: &payload,
+            coalesce_key: event.coalesce_key.as_deref(),
+            now,
+        };
+        let inserted_any = queue::insert(tx, &row, &destinations, |destination| {
+            crate::telemetry::enqueued(&event.event_type, destination)
+        })?;
         if !inserted_any {
             if let Some(key) = &event.idempotency_key {
                 for destination in &destinations {
-                    if let Some(existing_event_id) = existing_event(tx, destination, key)? {
+                    if let Some(existing_event_id) = queue::idempotency_holder(tx, destination, key)? {
                         return Ok(Enqueued::Duplicate { existing_event_id });
                     }
                 }
@@ -369,7 +360,7 @@ impl Outbox {
     where
         F: FnOnce(&Transaction<'_>) -> Result<T>,
     {
-        let mut conn = self.inner.pool.get()?;
+        let mut conn = self.connection()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = f(&tx)?;
         tx.commit()?;
@@ -381,8 +372,7 @@ impl Outbox {
     ///
     /// Call it after committing a transaction of your own that enqueued events. Never blocks.
     pub fn notify(&self) {
-        // Full means a wake-up is already pending; that one will see this commit too.
-        let _ = self.inner.wake_tx.try_send(());
+        self.inner.wakers.wake_all();
     }
 
     /// Borrows a pooled connection, for reads and admin work on the same file.
@@ -390,10 +380,8 @@ impl Outbox {
     /// # Errors
     ///
     /// [`Error::Pool`] when no connection frees up within the busy timeout.
-    pub fn connection(
-        &self,
-    ) -> Result<r2d2::PooledConnection<r2d2_sqlite::SqliteConnectionManager>> {
-        Ok(self.inner.pool.get()?)
+    pub fn connection(&self) -> Result<PooledConnection> {
+        PooledConnection::get(&self.inner.pool)
     }
 
     /// The current time on the outbox's clock, in unix milliseconds.
@@ -410,7 +398,7 @@ impl Outbox {
     /// SQLite errors, or [`Error::InvalidConfig`] for a malformed name.
     pub fn disable_destination(&self, destination: &str, reason: &str) -> Result<()> {
         destination::validate_name(destination)?;
-        let conn = self.inner.pool.get()?;
+        let conn = self.connection()?;
         destination_state::disable(&conn, destination, reason, self.now_ms())
     }
 
@@ -420,7 +408,7 @@ impl Outbox {
     ///
     /// SQLite errors.
     pub fn enable_destination(&self, destination: &str) -> Result<bool> {
-        let conn = self.inner.pool.get()?;
+        let conn = self.connection()?;
         let was = destination_state::enable(&conn, destination)?;
         self.notify();
         Ok(was)
@@ -432,7 +420,7 @@ impl Outbox {
     ///
     /// SQLite errors.
     pub fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>> {
-        let conn = self.inner.pool.get()?;
+        let conn = self.connection()?;
         destination_state::list(&conn)
     }
 
@@ -441,49 +429,20 @@ impl Outbox {
     pub fn relay(&self, config: RelayConfig) -> Relay {
         Relay::new(self.clone(), config)
     }
+
+    /// The clock every timestamp of this outbox comes from.
+    pub(crate) fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
+    /// The CloudEvents `source` of events that set none.
+    pub(crate) fn default_source(&self) -> &str {
+        &self.inner.default_source
+    }
+
+    /// A wake channel for a relay starting on this outbox.
+    pub(crate) fn register_relay(&self) -> Receiver<()> {
+        self.inner.wakers.register()
+    }
 }
 
-/// The id of the event that holds idempotency `key` for `destination`, if any.
-fn existing_event(tx: &Transaction<'_>, destination: &str, key: &str) -> Result<Option<String>> {
-    Ok(tx
-        .prepare_cached(
-            "SELECT event_id FROM outbox_events WHERE destination = ?1 AND idempotency_key = ?2",
-        )?
-        .query_row(params![destination, key], |r| r.get(0))
-        .optional()?)
-}
-
-/// Removes still-pending, unclaimed events of `event_type` with coalescing `key`: the new
-/// event replaces them. Counted in the stats.
-fn coalesce(
-    tx: &Transaction<'_>,
-    event_type: &str,
-    key: &str,
-    destinations: &[&str],
-    now: i64,
-) -> Result<()> {
-    let mut replaced = 0;
-    let mut delete = tx.prepare_cached(
-        "DELETE FROM outbox_events
-          WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3
-            AND delivered_at IS NULL AND dead_at IS NULL
-            AND (lease_expires_at IS NULL OR lease_expires_at <= ?4)
-         RETURNING partition_key",
-    )?;
-    for destination in destinations {
-        let keys: Vec<Option<String>> = delete
-            .query_map(params![event_type, key, destination, now], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        replaced += keys.len();
-        // A replaced event may have been its key's head.
-        for partition_key in keys.iter().flatten() {
-            claim::unpark_next(tx, partition_key, destination, now)?;
-        }
-    }
-    if replaced > 0 {
-        tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?
-            .execute([replaced as i64])?;
-        crate::telemetry::coalesced(event_type, replaced);
-    }
-    Ok(())
-}

@@ -1,4 +1,5 @@
-//! What goes on the wire: CloudEvents 1.0 bodies, structured (one event) or batched.
+//! What goes on the wire: CloudEvents 1.0 bodies, structured (one event) or batched, signed
+//! per Standard Webhooks. For receivers written without this crate, and for tests.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -6,6 +7,10 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::transport::OutboundEvent;
+
+pub use crate::backoff::parse_retry_after;
+pub use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
+pub use crate::signature::signature_header;
 
 /// The `content-type` of a structured-mode CloudEvent.
 pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";

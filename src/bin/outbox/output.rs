@@ -52,7 +52,7 @@ pub fn age(ms: Option<i64>) -> String {
 
 /// Unix milliseconds as RFC 3339.
 pub fn time(ms: Option<i64>) -> String {
-    ms.map_or("-".into(), sqlite_outbox::rfc3339_millis)
+    ms.map_or("-".into(), sqlite_outbox::wire::rfc3339_millis)
 }
 
 /// At most `max` characters, with an ellipsis when cut; newlines flattened.

@@ -1,5 +1,8 @@
-//! The database file: connection pool, per-connection PRAGMAs and schema migrations.
+//! The database file: opening it (or refusing a foreign one untouched), the connection pool,
+//! per-connection PRAGMAs and schema migrations.
 
+use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,6 +17,38 @@ const SCHEMA_SQL: &str = include_str!("../schema.sql");
 
 /// A pool of connections to one outbox database file.
 pub(crate) type Pool = r2d2::Pool<SqliteConnectionManager>;
+
+/// A connection borrowed from an outbox's pool, with the outbox's PRAGMAs applied. It
+/// dereferences to a [`rusqlite::Connection`] and goes back to the pool when dropped.
+pub struct PooledConnection(r2d2::PooledConnection<SqliteConnectionManager>);
+
+impl PooledConnection {
+    /// Borrows a connection from `pool`, waiting up to the pool's timeout.
+    pub(crate) fn get(pool: &Pool) -> Result<PooledConnection> {
+        Ok(PooledConnection(pool.get()?))
+    }
+}
+
+impl Deref for PooledConnection {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+impl DerefMut for PooledConnection {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.0
+    }
+}
+
+impl fmt::Debug for PooledConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PooledConnection")
+            .field("path", &self.0.path())
+            .finish()
+    }
+}
 
 /// How hard SQLite works to keep a commit on power loss.
 ///
@@ -148,8 +183,15 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Brings the outbox and inbox tables of an open connection up to date: for a receiver's own
-/// database, or an app that manages its connections itself.
+/// Creates or updates the crate's tables (the outbox's and the inbox's) on an open
+/// connection: for a receiver's own database, or an app that manages its connections itself.
+///
+/// ```
+/// # fn main() -> Result<(), sqlite_outbox::Error> {
+/// let mut conn = sqlite_outbox::rusqlite::Connection::open_in_memory()?;
+/// sqlite_outbox::receive::migrate(&mut conn)?;
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 ///
@@ -157,6 +199,28 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
 pub fn migrate_connection(conn: &mut Connection) -> Result<()> {
     let path = conn.path().unwrap_or("").to_string();
     migrate(conn, Path::new(&path))
+}
+
+/// Checks, on a read-only connection that changes nothing, that `path` exists and holds an
+/// outbox (any schema version): the first step of opening a file that must not be created.
+pub(crate) fn check_existing(path: &Path) -> Result<()> {
+    let shown = || path.display().to_string();
+    if !path.exists() {
+        return Err(Error::NotFound { path: shown() });
+    }
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let version = read_user_version(&conn, path)?;
+    let has_table: bool = conn
+        .query_row(
+            "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap_or(false);
+    if version < 1 || !has_table {
+        return Err(Error::NotAnOutbox { path: shown() });
+    }
+    Ok(())
 }
 
 /// Opens (creating if needed) the database at `path`, migrates it and returns a pool.
@@ -208,6 +272,17 @@ pub(crate) fn open_pool(
         .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
         .build(manager)?;
     Ok((pool, path.to_path_buf()))
+}
+
+/// After pruning at least this many rows, checkpoint the WAL and hand free pages back.
+pub(crate) const RECLAIM_AFTER_ROWS: usize = 10_000;
+
+/// Checkpoints the WAL without waiting for readers and hands free pages back to the file
+/// system (on files created with incremental auto-vacuum, as this crate creates them).
+pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    conn.execute_batch("PRAGMA incremental_vacuum")?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,31 @@
 //! The seam between the relay and the network: what is sent, and what came back.
+//!
+//! The relay hands each request's events to a [`Transport`] and decides what to do from the
+//! [`Attempt`] it returns. [`HttpTransport`] is the built-in one; implement the trait for
+//! another protocol, or to fake a receiver in a test:
+//!
+//! ```
+//! use sqlite_outbox::transport::{Attempt, OutboundEvent, Transport};
+//!
+//! /// Accepts everything, and remembers nothing.
+//! struct Sink;
+//!
+//! impl Transport for Sink {
+//!     fn send(&self, events: &[OutboundEvent]) -> Attempt {
+//!         Attempt::Answered { status: 204, retry_after: None, detail: format!("{} taken", events.len()) }
+//!     }
+//! }
+//! let relay_config = sqlite_outbox::RelayConfig::transport(Sink);
+//! # let _ = relay_config;
+//! ```
+//!
+//! A closure `Fn(&[OutboundEvent]) -> Attempt` is a transport too.
+
+mod http;
 
 use std::time::Duration;
+
+pub use http::{HttpConfig, HttpTransport};
 
 /// One claimed event on its way to a destination.
 ///

@@ -18,18 +18,61 @@ const RESPONSE_BODY_LIMIT: u64 = 64 * 1024;
 /// How much of the response body is kept in `last_error`.
 const DETAIL_LIMIT: usize = 256;
 
-/// Timeouts and headers of an [`HttpTransport`].
+/// Timeouts and headers of an [`HttpTransport`], set like every other setting of the crate:
+/// setters named after the setting, each documenting its default.
+///
+/// ```
+/// use std::time::Duration;
+/// use sqlite_outbox::transport::HttpConfig;
+/// let http = HttpConfig::new()
+///     .connect_timeout(Duration::from_secs(2))
+///     .request_timeout(Duration::from_secs(10))
+///     .header("authorization", "Bearer abc");
+/// # let _ = http;
+/// ```
 #[derive(Clone)]
 pub struct HttpConfig {
-    /// Time allowed to open the TCP connection. Defaults to 5 s.
-    pub connect_timeout: Duration,
-    /// Time allowed for the whole request and response. Defaults to 15 s (Standard Webhooks
-    /// asks senders for 15–30 s).
-    pub request_timeout: Duration,
-    /// Idle connections kept open for reuse. Defaults to 16.
-    pub max_idle_connections: usize,
-    /// Extra headers sent with every request.
-    pub headers: Vec<(String, String)>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_idle_connections: usize,
+    headers: Vec<(String, String)>,
+}
+
+impl HttpConfig {
+    /// The defaults: 5 s to connect, 15 s per request, 16 idle connections, no extra headers.
+    pub fn new() -> HttpConfig {
+        HttpConfig::default()
+    }
+
+    /// Sets the time allowed to open the TCP connection. Defaults to 5 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> HttpConfig {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the time allowed for the whole request and response. Defaults to 15 s (Standard
+    /// Webhooks asks senders for 15–30 s). A relay's lease must be at least twice this.
+    pub fn request_timeout(mut self, timeout: Duration) -> HttpConfig {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets how many idle connections are kept open for reuse. Defaults to 16.
+    pub fn max_idle_connections(mut self, n: usize) -> HttpConfig {
+        self.max_idle_connections = n;
+        self
+    }
+
+    /// Adds a header sent with every request (credentials, say: `Debug` shows only its name).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> HttpConfig {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The request timeout, for the relay's lease check.
+    pub(crate) fn request_timeout_value(&self) -> Duration {
+        self.request_timeout
+    }
 }
 
 impl Default for HttpConfig {

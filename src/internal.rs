@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::claim::{self, ClaimRequest};
 use crate::error::Result;
+use crate::queue::{self, ClaimRequest};
 use crate::transport::OutboundEvent;
 
 /// Claims up to `limit` due events of `destination` as the relay does.
@@ -14,7 +14,7 @@ pub fn claim(
     now: i64,
     limit: i64,
 ) -> Result<Vec<OutboundEvent>> {
-    claim::claim(
+    queue::claim(
         conn,
         &ClaimRequest {
             destination,
@@ -27,20 +27,15 @@ pub fn claim(
     )
 }
 
-/// Marks `events` (of one claim) delivered in one transaction, fenced by their lease, as the
-/// relay does.
+/// Acks `events` (of one claim) in one transaction, as the relay does: fenced by their
+/// lease, unparking each key's next event.
 pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) -> Result<usize> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let Some(first) = events.first() else {
         return Ok(0);
     };
-    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-    let acked = claim::mark_delivered(&tx, &first.lease_owner, &ids, now)?.len();
-    for e in events {
-        if let Some(key) = &e.partition_key {
-            claim::unpark_next(&tx, key, &e.destination, now)?;
-        }
-    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let refs: Vec<&OutboundEvent> = events.iter().collect();
+    let acked = queue::ack(&tx, &first.lease_owner, &refs, now)?.len();
     tx.commit()?;
     Ok(acked)
 }

@@ -7,9 +7,7 @@ use std::time::Duration;
 use crate::backoff::Backoff;
 use crate::destination::Destination;
 use crate::error::{Error, Result};
-use crate::http::HttpConfig;
-use crate::outbox::DEFAULT_DESTINATION;
-use crate::transport::Transport;
+use crate::transport::{HttpConfig, Transport};
 
 /// Settings of a relay. Start from [`RelayConfig::http`] for one URL,
 /// [`RelayConfig::transport`] for a transport of your own, or [`RelayConfig::new`] plus
@@ -57,17 +55,20 @@ impl fmt::Debug for RelayConfig {
 }
 
 impl RelayConfig {
+    /// How long delivered events are kept by default: 7 days.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
     /// Delivers every event of the default destination to `url` over HTTP, unsigned, one
     /// event per request. For signatures or batches use [`RelayConfig::new`] with a
     /// [`Destination`].
     pub fn http(url: impl Into<String>) -> Self {
-        Self::new().destination(Destination::http(DEFAULT_DESTINATION, url))
+        Self::new().destination(Destination::http(Destination::DEFAULT, url))
     }
 
     /// Delivers the default destination's events through `transport`: for tests, or a
     /// protocol other than HTTP.
     pub fn transport(transport: impl Transport) -> Self {
-        Self::new().destination(Destination::custom(DEFAULT_DESTINATION, transport))
+        Self::new().destination(Destination::custom(Destination::DEFAULT, transport))
     }
 
     /// A relay with no destinations yet; add them with [`destination`](Self::destination).
@@ -92,7 +93,7 @@ impl RelayConfig {
             },
             dead_letter_client_errors: true,
             shutdown_timeout: Duration::from_secs(10),
-            retention: Some(crate::admin::DEFAULT_RETENTION),
+            retention: Some(Self::DEFAULT_RETENTION),
             retention_interval: Duration::from_secs(3600),
         }
     }
@@ -216,6 +217,11 @@ impl RelayConfig {
         self
     }
 
+    /// The lease in milliseconds, as leases are stored.
+    pub(crate) fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// Checks the settings and builds one transport per destination.
     pub(crate) fn build_transports(&self) -> Result<Vec<Arc<dyn Transport>>> {
         let positive = [
@@ -240,16 +246,16 @@ impl RelayConfig {
         }
         let mut transports = Vec::with_capacity(self.destinations.len());
         for (i, d) in self.destinations.iter().enumerate() {
-            if self.destinations[..i].iter().any(|o| o.name == d.name) {
+            if self.destinations[..i].iter().any(|o| o.name() == d.name()) {
                 return Err(Error::InvalidConfig(format!(
                     "destination {} is configured twice",
-                    d.name
+                    d.name()
                 )));
             }
-            if d.workers == Some(0) {
+            if d.worker_count() == Some(0) {
                 return Err(Error::InvalidConfig(format!(
                     "destination {}: workers must be at least 1",
-                    d.name
+                    d.name()
                 )));
             }
             // A worker skips an event once half its lease is gone, so a request that starts
@@ -259,7 +265,9 @@ impl RelayConfig {
                     return Err(Error::InvalidConfig(format!(
                         "lease of {:?} must be at least twice the request timeout of {:?} \
                          (destination {})",
-                        self.lease, timeout, d.name
+                        self.lease,
+                        timeout,
+                        d.name()
                     )));
                 }
             }

@@ -1,8 +1,10 @@
-//! Bounded storage: limits on pending events and bytes, and what gives way when they are hit.
+//! Bounded storage: limits on pending events and bytes, and which event types give way when
+//! they are hit (the rows themselves are dropped by [`queue::drop_oldest`]).
 
-use rusqlite::{params_from_iter, Transaction};
+use rusqlite::Transaction;
 
 use crate::error::{Error, Result};
+use crate::queue::{self, pending, RoomNeeded, PENDING};
 
 /// How events of a type are treated when the outbox is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -12,7 +14,7 @@ pub enum StoragePolicy {
     #[default]
     Reject,
     /// Lossy telemetry: the oldest pending events of such types are removed to make room for
-    /// any new event, counted in [`Stats::dropped`](crate::Stats::dropped) and logged.
+    /// any new event, counted in [`Stats::dropped`](crate::admin::Stats::dropped) and logged.
     DropOldest,
 }
 
@@ -47,9 +49,12 @@ impl std::fmt::Display for Limit {
 /// the table (the app, a relay, the CLI, another process), so that enforcing a limit costs one
 /// row read instead of a count over every pending event. Created, with the totals recounted,
 /// the first time the file is opened with a limit; they then stay.
-const TOTALS_TRIGGERS: &str = "
+const TOTALS_TRIGGERS: &str = concat!(
+    "
 CREATE TRIGGER IF NOT EXISTS outbox_events_pending_insert AFTER INSERT ON outbox_events
-WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
+WHEN ",
+    pending!("NEW."),
+    "
 BEGIN
     UPDATE outbox_stats
        SET pending_count = pending_count + 1,
@@ -58,7 +63,9 @@ BEGIN
 END;
 
 CREATE TRIGGER IF NOT EXISTS outbox_events_pending_delete AFTER DELETE ON outbox_events
-WHEN OLD.delivered_at IS NULL AND OLD.dead_at IS NULL
+WHEN ",
+    pending!("OLD."),
+    "
 BEGIN
     UPDATE outbox_stats
        SET pending_count = pending_count - 1,
@@ -68,18 +75,25 @@ END;
 
 CREATE TRIGGER IF NOT EXISTS outbox_events_pending_update
 AFTER UPDATE OF delivered_at, dead_at ON outbox_events
-WHEN (OLD.delivered_at IS NULL AND OLD.dead_at IS NULL)
-  <> (NEW.delivered_at IS NULL AND NEW.dead_at IS NULL)
+WHEN (",
+    pending!("OLD."),
+    ") <> (",
+    pending!("NEW."),
+    ")
 BEGIN
     UPDATE outbox_stats
        SET pending_count = pending_count
-               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL THEN 1 ELSE -1 END,
+               + CASE WHEN ",
+    pending!("NEW."),
+    " THEN 1 ELSE -1 END,
            pending_bytes = pending_bytes
-               + CASE WHEN NEW.delivered_at IS NULL AND NEW.dead_at IS NULL
-                      THEN octet_length(NEW.payload) ELSE -octet_length(OLD.payload) END
+               + CASE WHEN ",
+    pending!("NEW."),
+    " THEN octet_length(NEW.payload) ELSE -octet_length(OLD.payload) END
      WHERE id = 1;
 END;
-";
+"
+);
 
 /// Installs the totals triggers if they are missing, recounting the totals in the same
 /// transaction so they start exact.
@@ -96,10 +110,12 @@ pub(crate) fn ensure_totals(conn: &mut rusqlite::Connection) -> Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(TOTALS_TRIGGERS)?;
     tx.execute(
-        "UPDATE outbox_stats SET (pending_count, pending_bytes) = (
-             SELECT COUNT(*), COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
-              WHERE delivered_at IS NULL AND dead_at IS NULL)
-          WHERE id = 1",
+        &format!(
+            "UPDATE outbox_stats SET (pending_count, pending_bytes) = (
+                 SELECT COUNT(*), COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+                  WHERE {PENDING})
+              WHERE id = 1"
+        ),
         [],
     )?;
     tx.commit()?;
@@ -178,55 +194,22 @@ impl StorageLimits {
         if self.lossy.is_empty() || self.max_pending_bytes.is_some_and(|m| add_bytes > m) {
             return Err(full());
         }
-        // Oldest first, skipping events a relay is delivering right now. The pending index
-        // keeps this proportional to the pending events, which the limit bounds.
-        let (predicate, mut values) = self.lossy_predicate();
-        values.push(now.to_string());
-        let sql = format!(
-            "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_pending
-              WHERE delivered_at IS NULL AND dead_at IS NULL AND {predicate}
-                AND (lease_expires_at IS NULL OR lease_expires_at <= CAST(?{} AS INTEGER))
-              ORDER BY id",
-            values.len()
-        );
-        let mut victims = Vec::new();
-        let (mut freed_count, mut freed_bytes) = (0i64, 0i64);
-        {
-            let mut stmt = tx.prepare_cached(&sql)?;
-            let mut rows = stmt.query(params_from_iter(values.iter()))?;
-            while freed_count < over_count || freed_bytes < over_bytes {
-                let Some(row) = rows.next()? else { break };
-                victims.push(row.get::<_, i64>(0)?);
-                freed_count += 1;
-                freed_bytes += row.get::<_, i64>(1)?;
-            }
-        }
-        if freed_count < over_count || freed_bytes < over_bytes {
+        // Oldest first, skipping events a relay is delivering right now.
+        let (droppable, values) = self.lossy_predicate();
+        let need = RoomNeeded {
+            droppable: &droppable,
+            values: &values,
+            rows: over_count,
+            bytes: over_bytes,
+            now,
+        };
+        let Some(dropped) = queue::drop_oldest(tx, &need)? else {
             return Err(full());
-        }
-        let mut delete = tx.prepare_cached(
-            "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
-        )?;
-        let mut heads = Vec::new();
-        for id in &victims {
-            let (key, destination): (Option<String>, String) =
-                delete.query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            if let Some(key) = key {
-                heads.push((key, destination));
-            }
-        }
-        drop(delete);
-        // A dropped event may have been its key's head.
-        for (key, destination) in heads {
-            crate::claim::unpark_next(tx, &key, &destination, now)?;
-        }
-        tx.prepare_cached("UPDATE outbox_stats SET dropped = dropped + ?1 WHERE id = 1")?
-            .execute([victims.len() as i64])?;
-        crate::telemetry::dropped(victims.len());
+        };
+        crate::telemetry::dropped(dropped);
         log::warn!(
-            "outbox full: dropped the {} oldest pending droppable events to make room",
-            victims.len()
+            "outbox full: dropped the {dropped} oldest pending droppable events to make room"
         );
-        Ok(victims.len())
+        Ok(dropped)
     }
 }

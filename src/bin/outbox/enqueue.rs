@@ -1,0 +1,125 @@
+//! `outbox enqueue`: commit one event from flags, or one per line of JSON from stdin.
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::Value;
+use sqlite_outbox::{Enqueued, Event, Outbox};
+
+use crate::failure::{bad_input, failed, Failure, Outcome};
+
+// The command's help text is the doc comment of its variant in main.rs.
+#[derive(Args)]
+pub struct EnqueueArgs {
+    /// Event type.
+    #[arg(long = "type", required_unless_present = "jsonl")]
+    event_type: Option<String>,
+    /// Partition key: events with the same key are delivered in commit order.
+    #[arg(long)]
+    key: Option<String>,
+    /// Idempotency key: a repeat returns the first event's id.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Subject.
+    #[arg(long)]
+    subject: Option<String>,
+    /// Event data as JSON.
+    #[arg(long, default_value = "{}")]
+    data: String,
+    /// Read events from stdin, one JSON object per line:
+    /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …}.
+    #[arg(long, conflicts_with_all = ["event_type", "key", "idempotency_key", "subject"])]
+    jsonl: bool,
+}
+
+pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
+    if args.jsonl {
+        return enqueue_jsonl(outbox);
+    }
+    let data: Value = serde_json::from_str(&args.data)
+        .map_err(|e| bad_input(format!("--data is not valid JSON: {e}")))?;
+    let fields = EventFields {
+        event_type: args.event_type.unwrap_or_default(),
+        data,
+        key: args.key,
+        idempotency_key: args.idempotency_key,
+        subject: args.subject,
+    };
+    let enqueued = enqueue_one(outbox, fields)?;
+    println!("{}", enqueued.event_id());
+    Ok(ExitCode::SUCCESS)
+}
+
+struct EventFields {
+    event_type: String,
+    data: Value,
+    key: Option<String>,
+    idempotency_key: Option<String>,
+    subject: Option<String>,
+}
+
+fn enqueue_one(outbox: &Outbox, f: EventFields) -> Result<Enqueued, Failure> {
+    let mut event = Event::new(f.event_type, f.data);
+    if let Some(k) = f.key {
+        event = event.partition_key(k);
+    }
+    if let Some(k) = f.idempotency_key {
+        event = event.idempotency_key(k);
+    }
+    if let Some(s) = f.subject {
+        event = event.subject(s);
+    }
+    let enqueued = outbox.transaction(|tx| outbox.enqueue(tx, event))?;
+    if let Enqueued::Duplicate { existing_event_id } = &enqueued {
+        eprintln!("duplicate idempotency key: existing event {existing_event_id}");
+    }
+    Ok(enqueued)
+}
+
+fn optional_string(v: &Value, field: &str, line: usize) -> Result<Option<String>, Failure> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad_input(format!("line {line}: {field} must be a string"))),
+    }
+}
+
+/// Commits one event per stdin line, each in its own transaction, printing each id as soon
+/// as it is committed. Stops at the first bad line (exit 2); earlier lines stay committed.
+fn enqueue_jsonl(outbox: &Outbox) -> Outcome {
+    let stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    for (n, line) in stdin.split(b'\n').enumerate() {
+        let line_no = n + 1;
+        let bytes = line.map_err(|e| failed(format!("reading stdin: {e}")))?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| bad_input(format!("line {line_no}: not valid UTF-8")))?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| bad_input(format!("line {line_no}: not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(bad_input(format!("line {line_no}: expected a JSON object")));
+        }
+        let Some(event_type) = optional_string(&v, "type", line_no)? else {
+            return Err(bad_input(format!("line {line_no}: \"type\" is required")));
+        };
+        let fields = EventFields {
+            event_type,
+            data: v.get("data").cloned().unwrap_or(Value::Null),
+            key: optional_string(&v, "key", line_no)?,
+            idempotency_key: optional_string(&v, "idempotency_key", line_no)?,
+            subject: optional_string(&v, "subject", line_no)?,
+        };
+        let enqueued = enqueue_one(outbox, fields).map_err(|f| Failure {
+            code: f.code,
+            message: format!("line {line_no}: {}", f.message),
+        })?;
+        writeln!(stdout, "{}", enqueued.event_id())
+            .and_then(|_| stdout.flush())
+            .map_err(|e| failed(format!("writing stdout: {e}")))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,852 @@
+//! The row lifecycle: every statement that moves an outbox row from one state to another.
+//!
+//! One row of `outbox_events` (its columns and indexes are in `schema.sql`) is one delivery of
+//! one event to one destination. This module is the only place that changes a row's state,
+//! and the only place that spells out what "pending", "parked" and "due" mean:
+//!
+//! ```text
+//!                          insert
+//!                            │
+//!            ┌───────────────┴──────────────┐
+//!            │ an earlier event of its      │ otherwise
+//!            │ key is still pending         │
+//!            ▼                              ▼
+//!         parked ──── unpark ─────────▶    due  ◀──── release (no attempt spent)
+//!      (available_at   (the key's head      │   ◀──── retry (attempt spent, backoff)
+//!       = PARKED)       left pending)       │ claim                 ▲
+//!                                           ▼                       │
+//!                                        leased ────────────────────┘
+//!                                         │    │
+//!                                    ack  │    │ dead-letter
+//!                                         ▼    ▼
+//!                                  delivered   dead ── admin retry ──▶ due or parked
+//!                                      │         │
+//!                               prune ─┘         └─ purge
+//! ```
+//!
+//! - **pending**: neither delivered nor dead. Parked, due, leased and backing-off rows are all
+//!   pending. Two more ways out of pending delete the row: a newer event with the same
+//!   coalescing key replaces it, or a storage limit drops it (lossy types only); neither
+//!   touches a leased row.
+//! - **parked**: pending behind an earlier pending event of the same partition key and
+//!   destination. Only a key's oldest pending event (its head) is ever due, so a claim never
+//!   steps over a keyed backlog; the next event is unparked when the head leaves pending.
+//! - **due**: pending, its `available_at` has come, and its lease is free or expired.
+//!
+//! Every write-back after a claim is fenced by the claim's lease owner, so a relay whose
+//! lease expired (it was paused, or slow) cannot overwrite the outcome of the relay that
+//! claimed the row after it.
+
+use rusqlite::{params, params_from_iter, Connection, Transaction, TransactionBehavior};
+
+use crate::error::Result;
+use crate::transport::OutboundEvent;
+
+/// A row neither delivered nor dead; `$t` is the table alias with its dot, or `""`.
+macro_rules! pending {
+    ($t:literal) => {
+        concat!($t, "delivered_at IS NULL AND ", $t, "dead_at IS NULL")
+    };
+}
+pub(crate) use pending;
+
+/// `PARKED` as SQL text, for statements that compare to it or set it.
+macro_rules! parked {
+    () => {
+        "9223372036854775807"
+    };
+}
+
+/// A lease that is free at time `$now` (never taken, or expired).
+macro_rules! lease_free {
+    ($t:literal, $now:literal) => {
+        concat!(
+            "(", $t, "lease_expires_at IS NULL OR ", $t, "lease_expires_at <= ", $now, ")"
+        )
+    };
+}
+
+/// `available_at` for a row that becomes pending at `$now`: parked if an earlier event of its
+/// partition key `$key` and destination `$dest` is pending (`$earlier` narrows "earlier" to
+/// lower ids for a row that already has one), due at once otherwise.
+macro_rules! due_or_parked {
+    ($key:literal, $dest:literal, $earlier:literal, $now:literal) => {
+        concat!(
+            "CASE WHEN ", $key, " IS NOT NULL AND EXISTS (
+                 SELECT 1 FROM outbox_events AS k
+                  WHERE k.partition_key = ", $key, " AND k.destination = ", $dest, $earlier,
+            " AND ", pending!("k."), ")
+             THEN ", parked!(), " ELSE ", $now, " END"
+        )
+    };
+}
+
+/// A dead letter: given up on, and not delivered after all.
+macro_rules! dead {
+    () => {
+        "dead_at IS NOT NULL AND delivered_at IS NULL"
+    };
+}
+
+/// The condition "pending", for queries that read (stats, gauges, listings).
+pub(crate) const PENDING: &str = pending!("");
+
+/// The condition "dead", for queries that read.
+pub(crate) const DEAD: &str = dead!();
+
+/// `available_at` of a parked row: later than any real time, so it is never due.
+///
+/// Without parking, a claim would have to step over every queued event of every busy key,
+/// and its cost would grow with the backlog.
+pub(crate) const PARKED: i64 = i64::MAX;
+
+/// Rows deleted per transaction by pruning and purging, so the app's own writes never wait
+/// long for the lock.
+pub(crate) const DELETE_PAGE_ROWS: usize = 500;
+
+/// Claims due rows of one destination with one `UPDATE … RETURNING`.
+///
+/// SQLite has one writer at a time, so the statement is atomic: two relays (threads or
+/// processes) never both claim a row while its lease is valid. The `NOT EXISTS` keeps a key's
+/// events in commit order even for rows that were written without parking (by hand, or by an
+/// older version). Dead rows do not block their key, so one poison event stops only itself.
+///
+/// The inner `SELECT` walks the partial index `(destination, available_at, id)` and stops at
+/// `limit`, so the cost depends on the due rows, not on how many delivered rows the table
+/// keeps (a test pins the query plan).
+pub(crate) const CLAIM_SQL: &str = concat!(
+    "UPDATE outbox_events
+        SET lease_owner = ?1, lease_expires_at = ?2
+      WHERE id IN (
+         SELECT e.id FROM outbox_events AS e
+          WHERE ",
+    pending!("e."),
+    " AND e.available_at <= ?3 AND e.destination = ?4 AND ",
+    lease_free!("e.", "?3"),
+    " AND (e.partition_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM outbox_events AS k
+                  WHERE k.partition_key = e.partition_key AND k.destination = e.destination
+                    AND k.id < e.id AND ",
+    pending!("k."),
+    "))
+          ORDER BY e.available_at, e.id
+          LIMIT ?5)
+     RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
+               partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
+               lease_expires_at"
+);
+
+/// One event's row for one destination, as [`insert`] writes it.
+pub(crate) struct NewRow<'a> {
+    pub event_id: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub event_type: &'a str,
+    pub source: Option<&'a str>,
+    pub subject: Option<&'a str>,
+    pub partition_key: Option<&'a str>,
+    pub payload: &'a str,
+    pub coalesce_key: Option<&'a str>,
+    pub now: i64,
+}
+
+/// Inserts `row` once per destination, parked behind its key's pending head if it has one.
+/// Calls `inserted` with each destination that took it; returns whether any did (none did
+/// when its idempotency key is already taken everywhere).
+///
+/// Writes come before reads: SQLite cannot turn a caller's deferred transaction that has
+/// only read so far into a writer while another connection writes (`SQLITE_BUSY`), but a
+/// first write simply waits for the lock. So the parking check is part of the `INSERT`.
+pub(crate) fn insert(
+    tx: &Transaction<'_>,
+    row: &NewRow<'_>,
+    destinations: &[&str],
+    mut inserted: impl FnMut(&str),
+) -> Result<bool> {
+    let mut stmt = tx.prepare_cached(concat!(
+        "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
+             source, subject, partition_key, payload, created_at, available_at, coalesce_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
+        due_or_parked!("?7", "?2", "", "?9"),
+        ", ?10)
+         ON CONFLICT DO NOTHING"
+    ))?;
+    let mut any = false;
+    for destination in destinations {
+        // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
+        // transaction the way a constraint error would. Keys are per destination.
+        let n = stmt.execute(params![
+            row.event_id,
+            destination,
+            row.idempotency_key,
+            row.event_type,
+            row.source,
+            row.subject,
+            row.partition_key,
+            row.payload,
+            row.now,
+            row.coalesce_key,
+        ])?;
+        if n == 1 {
+            any = true;
+            inserted(destination);
+        }
+    }
+    Ok(any)
+}
+
+/// The id of the event that holds idempotency `key` for `destination`, if any.
+pub(crate) fn idempotency_holder(
+    tx: &Transaction<'_>,
+    destination: &str,
+    key: &str,
+) -> Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    Ok(tx
+        .prepare_cached(
+            "SELECT event_id FROM outbox_events WHERE destination = ?1 AND idempotency_key = ?2",
+        )?
+        .query_row(params![destination, key], |r| r.get(0))
+        .optional()?)
+}
+
+/// Deletes the pending, unleased rows of `event_type` with coalescing `key` for each of
+/// `destinations`: a new event replaces them. Returns how many; counted in `outbox_stats`.
+pub(crate) fn coalesce(
+    tx: &Transaction<'_>,
+    event_type: &str,
+    key: &str,
+    destinations: &[&str],
+    now: i64,
+) -> Result<usize> {
+    let mut replaced = 0;
+    let mut delete = tx.prepare_cached(concat!(
+        "DELETE FROM outbox_events
+          WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3 AND ",
+        pending!(""),
+        " AND ",
+        lease_free!("", "?4"),
+        " RETURNING partition_key"
+    ))?;
+    for destination in destinations {
+        let keys: Vec<Option<String>> = delete
+            .query_map(params![event_type, key, destination, now], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        replaced += keys.len();
+        // A replaced event may have been its key's head.
+        for partition_key in keys.iter().flatten() {
+            unpark_next(tx, partition_key, destination, now)?;
+        }
+    }
+    if replaced > 0 {
+        tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?
+            .execute([replaced as i64])?;
+    }
+    Ok(replaced)
+}
+
+/// Which rows a storage limit may drop, and how much room it needs.
+pub(crate) struct RoomNeeded<'a> {
+    /// An SQL condition on `event_type` selecting the droppable types, with `?N` parameters.
+    pub droppable: &'a str,
+    /// The condition's parameters, in order.
+    pub values: &'a [String],
+    pub rows: i64,
+    pub bytes: i64,
+    pub now: i64,
+}
+
+/// Deletes the oldest pending, unleased droppable rows until `need` is met; returns how many,
+/// or `None` (and deletes nothing) if all of them together are not enough.
+pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded<'_>) -> Result<Option<usize>> {
+    let now_param = need.values.len() + 1;
+    // The pending index keeps this proportional to the pending rows, which the limit bounds.
+    let sql = format!(
+        "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_pending
+          WHERE {PENDING} AND {} AND (lease_expires_at IS NULL OR lease_expires_at <= ?{now_param})
+          ORDER BY id",
+        need.droppable
+    );
+    let mut victims = Vec::new();
+    let (mut rows_freed, mut bytes_freed) = (0i64, 0i64);
+    {
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let params = need
+            .values
+            .iter()
+            .map(|v| rusqlite::types::Value::Text(v.clone()))
+            .chain(std::iter::once(rusqlite::types::Value::Integer(need.now)));
+        let mut rows = stmt.query(params_from_iter(params))?;
+        while rows_freed < need.rows || bytes_freed < need.bytes {
+            let Some(row) = rows.next()? else { break };
+            victims.push(row.get::<_, i64>(0)?);
+            rows_freed += 1;
+            bytes_freed += row.get::<_, i64>(1)?;
+        }
+    }
+    if rows_freed < need.rows || bytes_freed < need.bytes {
+        return Ok(None);
+    }
+    let mut delete = tx.prepare_cached(
+        "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
+    )?;
+    let mut heads = Vec::new();
+    for id in &victims {
+        let (key, destination): (Option<String>, String) =
+            delete.query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        if let Some(key) = key {
+            heads.push((key, destination));
+        }
+    }
+    drop(delete);
+    // A dropped event may have been its key's head.
+    for (key, destination) in heads {
+        unpark_next(tx, &key, &destination, need.now)?;
+    }
+    tx.prepare_cached("UPDATE outbox_stats SET dropped = dropped + ?1 WHERE id = 1")?
+        .execute([victims.len() as i64])?;
+    Ok(Some(victims.len()))
+}
+
+/// One claim: up to `limit` due rows of `destination`, leased to `owner` until
+/// `now + lease_ms`.
+pub(crate) struct ClaimRequest<'a> {
+    pub destination: &'a str,
+    pub default_source: &'a str,
+    pub owner: &'a str,
+    pub now: i64,
+    pub lease_ms: i64,
+    pub limit: i64,
+}
+
+/// Runs the claim; rows come back in commit order.
+pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Vec<OutboundEvent>> {
+    let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
+    let rows = stmt.query_map(
+        params![
+            req.owner,
+            req.now + req.lease_ms,
+            req.now,
+            req.destination,
+            req.limit,
+            req.default_source
+        ],
+        |r| {
+            Ok(OutboundEvent {
+                id: r.get(0)?,
+                event_id: r.get(1)?,
+                destination: r.get(2)?,
+                event_type: r.get(3)?,
+                source: r.get(4)?,
+                subject: r.get(5)?,
+                partition_key: r.get(6)?,
+                idempotency_key: r.get(7)?,
+                payload: r.get(8)?,
+                created_at: r.get(9)?,
+                attempts: r.get(10)?,
+                lease_owner: r.get(11)?,
+                lease_expires_at: r.get(12)?,
+            })
+        },
+    )?;
+    let mut events = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    // RETURNING order is unspecified; hand events to workers oldest first.
+    events.sort_unstable_by_key(|e| e.id);
+    Ok(events)
+}
+
+/// What to record for one claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WriteBack {
+    /// The receiver accepted it.
+    Delivered,
+    /// A failure that spends an attempt: try again at `available_at`.
+    Retry { available_at: i64, error: String },
+    /// Give up: keep the error for the operator.
+    Dead { error: String },
+    /// Hand the row back without spending an attempt (destination unreachable, shutdown).
+    Release { error: Option<String> },
+}
+
+/// Marks `events`, all claimed by `owner`, delivered in one statement and unparks the next
+/// event of each of their keys; returns the ids whose lease `owner` still held (the others
+/// were taken over and are left alone).
+pub(crate) fn ack(
+    conn: &Connection,
+    owner: &str,
+    events: &[&OutboundEvent],
+    now: i64,
+) -> Result<Vec<i64>> {
+    let list = events
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let acked: Vec<i64> = conn
+        .prepare_cached(
+            "UPDATE outbox_events
+                SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
+                    lease_owner = NULL, lease_expires_at = NULL
+              WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
+             RETURNING id",
+        )?
+        .query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for event in events {
+        if let Some(key) = &event.partition_key {
+            if acked.contains(&event.id) {
+                unpark_next(conn, key, &event.destination, now)?;
+            }
+        }
+    }
+    Ok(acked)
+}
+
+/// Records `write_back` for `event` if, and only if, its claim still holds the lease; a row
+/// that leaves pending (dead) lets its key's next event go. Returns whether it was recorded.
+pub(crate) fn write_back(
+    conn: &Connection,
+    event: &OutboundEvent,
+    now: i64,
+    write_back: &WriteBack,
+) -> Result<bool> {
+    let (id, owner) = (event.id, &event.lease_owner);
+    let changed = match write_back {
+        WriteBack::Delivered => return Ok(!ack(conn, owner, &[event], now)?.is_empty()),
+        WriteBack::Retry {
+            available_at,
+            error,
+        } => conn
+            .prepare_cached(
+                "UPDATE outbox_events
+                    SET available_at = ?4, last_error = ?5, last_attempted_at = ?3,
+                        attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL
+                  WHERE id = ?1 AND lease_owner = ?2",
+            )?
+            .execute(params![id, owner, now, available_at, error])?,
+        WriteBack::Dead { error } => conn
+            .prepare_cached(
+                "UPDATE outbox_events
+                    SET dead_at = ?3, last_error = ?4, last_attempted_at = ?3,
+                        attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL
+                  WHERE id = ?1 AND lease_owner = ?2",
+            )?
+            .execute(params![id, owner, now, error])?,
+        WriteBack::Release { error } => conn
+            .prepare_cached(
+                "UPDATE outbox_events
+                    SET last_error = COALESCE(?3, last_error),
+                        lease_owner = NULL, lease_expires_at = NULL
+                  WHERE id = ?1 AND lease_owner = ?2",
+            )?
+            .execute(params![id, owner, error])?,
+    };
+    let recorded = changed == 1;
+    if let (true, WriteBack::Dead { .. }, Some(key)) = (recorded, write_back, &event.partition_key)
+    {
+        unpark_next(conn, key, &event.destination, now)?;
+    }
+    Ok(recorded)
+}
+
+/// Records many outcomes (call inside one transaction); returns, per outcome, whether its
+/// lease was still held. Deliveries of one claim go in one statement: the common case, and
+/// the hot path.
+pub(crate) fn record(
+    conn: &Connection,
+    outcomes: &[(&OutboundEvent, &WriteBack)],
+    now: i64,
+) -> Result<Vec<bool>> {
+    let mut recorded = vec![false; outcomes.len()];
+    let mut i = 0;
+    while i < outcomes.len() {
+        let (event, write_back) = outcomes[i];
+        if *write_back != WriteBack::Delivered {
+            recorded[i] = self::write_back(conn, event, now, write_back)?;
+            i += 1;
+            continue;
+        }
+        let owner = &event.lease_owner;
+        let end = outcomes[i..]
+            .iter()
+            .position(|(e, w)| **w != WriteBack::Delivered || e.lease_owner != *owner)
+            .map_or(outcomes.len(), |n| i + n);
+        let events: Vec<&OutboundEvent> = outcomes[i..end].iter().map(|(e, _)| *e).collect();
+        let acked = ack(conn, owner, &events, now)?;
+        for (slot, event) in recorded[i..end].iter_mut().zip(&events) {
+            *slot = acked.contains(&event.id);
+        }
+        i = end;
+    }
+    Ok(recorded)
+}
+
+/// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
+/// leaves pending (delivered, dead-lettered, dropped, replaced).
+fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {
+    conn.prepare_cached(concat!(
+        "UPDATE outbox_events SET available_at = ?3
+          WHERE available_at = ",
+        parked!(),
+        " AND id = (
+                SELECT MIN(id) FROM outbox_events
+                 WHERE partition_key = ?1 AND destination = ?2 AND ",
+        pending!(""),
+        ")"
+    ))?
+    .execute(params![key, destination, now])?;
+    Ok(())
+}
+
+/// The reset of an operator's retry: a fresh attempt budget, due now, or parked if an older
+/// event of its key is still pending (so retrying cannot break the key's order).
+macro_rules! retry_reset {
+    () => {
+        concat!(
+            "SET dead_at = NULL, attempts = 0, available_at = ",
+            due_or_parked!(
+                "outbox_events.partition_key",
+                "outbox_events.destination",
+                " AND k.id < outbox_events.id",
+                "?2"
+            )
+        )
+    };
+}
+
+/// Resets every undelivered row of `event_id` for an operator's retry; returns how many.
+pub(crate) fn retry_event(tx: &Transaction<'_>, event_id: &str, now: i64) -> Result<usize> {
+    Ok(tx
+        .prepare_cached(concat!(
+            "UPDATE outbox_events ",
+            retry_reset!(),
+            " WHERE event_id = ?1 AND delivered_at IS NULL"
+        ))?
+        .execute(params![event_id, now])?)
+}
+
+/// Resets one dead row (by row id) for an operator's retry; returns how many (0 or 1).
+pub(crate) fn retry_row(tx: &Transaction<'_>, id: i64, now: i64) -> Result<usize> {
+    Ok(tx
+        .prepare_cached(concat!(
+            "UPDATE outbox_events ",
+            retry_reset!(),
+            " WHERE id = ?1"
+        ))?
+        .execute(params![id, now])?)
+}
+
+/// Dead rows committed in `[since, until)`, as `(row id, event type)`.
+pub(crate) fn dead_rows(tx: &Transaction<'_>, since: i64, until: i64) -> Result<Vec<(i64, String)>> {
+    Ok(tx
+        .prepare(
+            concat!(
+                "SELECT id, event_type FROM outbox_events WHERE ",
+                dead!(),
+                " AND created_at >= ?1 AND created_at < ?2"
+            ),
+        )?
+        .query_map(params![since, until], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// Which finished rows a page deletes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Finished {
+    /// Delivered before the cutoff (unix ms).
+    DeliveredBefore(i64),
+    /// Dead at or before the cutoff (unix ms).
+    DeadSince(i64),
+}
+
+/// Deletes one page of finished rows in its own transaction; returns how many (fewer than
+/// [`DELETE_PAGE_ROWS`] means there are no more). Never touches pending rows.
+pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usize> {
+    let (sql, cutoff) = match which {
+        Finished::DeliveredBefore(cutoff) => (
+            "DELETE FROM outbox_events WHERE id IN (
+                 SELECT id FROM outbox_events
+                  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)",
+            cutoff,
+        ),
+        Finished::DeadSince(cutoff) => (
+            concat!(
+                "DELETE FROM outbox_events WHERE id IN (
+                     SELECT id FROM outbox_events WHERE ",
+                dead!(),
+                " AND dead_at <= ?1 LIMIT ?2)"
+            ),
+            cutoff,
+        ),
+    };
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let deleted = tx
+        .prepare_cached(sql)?
+        .execute(params![cutoff, DELETE_PAGE_ROWS as i64])?;
+    tx.commit()?;
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::database;
+
+    fn db() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("queue.db");
+        let mut conn = Connection::open(&path).unwrap();
+        database::migrate(&mut conn, &path).unwrap();
+        (dir, conn)
+    }
+
+    fn insert_raw(conn: &Connection, key: Option<&str>, available_at: i64) -> i64 {
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, event_type, partition_key, payload,
+                                        created_at, available_at)
+             VALUES (lower(hex(randomblob(16))), 't', ?1, '{}', 0, ?2)",
+            params![key, available_at],
+        )
+        .unwrap();
+        conn.last_insert_rowid()
+    }
+
+    fn req<'a>(owner: &'a str, now: i64, limit: i64) -> ClaimRequest<'a> {
+        ClaimRequest {
+            destination: "default",
+            default_source: "/test",
+            owner,
+            now,
+            lease_ms: 1_000,
+            limit,
+        }
+    }
+
+    fn ids(events: &[OutboundEvent]) -> Vec<i64> {
+        events.iter().map(|e| e.id).collect()
+    }
+
+    fn claimed(conn: &Connection, id: i64, owner: &str) -> OutboundEvent {
+        let mut all = claim(conn, &req(owner, 0, 100)).unwrap();
+        all.retain(|e| e.id == id);
+        all.pop().expect("claimable")
+    }
+
+    #[test]
+    fn parked_sql_text_is_the_parked_value() {
+        assert_eq!(parked!(), PARKED.to_string());
+    }
+
+    #[test]
+    fn claim_takes_due_rows_in_order_and_leases_them() {
+        let (_d, conn) = db();
+        let a = insert_raw(&conn, None, 0);
+        let b = insert_raw(&conn, None, 0);
+        insert_raw(&conn, None, 10_000); // not yet due
+        let got = claim(&conn, &req("r1", 100, 10)).unwrap();
+        assert_eq!(ids(&got), vec![a, b]);
+        assert!(got
+            .iter()
+            .all(|e| e.lease_owner == "r1" && e.lease_expires_at == 1_100));
+        assert_eq!(got[0].source, "/test");
+        // Leased rows are not claimable by anyone else while the lease holds.
+        assert!(claim(&conn, &req("r2", 500, 10)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn expired_lease_is_claimed_again_and_stale_owner_is_fenced_off() {
+        let (_d, conn) = db();
+        let id = insert_raw(&conn, None, 0);
+        let old = claim(&conn, &req("old", 0, 10)).unwrap().remove(0);
+        // The old owner's lease (until 1_000) has expired: a new relay takes the row.
+        let new = claim(&conn, &req("new", 1_000, 10)).unwrap().remove(0);
+        assert_eq!(new.lease_owner, "new");
+        // The old owner's late outcome is rejected; the new owner's is recorded.
+        let stale = WriteBack::Dead {
+            error: "late".into(),
+        };
+        assert!(!write_back(&conn, &old, 1_100, &stale).unwrap());
+        assert!(write_back(&conn, &new, 1_100, &WriteBack::Delivered).unwrap());
+        let (delivered, dead): (Option<i64>, Option<i64>) = conn
+            .query_row(
+                "SELECT delivered_at, dead_at FROM outbox_events WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((delivered, dead), (Some(1_100), None));
+    }
+
+    #[test]
+    fn only_the_head_of_a_partition_key_is_claimable() {
+        let (_d, conn) = db();
+        let k1 = insert_raw(&conn, Some("k"), 0);
+        let k2 = insert_raw(&conn, Some("k"), 0);
+        let other = insert_raw(&conn, Some("j"), 0);
+        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        assert_eq!(ids(&got), vec![k1, other]);
+        write_back(&conn, &got[0], 1, &WriteBack::Delivered).unwrap();
+        assert_eq!(ids(&claim(&conn, &req("r", 1, 10)).unwrap()), vec![k2]);
+    }
+
+    #[test]
+    fn a_head_waiting_for_retry_holds_back_its_key() {
+        let (_d, conn) = db();
+        let k1 = insert_raw(&conn, Some("k"), 0);
+        insert_raw(&conn, Some("k"), 0);
+        let head = claimed(&conn, k1, "r");
+        let retry = WriteBack::Retry {
+            available_at: 5_000,
+            error: "HTTP 500".into(),
+        };
+        assert!(write_back(&conn, &head, 10, &retry).unwrap());
+        assert!(claim(&conn, &req("r", 20, 10)).unwrap().is_empty());
+        let got = claim(&conn, &req("r", 5_000, 10)).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].id, got[0].attempts), (k1, 1));
+    }
+
+    #[test]
+    fn a_dead_head_does_not_block_its_key() {
+        let (_d, conn) = db();
+        let k1 = insert_raw(&conn, Some("k"), 0);
+        let k2 = insert_raw(&conn, Some("k"), 0);
+        let head = claimed(&conn, k1, "r");
+        let dead = WriteBack::Dead {
+            error: "HTTP 400".into(),
+        };
+        write_back(&conn, &head, 1, &dead).unwrap();
+        assert_eq!(ids(&claim(&conn, &req("r", 2, 10)).unwrap()), vec![k2]);
+    }
+
+    #[test]
+    fn ack_is_fenced_per_row() {
+        let (_d, conn) = db();
+        let a = insert_raw(&conn, None, 0);
+        let b = insert_raw(&conn, None, 0);
+        let got = claim(&conn, &req("mine", 0, 10)).unwrap();
+        // b's lease expires and another relay takes it.
+        conn.execute(
+            "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
+            [b],
+        )
+        .unwrap();
+        let refs: Vec<&OutboundEvent> = got.iter().collect();
+        assert_eq!(ack(&conn, "mine", &refs, 5).unwrap(), vec![a]);
+        let owner: String = conn
+            .query_row(
+                "SELECT lease_owner FROM outbox_events WHERE id = ?1",
+                [b],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(owner, "theirs");
+    }
+
+    #[test]
+    fn only_heads_are_due_and_the_next_is_unparked_when_the_head_leaves() {
+        let (_d, conn) = db();
+        let head = insert_raw(&conn, Some("k"), 0);
+        let next = insert_raw(&conn, Some("k"), PARKED);
+        let last = insert_raw(&conn, Some("k"), PARKED);
+        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        assert_eq!(ids(&got), vec![head]);
+        let refs: Vec<&OutboundEvent> = got.iter().collect();
+        ack(&conn, "r", &refs, 1).unwrap();
+        assert_eq!(ids(&claim(&conn, &req("r", 2, 10)).unwrap()), vec![next]);
+        let available: i64 = conn
+            .query_row(
+                "SELECT available_at FROM outbox_events WHERE id = ?1",
+                [last],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(available, PARKED, "only one event per key is unparked");
+    }
+
+    #[test]
+    fn release_keeps_attempts() {
+        let (_d, conn) = db();
+        insert_raw(&conn, None, 0);
+        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        let release = WriteBack::Release {
+            error: Some("connection refused".into()),
+        };
+        assert!(write_back(&conn, &got[0], 1, &release).unwrap());
+        let got = claim(&conn, &req("r2", 2, 10)).unwrap();
+        assert_eq!(got[0].attempts, 0);
+    }
+
+    #[test]
+    fn record_groups_deliveries_of_one_claim_and_fences_each_outcome() {
+        let (_d, conn) = db();
+        for _ in 0..3 {
+            insert_raw(&conn, None, 0);
+        }
+        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        conn.execute(
+            "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
+            [got[1].id],
+        )
+        .unwrap();
+        let retry = WriteBack::Retry {
+            available_at: 9,
+            error: "HTTP 503".into(),
+        };
+        let outcomes = [
+            (&got[0], &WriteBack::Delivered),
+            (&got[1], &WriteBack::Delivered),
+            (&got[2], &retry),
+        ];
+        assert_eq!(record(&conn, &outcomes, 5).unwrap(), vec![true, false, true]);
+    }
+
+    #[test]
+    fn an_operator_retry_parks_behind_an_older_pending_event_of_the_key() {
+        let (_d, conn) = db();
+        let head = insert_raw(&conn, Some("k"), 0);
+        let second = insert_raw(&conn, Some("k"), PARKED);
+        conn.execute(
+            "UPDATE outbox_events SET dead_at = 1, available_at = 0 WHERE id = ?1",
+            [second],
+        )
+        .unwrap();
+        let mut conn = conn;
+        let tx = conn.transaction().unwrap();
+        assert_eq!(retry_row(&tx, second, 7).unwrap(), 1);
+        assert_eq!(retry_row(&tx, head, 7).unwrap(), 1);
+        tx.commit().unwrap();
+        let available: Vec<i64> = conn
+            .prepare("SELECT available_at FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(available, vec![7, PARKED]);
+    }
+
+    /// The claim must not scan the table or sort all pending rows: its cost would then grow
+    /// with history.
+    #[test]
+    fn claim_plan_uses_partial_indexes_without_table_scan() {
+        let (_d, conn) = db();
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM_SQL}"))
+            .unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(params!["o", 0, 0, "default", 10, "/s"], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let text = plan.join("\n");
+        assert!(text.contains("outbox_events_pending"), "{text}");
+        assert!(text.contains("outbox_events_pending_by_key"), "{text}");
+        assert!(
+            !plan
+                .iter()
+                .any(|l| l.starts_with("SCAN e") || l.starts_with("SCAN k")),
+            "{text}"
+        );
+        assert!(!text.contains("TEMP B-TREE"), "{text}");
+    }
+}

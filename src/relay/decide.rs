@@ -1,0 +1,360 @@
+//! What an attempt means: one pure function from what came of a request to what happens to
+//! the event's row and to its destination's gate.
+//!
+//! Every row of the "How the relay behaves" table in the crate docs is decided here, and
+//! each has its own test below. The function reads no clock and draws no random number: the
+//! time and the jittered backoff come in as arguments, so a test can pin both.
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+use crate::queue::WriteBack;
+use crate::relay::config::RelayConfig;
+use crate::transport::{Attempt, OutboundEvent};
+
+/// What became of one request, as far as the decision cares.
+#[derive(Debug)]
+pub(crate) enum Sent<'a> {
+    /// The transport made the attempt and reported this.
+    Attempted(&'a Attempt),
+    /// It was not sent: the gate was closed, too much of the lease had passed, or the relay
+    /// is stopping.
+    NotSent,
+    /// The transport panicked with this message.
+    Panicked(&'a str),
+}
+
+/// The relay settings a decision depends on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    retry: Backoff,
+    max_attempts: i64,
+    retry_after_cap: Duration,
+    dead_letter_client_errors: bool,
+}
+
+impl Policy {
+    pub fn new(config: &RelayConfig) -> Policy {
+        Policy {
+            retry: config.retry,
+            max_attempts: i64::from(config.max_attempts),
+            retry_after_cap: config.retry_after_cap,
+            dead_letter_client_errors: config.dead_letter_client_errors,
+        }
+    }
+
+    /// Draws the backoff of one request (full jitter over the ceiling of its most-tried
+    /// event), once for all its events, so the events of a failed batch come back together.
+    pub fn draw_backoff(&self, events: &[OutboundEvent]) -> Duration {
+        let attempt = events.iter().map(|e| e.attempts).max().unwrap_or(0) + 1;
+        self.retry
+            .full_jitter(u32::try_from(attempt).unwrap_or(u32::MAX))
+    }
+}
+
+/// How the destination's gate changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GateChange {
+    /// Nothing learned about the destination.
+    Unchanged,
+    /// The receiver answered: it is reachable; any offline backoff ends.
+    Answered,
+    /// No answer: back off the whole destination.
+    Unreachable,
+    /// The receiver answered 429: send it nothing until `until` (unix ms).
+    Pause { until: i64 },
+    /// The receiver answered 410: disable the destination (persisted) for this reason.
+    Disable { reason: String },
+}
+
+/// What to do about one event after one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision {
+    /// What to record in the event's row.
+    pub write_back: WriteBack,
+    /// What the answer tells about the destination (the same for every event of a request).
+    pub gate: GateChange,
+}
+
+/// Decides what `sent` means for an event that had `attempts` answered attempts before it,
+/// at `now` (unix ms), given `backoff` drawn for this request.
+pub(crate) fn decide(
+    sent: &Sent<'_>,
+    attempts: i64,
+    backoff: Duration,
+    policy: &Policy,
+    now: i64,
+) -> Decision {
+    // An attempt that the receiver failed: spend it, and try again later unless it was the
+    // last one allowed.
+    let retry_or_dead = |error: String, retry_after: Option<Duration>| {
+        let attempts = attempts.saturating_add(1);
+        if attempts >= policy.max_attempts {
+            return WriteBack::Dead {
+                error: format!("{error} (gave up after {attempts} attempts)"),
+            };
+        }
+        let asked = retry_after.map(|d| d.min(policy.retry_after_cap));
+        let wait = asked.map_or(backoff, |a| a.max(backoff));
+        WriteBack::Retry {
+            available_at: now.saturating_add(millis(wait)),
+            error,
+        }
+    };
+    let (write_back, gate) = match sent {
+        Sent::NotSent => (WriteBack::Release { error: None }, GateChange::Unchanged),
+        Sent::Panicked(msg) => (
+            retry_or_dead(format!("transport panicked: {msg}"), None),
+            GateChange::Unchanged,
+        ),
+        Sent::Attempted(Attempt::Unreachable { reason }) => (
+            WriteBack::Release {
+                error: Some(format!("unreachable: {reason}")),
+            },
+            GateChange::Unreachable,
+        ),
+        Sent::Attempted(Attempt::Unsendable { reason }) => (
+            WriteBack::Dead {
+                error: reason.clone(),
+            },
+            GateChange::Unchanged,
+        ),
+        Sent::Attempted(Attempt::Answered {
+            status,
+            retry_after,
+            detail,
+        }) => {
+            let write_back = match *status {
+                200..=299 => WriteBack::Delivered,
+                // The destination is disabled; its events wait without spending attempts.
+                410 => WriteBack::Release {
+                    error: Some(detail.clone()),
+                },
+                408 | 429 | 500..=599 => retry_or_dead(detail.clone(), *retry_after),
+                400..=499 if policy.dead_letter_client_errors => WriteBack::Dead {
+                    error: detail.clone(),
+                },
+                _ => retry_or_dead(detail.clone(), *retry_after),
+            };
+            let gate = match *status {
+                // Throttled: this destination waits; the others go on.
+                429 => {
+                    let pause = retry_after
+                        .map_or(policy.retry.base, |d| d.min(policy.retry_after_cap));
+                    GateChange::Pause {
+                        until: now.saturating_add(millis(pause)),
+                    }
+                }
+                410 => GateChange::Disable {
+                    reason: format!("disabled after {detail}"),
+                },
+                _ => GateChange::Answered,
+            };
+            (write_back, gate)
+        }
+    };
+    Decision { write_back, gate }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+    const BACKOFF: Duration = Duration::from_millis(700);
+
+    fn policy() -> Policy {
+        Policy {
+            retry: Backoff {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(300),
+            },
+            max_attempts: 25,
+            retry_after_cap: Duration::from_secs(3600),
+            dead_letter_client_errors: true,
+        }
+    }
+
+    fn answered(status: u16, retry_after: Option<Duration>) -> Attempt {
+        Attempt::Answered {
+            status,
+            retry_after,
+            detail: format!("HTTP {status}"),
+        }
+    }
+
+    fn decide_answer(status: u16, retry_after: Option<Duration>, attempts: i64) -> Decision {
+        let attempt = answered(status, retry_after);
+        decide(&Sent::Attempted(&attempt), attempts, BACKOFF, &policy(), NOW)
+    }
+
+    fn retry_at(ms_from_now: i64, status: u16) -> WriteBack {
+        WriteBack::Retry {
+            available_at: NOW + ms_from_now,
+            error: format!("HTTP {status}"),
+        }
+    }
+
+    #[test]
+    fn a_2xx_is_delivered_and_opens_the_gate() {
+        for status in [200, 202, 204, 299] {
+            let d = decide_answer(status, None, 3);
+            assert_eq!(d.write_back, WriteBack::Delivered);
+            assert_eq!(d.gate, GateChange::Answered);
+        }
+    }
+
+    #[test]
+    fn a_5xx_or_408_is_retried_after_the_drawn_backoff() {
+        for status in [500, 502, 503, 599, 408] {
+            let d = decide_answer(status, None, 0);
+            assert_eq!(d.write_back, retry_at(700, status));
+            assert_eq!(d.gate, GateChange::Answered);
+        }
+    }
+
+    #[test]
+    fn a_later_retry_after_wins_over_the_backoff_and_is_capped() {
+        let d = decide_answer(503, Some(Duration::from_secs(5)), 0);
+        assert_eq!(d.write_back, retry_at(5_000, 503));
+        let d = decide_answer(503, Some(Duration::from_millis(10)), 0);
+        assert_eq!(d.write_back, retry_at(700, 503), "an earlier one does not");
+        let d = decide_answer(503, Some(Duration::from_secs(86_400)), 0);
+        assert_eq!(d.write_back, retry_at(3_600_000, 503), "capped at 1 h");
+    }
+
+    #[test]
+    fn a_429_retries_the_event_and_pauses_only_its_destination() {
+        let d = decide_answer(429, Some(Duration::from_secs(30)), 0);
+        assert_eq!(d.write_back, retry_at(30_000, 429));
+        assert_eq!(d.gate, GateChange::Pause { until: NOW + 30_000 });
+        let d = decide_answer(429, None, 0);
+        assert_eq!(
+            d.gate,
+            GateChange::Pause { until: NOW + 1_000 },
+            "without Retry-After, the retry base"
+        );
+    }
+
+    #[test]
+    fn the_last_allowed_attempt_dead_letters_with_the_count() {
+        let d = decide_answer(500, None, 24);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Dead {
+                error: "HTTP 500 (gave up after 25 attempts)".into()
+            }
+        );
+    }
+
+    #[test]
+    fn other_4xx_dead_letter_at_once_unless_configured_to_retry() {
+        for status in [400, 401, 403, 404, 422] {
+            let d = decide_answer(status, None, 0);
+            assert_eq!(
+                d.write_back,
+                WriteBack::Dead {
+                    error: format!("HTTP {status}")
+                }
+            );
+        }
+        let lenient = Policy {
+            dead_letter_client_errors: false,
+            ..policy()
+        };
+        let attempt = answered(404, None);
+        let d = decide(&Sent::Attempted(&attempt), 0, BACKOFF, &lenient, NOW);
+        assert_eq!(d.write_back, retry_at(700, 404));
+    }
+
+    #[test]
+    fn a_410_disables_the_destination_and_spends_no_attempt() {
+        let d = decide_answer(410, None, 2);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Release {
+                error: Some("HTTP 410".into())
+            }
+        );
+        assert_eq!(
+            d.gate,
+            GateChange::Disable {
+                reason: "disabled after HTTP 410".into()
+            }
+        );
+    }
+
+    #[test]
+    fn other_statuses_are_retried() {
+        for status in [100, 301, 304] {
+            assert_eq!(decide_answer(status, None, 0).write_back, retry_at(700, status));
+        }
+    }
+
+    #[test]
+    fn no_answer_backs_off_the_destination_and_spends_no_attempt() {
+        let attempt = Attempt::Unreachable {
+            reason: "connection refused".into(),
+        };
+        let d = decide(&Sent::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Release {
+                error: Some("unreachable: connection refused".into())
+            }
+        );
+        assert_eq!(d.gate, GateChange::Unreachable);
+    }
+
+    #[test]
+    fn an_unsendable_event_is_dead_at_once() {
+        let attempt = Attempt::Unsendable {
+            reason: "stored data is not valid JSON".into(),
+        };
+        let d = decide(&Sent::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Dead {
+                error: "stored data is not valid JSON".into()
+            }
+        );
+        assert_eq!(d.gate, GateChange::Unchanged);
+    }
+
+    #[test]
+    fn an_event_not_sent_is_handed_back_untouched() {
+        let d = decide(&Sent::NotSent, 5, BACKOFF, &policy(), NOW);
+        assert_eq!(d.write_back, WriteBack::Release { error: None });
+        assert_eq!(d.gate, GateChange::Unchanged);
+    }
+
+    #[test]
+    fn a_transport_panic_spends_an_attempt() {
+        let d = decide(&Sent::Panicked("boom"), 0, BACKOFF, &policy(), NOW);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Retry {
+                available_at: NOW + 700,
+                error: "transport panicked: boom".into()
+            }
+        );
+    }
+
+    #[test]
+    fn one_backoff_is_drawn_per_request_from_its_most_tried_event() {
+        let p = policy();
+        let mut events = vec![crate::internal::sample_event(&serde_json::json!(1)); 2];
+        events[1].attempts = 30;
+        for _ in 0..50 {
+            assert!(p.draw_backoff(&events) <= Duration::from_secs(300));
+        }
+        events[1].attempts = 0;
+        for _ in 0..50 {
+            assert!(p.draw_backoff(&events) <= Duration::from_secs(1));
+        }
+    }
+}

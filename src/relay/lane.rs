@@ -1,0 +1,216 @@
+//! A destination's lane: what the writer knows about one destination (its gate, its claimed
+//! events in flight, when to claim next) and how claimed events are grouped into requests.
+//!
+//! Each destination has its own lane, workers and in-flight limit, so one that is down or
+//! slow never holds back another.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::destination::{Batching, Destination};
+use crate::relay::config::RelayConfig;
+use crate::relay::gate::Gate;
+use crate::transport::OutboundEvent;
+use crate::wire::encoded_size_bound;
+
+/// One unit of work for a delivery worker: one request's worth of events.
+pub(crate) type Job = Vec<OutboundEvent>;
+
+/// One destination as the writer drives it.
+pub(crate) struct Lane {
+    name: String,
+    batch: Option<Batching>,
+    /// Events one claim takes at most.
+    claim_batch: usize,
+    /// Claimed events this lane may have queued or in delivery at once.
+    max_in_flight: usize,
+    gate: Arc<Gate>,
+    /// `None` once the lane is closed: its workers exit after their current request.
+    jobs_tx: Option<Sender<Job>>,
+    jobs_rx: Receiver<Job>,
+    in_flight: HashSet<i64>,
+    /// Whether a claim may find something: set by commits, answers and timers, cleared by a
+    /// claim that came back short.
+    claim_due: bool,
+    /// Earliest retry this relay scheduled itself (unix ms, clock time).
+    next_due_ms: Option<i64>,
+    /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
+    disabled: Option<String>,
+}
+
+impl Lane {
+    /// A lane for `destination` with `workers` delivery threads. A batching destination
+    /// claims enough for a batch per worker at once (and may have four such claims in
+    /// flight): per event, the claim and ack transactions then cost a fraction of what they
+    /// cost one event at a time.
+    pub fn new(destination: &Destination, workers: usize, config: &RelayConfig) -> Lane {
+        let batch = destination.batching();
+        let claim_batch = match batch {
+            Some(b) => config.claim_batch.max(b.max_events.saturating_mul(workers)),
+            None => config.claim_batch,
+        };
+        let max_in_flight = config.max_in_flight.max(claim_batch.saturating_mul(4));
+        // Every job holds at least one event, so this many jobs never fills the channel.
+        let (jobs_tx, jobs_rx) = bounded(max_in_flight);
+        Lane {
+            name: destination.name().to_string(),
+            batch,
+            claim_batch,
+            max_in_flight,
+            gate: Arc::new(Gate::new(config.offline)),
+            jobs_tx: Some(jobs_tx),
+            jobs_rx,
+            in_flight: HashSet::new(),
+            claim_due: true,
+            next_due_ms: None,
+            disabled: None,
+        }
+    }
+
+    /// The destination's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The gate, for this lane's workers.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
+    }
+
+    /// The job queue, for this lane's workers.
+    pub fn jobs(&self) -> Receiver<Job> {
+        self.jobs_rx.clone()
+    }
+
+    /// Claimed events not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Whether a claim is worth its transaction at `now`: something may be due, the gate is
+    /// open, and a whole batch fits. Waiting until a whole batch fits keeps claims (each a
+    /// write transaction) few and large while the workers still have queued work.
+    pub fn wants_claim(&self, now: i64) -> bool {
+        let room = self.max_in_flight.saturating_sub(self.in_flight.len());
+        let worth_it = self.claim_batch.min(self.max_in_flight / 2).max(1);
+        let blocked = (room < worth_it && !self.in_flight.is_empty())
+            || room == 0
+            || self.gate.is_closed(now)
+            || (self.gate.is_suspect() && !self.in_flight.is_empty());
+        self.claim_due && self.jobs_tx.is_some() && !blocked
+    }
+
+    /// How many events the next claim takes. After unanswered attempts, a single probe
+    /// rather than a batch that would only time out request by request.
+    pub fn claim_limit(&self) -> usize {
+        if self.gate.is_suspect() {
+            1
+        } else {
+            (self.max_in_flight - self.in_flight.len()).min(self.claim_batch)
+        }
+    }
+
+    /// Queues claimed `events` for the workers, as requests. A claim that filled its `limit`
+    /// suggests more are due.
+    pub fn dispatch(&mut self, events: Vec<OutboundEvent>, limit: usize) {
+        self.claim_due = events.len() == limit;
+        for job in self.group_into_jobs(events) {
+            for event in &job {
+                self.in_flight.insert(event.id);
+            }
+            let Some(jobs_tx) = &self.jobs_tx else { break };
+            // The channel holds max_in_flight jobs, so this never blocks.
+            if let Err(e) = jobs_tx.try_send(job) {
+                for event in e.into_inner() {
+                    self.in_flight.remove(&event.id);
+                    log::error!(
+                        "event {}: work queue full, left to its lease",
+                        event.event_id
+                    );
+                }
+            }
+        }
+    }
+
+    /// Splits claimed events into requests: one event each, or batches within both limits.
+    fn group_into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
+        let Some(batch) = self.batch else {
+            return events.into_iter().map(|e| vec![e]).collect();
+        };
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut bytes = 0;
+        for event in events {
+            let size = encoded_size_bound(&event) + 1;
+            match jobs.last_mut() {
+                Some(job) if job.len() < batch.max_events && bytes + size <= batch.max_bytes => {
+                    bytes += size;
+                    job.push(event);
+                }
+                _ => {
+                    bytes = size + 2;
+                    jobs.push(vec![event]);
+                }
+            }
+        }
+        jobs
+    }
+
+    /// Frees the slots of finished events; their answers may have made room or news.
+    pub fn finished<'a>(&mut self, events: impl IntoIterator<Item = &'a OutboundEvent>) {
+        for event in events {
+            self.in_flight.remove(&event.id);
+        }
+        self.claim_due = true;
+    }
+
+    /// Remembers a retry this relay scheduled, to claim it when it falls due.
+    pub fn retry_at(&mut self, available_at: i64) {
+        self.next_due_ms = Some(self.next_due_ms.map_or(available_at, |d| d.min(available_at)));
+    }
+
+    /// Marks the lane worth a claim (a commit, a timer, new settings).
+    pub fn wake(&mut self) {
+        self.claim_due = true;
+    }
+
+    /// Wakes the lane if a retry it scheduled has fallen due by `now`.
+    pub fn wake_if_retry_due(&mut self, now: i64) {
+        if self.next_due_ms.is_some_and(|due| due <= now) {
+            self.next_due_ms = None;
+            self.claim_due = true;
+        }
+    }
+
+    /// Stops claiming until something wakes the lane (after a failed claim, so a broken disk
+    /// does not turn the loop hot).
+    pub fn rest(&mut self) {
+        self.claim_due = false;
+    }
+
+    /// Takes the disabled state read from the database (an operator may have changed it).
+    pub fn set_disabled(&mut self, reason: Option<String>) {
+        self.gate.set_disabled(reason.is_some());
+        self.disabled = reason;
+    }
+
+    /// Disables the lane for `reason`; returns whether it was enabled until now (and so the
+    /// change needs persisting).
+    pub fn disable(&mut self, reason: &str) -> bool {
+        self.gate.set_disabled(true);
+        if self.disabled.is_some() {
+            return false;
+        }
+        self.disabled = Some(reason.to_string());
+        true
+    }
+
+    /// Closes the lane: takes back the jobs no worker started and lets the workers exit
+    /// after their current request.
+    pub fn close(&mut self) -> Vec<Job> {
+        let unstarted = self.jobs_rx.try_iter().collect();
+        self.jobs_tx = None;
+        unstarted
+    }
+}

@@ -1,0 +1,221 @@
+//! The relay: a writer thread and delivery workers, started and stopped as one.
+//!
+//! ```text
+//!  writer ──claim──▶ lane's job queue ──▶ workers ──transport──▶ receiver
+//!    ▲                                      │ decide, update the gate
+//!    └──────────────── reports ◀────────────┘
+//! ```
+//!
+//! Who owns which thread: [`RelayHandle`] owns every thread of a relay. The writer thread
+//! (`outbox-relay`, [`writer`]) owns the relay's one SQLite connection and every lane
+//! ([`lane`]); each destination's workers (`outbox-<destination>-<n>`, [`worker`]) own
+//! nothing but their transport handle and a clone of their lane's gate ([`gate`]). Workers
+//! never touch SQLite and the writer never waits on the network, so a slow receiver cannot
+//! hold the database's write lock and a busy database cannot stall a request.
+//!
+//! Stopping: the handle drops the writer's stop sender; the writer closes every lane's job
+//! queue (so the workers exit after their current request), hands back the jobs nobody
+//! started, records what finishes before the deadline, and returns its report. The handle
+//! then joins every thread that has ended by the deadline and counts the rest as detached.
+
+pub(crate) mod config;
+pub(crate) mod decide;
+pub(crate) mod gate;
+mod housekeeping;
+pub(crate) mod lane;
+pub(crate) mod stats;
+pub(crate) mod wake;
+mod worker;
+mod writer;
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+
+use crate::error::Result;
+use crate::outbox::Outbox;
+use config::RelayConfig;
+use lane::Lane;
+use stats::{Counters, RelayStats, ShutdownReport};
+use worker::{Report, Worker};
+use writer::Writer;
+
+/// A relay, configured but not yet running. Made by [`Outbox::relay`].
+#[derive(Debug)]
+pub struct Relay {
+    outbox: Outbox,
+    config: RelayConfig,
+}
+
+/// A thread and a way to wait for it with a deadline: the thread holds the sender, so the
+/// receiver disconnects the moment the thread ends, however it ends.
+struct Watched<T> {
+    handle: JoinHandle<T>,
+    exited: Receiver<()>,
+}
+
+impl<T: Send + 'static> Watched<T> {
+    fn spawn(name: String, f: impl FnOnce() -> T + Send + 'static) -> Result<Self> {
+        let (exit_tx, exited) = bounded::<()>(0);
+        let handle = thread::Builder::new().name(name).spawn(move || {
+            let _exit_tx = exit_tx;
+            f()
+        })?;
+        Ok(Watched { handle, exited })
+    }
+
+    /// Joins the thread if it ends before `deadline`; otherwise leaves it running.
+    fn join_by(self, deadline: Instant) -> Option<thread::Result<T>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.exited.recv_timeout(left) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+            _ => Some(self.handle.join()),
+        }
+    }
+}
+
+impl Relay {
+    pub(crate) fn new(outbox: Outbox, config: RelayConfig) -> Self {
+        Relay { outbox, config }
+    }
+
+    /// Starts the writer and the delivery workers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting that is out
+    /// of range (a URL that is not HTTP, a malformed secret, a lease shorter than twice a
+    /// request timeout, …); [`Error::Pool`](crate::Error::Pool) if no connection is free for
+    /// the writer; [`Error::Io`](crate::Error::Io) if a thread cannot be spawned.
+    pub fn start(self) -> Result<RelayHandle> {
+        let Relay { outbox, config } = self;
+        let transports = config.build_transports()?;
+        let relay_id = config
+            .name
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let conn = outbox.connection()?;
+        let (reports_tx, reports_rx) = unbounded::<Report>();
+        let counters = Arc::new(Counters::default());
+
+        let mut lanes = Vec::with_capacity(transports.len());
+        let mut workers = Vec::new();
+        for (index, (destination, transport)) in
+            config.destinations.iter().zip(transports).enumerate()
+        {
+            let worker_count = destination.worker_count().unwrap_or(config.workers);
+            let lane = Lane::new(destination, worker_count, &config);
+            for n in 0..worker_count {
+                let worker = Worker::new(
+                    index,
+                    &lane,
+                    transport.clone(),
+                    reports_tx.clone(),
+                    outbox.clock(),
+                    &config,
+                );
+                let name = format!("outbox-{}-{n}", destination.name());
+                workers.push(Watched::spawn(name, move || worker.run())?);
+            }
+            lanes.push(lane);
+        }
+        // The workers hold the only senders: once they are gone, the writer knows.
+        drop(reports_tx);
+        let shutdown_timeout = config.shutdown_timeout;
+        let (writer, stop_tx) = Writer::new(
+            outbox,
+            conn,
+            &config,
+            &relay_id,
+            lanes,
+            reports_rx,
+            counters.clone(),
+        );
+        let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
+        log::info!("relay {relay_id}: started");
+        Ok(RelayHandle {
+            relay_id,
+            stop_tx: Some(stop_tx),
+            writer: Some(writer),
+            workers,
+            shutdown_timeout,
+            counters,
+        })
+    }
+}
+
+/// A running relay. [`shutdown`](Self::shutdown) stops it; dropping the handle does the same.
+pub struct RelayHandle {
+    relay_id: String,
+    stop_tx: Option<Sender<()>>,
+    writer: Option<Watched<ShutdownReport>>,
+    workers: Vec<Watched<()>>,
+    shutdown_timeout: Duration,
+    counters: Arc<Counters>,
+}
+
+impl fmt::Debug for RelayHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayHandle")
+            .field("relay_id", &self.relay_id)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RelayHandle {
+    /// The relay's id, as used in lease owners and logs.
+    pub fn id(&self) -> &str {
+        &self.relay_id
+    }
+
+    /// What the relay has done so far.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops claiming, hands back events no worker started, waits up to the shutdown timeout
+    /// for in-flight deliveries, and joins every thread that has ended by then.
+    ///
+    /// Returns within the shutdown timeout plus a small margin, even when the receiver hangs.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> ShutdownReport {
+        let Some(stop_tx) = self.stop_tx.take() else {
+            return ShutdownReport::default();
+        };
+        // Dropping the sender disconnects the channel: the writer sees it on its next wait.
+        drop(stop_tx);
+        // The writer spends at most the shutdown timeout waiting for in-flight work, plus one
+        // SQLite write; give it that and a margin.
+        let deadline = Instant::now() + self.shutdown_timeout + Duration::from_secs(2);
+        let mut report = match self.writer.take().map(|w| w.join_by(deadline)) {
+            Some(Some(Ok(report))) => report,
+            Some(Some(Err(_))) => {
+                log::error!("relay {}: writer thread panicked", self.relay_id);
+                ShutdownReport::writer_lost(false)
+            }
+            _ => ShutdownReport::writer_lost(true),
+        };
+        // Workers stuck in a request get until the same deadline, then are left to time out.
+        let worker_deadline = Instant::now().min(deadline) + Duration::from_millis(200);
+        for worker in self.workers.drain(..) {
+            if worker.join_by(worker_deadline).is_none() {
+                report.detached_threads += 1;
+            }
+        }
+        log::info!("relay {}: stopped: {report:?}", self.relay_id);
+        report
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,95 @@
+//! What a relay has done: running totals shared by its threads, and the shutdown report.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::queue::WriteBack;
+
+/// Running totals of one relay, written by its writer thread and read through the handle.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    delivered: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    released: AtomicU64,
+    lease_lost: AtomicU64,
+}
+
+impl Counters {
+    /// Counts one recorded write-back.
+    pub fn record(&self, write_back: &WriteBack) {
+        let counter = match write_back {
+            WriteBack::Delivered => &self.delivered,
+            WriteBack::Retry { .. } => &self.retried,
+            WriteBack::Dead { .. } => &self.dead,
+            WriteBack::Release { .. } => &self.released,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one outcome discarded because another claim had taken the lease over.
+    pub fn record_lease_lost(&self) {
+        self.lease_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> RelayStats {
+        RelayStats {
+            delivered: self.delivered.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
+            lease_lost: self.lease_lost.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a relay has done since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Events the receiver accepted (2xx).
+    pub delivered: u64,
+    /// Answered failures scheduled for another attempt.
+    pub retried: u64,
+    /// Events dead-lettered.
+    pub dead: u64,
+    /// Claims handed back without spending an attempt (unreachable destination, shutdown).
+    pub released: u64,
+    /// Outcomes discarded because another relay had taken the lease over.
+    pub lease_lost: u64,
+}
+
+/// How a relay's shutdown went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Claimed events no worker had started, handed back at once.
+    pub released: usize,
+    /// In-flight deliveries that finished during shutdown.
+    pub finished: usize,
+    /// Deliveries still running at the deadline: their leases expire and another relay (or
+    /// the next start) delivers them again.
+    pub abandoned: usize,
+    /// Threads still blocked at the deadline (in a request that had not timed out yet),
+    /// left to end on their own.
+    pub detached_threads: usize,
+}
+
+impl ShutdownReport {
+    /// A report of a writer that ended in time; its thread counts are the handle's to add.
+    pub(crate) fn new(released: usize, finished: usize, abandoned: usize) -> ShutdownReport {
+        ShutdownReport {
+            released,
+            finished,
+            abandoned,
+            detached_threads: 0,
+        }
+    }
+
+    /// A report of a writer that could not be joined (it panicked, or is still running).
+    pub(crate) fn writer_lost(still_running: bool) -> ShutdownReport {
+        ShutdownReport {
+            detached_threads: usize::from(still_running),
+            ..ShutdownReport::default()
+        }
+    }
+}

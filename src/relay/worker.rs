@@ -1,0 +1,136 @@
+//! A delivery worker: takes a lane's jobs, sends each through the transport, decides what
+//! came of it, and sends the writer one [`Report`] per request.
+//!
+//! Workers never touch SQLite, so a slow receiver cannot hold the database's write lock.
+//! They update the destination's gate themselves, the moment a decision is known, so
+//! requests already queued behind a failure are handed back instead of sent.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::clock::Clock;
+use crate::relay::config::RelayConfig;
+use crate::relay::decide::{decide, Decision, Policy, Sent};
+use crate::relay::gate::Gate;
+use crate::relay::lane::{Job, Lane};
+use crate::transport::{OutboundEvent, Transport};
+
+/// The one message a worker sends back: the decisions of one request, for its lane.
+#[derive(Debug)]
+pub(crate) struct Report {
+    /// The index of the lane the request came from.
+    pub lane: usize,
+    /// Every event of the request with what to do about it.
+    pub decided: Vec<(OutboundEvent, Decision)>,
+}
+
+impl Report {
+    /// A report for `events` that were never sent (shutdown), deciding as a worker would.
+    pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
+        Report::decided(lane, events, &Sent::NotSent, policy, now)
+    }
+
+    fn decided(lane: usize, events: Job, sent: &Sent<'_>, policy: &Policy, now: i64) -> Report {
+        let backoff = policy.draw_backoff(&events);
+        let decided = events
+            .into_iter()
+            .map(|event| {
+                let decision = decide(sent, event.attempts, backoff, policy, now);
+                (event, decision)
+            })
+            .collect();
+        Report { lane, decided }
+    }
+
+    /// How many events the report covers.
+    pub fn len(&self) -> usize {
+        self.decided.len()
+    }
+}
+
+/// One delivery thread of one destination.
+pub(crate) struct Worker {
+    lane: usize,
+    jobs: Receiver<Job>,
+    reports: Sender<Report>,
+    transport: Arc<dyn Transport>,
+    gate: Arc<Gate>,
+    clock: Arc<dyn Clock>,
+    lease_ms: i64,
+    policy: Policy,
+}
+
+impl Worker {
+    /// A worker for lane number `index`, sending through `transport`.
+    pub fn new(
+        index: usize,
+        lane: &Lane,
+        transport: Arc<dyn Transport>,
+        reports: Sender<Report>,
+        clock: Arc<dyn Clock>,
+        config: &RelayConfig,
+    ) -> Worker {
+        Worker {
+            lane: index,
+            jobs: lane.jobs(),
+            reports,
+            transport,
+            gate: lane.gate(),
+            clock,
+            lease_ms: config.lease_ms(),
+            policy: Policy::new(config),
+        }
+    }
+
+    /// Delivers jobs until the lane closes (the writer dropped the job sender) or the
+    /// writer stops listening.
+    pub fn run(self) {
+        while let Ok(events) = self.jobs.recv() {
+            if self.reports.send(self.deliver(events)).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn deliver(&self, events: Job) -> Report {
+        let now = self.clock.now_ms();
+        // Once half the lease is gone a request might outlive it and race another relay's
+        // claim; hand the events back instead.
+        let lease_short = events
+            .iter()
+            .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
+        if self.gate.is_closed(now) || lease_short {
+            return Report::decided(self.lane, events, &Sent::NotSent, &self.policy, now);
+        }
+        let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send(&events))) {
+            Ok(attempt) => {
+                let now = self.clock.now_ms();
+                Report::decided(
+                    self.lane,
+                    events,
+                    &Sent::Attempted(&attempt),
+                    &self.policy,
+                    now,
+                )
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                let first = events.first().map_or("", |e| e.event_id.as_str());
+                log::error!("event {first}: transport panicked: {msg}");
+                let now = self.clock.now_ms();
+                Report::decided(self.lane, events, &Sent::Panicked(&msg), &self.policy, now)
+            }
+        };
+        // Every event of a request shares its answer, and so its gate change.
+        if let Some((_, decision)) = report.decided.first() {
+            self.gate.apply(&decision.gate, self.clock.now_ms());
+        }
+        report
+    }
+}

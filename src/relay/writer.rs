@@ -1,0 +1,399 @@
+//! The relay's writer thread: the only part of a relay that touches SQLite.
+//!
+//! Its loop: record the workers' reports (many per transaction), notice new work, do a
+//! little housekeeping, claim for every lane that wants it, and wait for the next thing to
+//! happen. Owning every write in one thread means the relay never fights itself for
+//! SQLite's single write lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
+use rusqlite::TransactionBehavior;
+
+use crate::database::PooledConnection;
+use crate::destination_state;
+use crate::error::Result;
+use crate::outbox::Outbox;
+use crate::queue::{self, ClaimRequest, WriteBack};
+use crate::relay::config::RelayConfig;
+use crate::relay::decide::{GateChange, Policy};
+use crate::relay::housekeeping::Housekeeping;
+use crate::relay::lane::Lane;
+use crate::relay::stats::{Counters, ShutdownReport};
+use crate::relay::worker::Report;
+use crate::transport::OutboundEvent;
+
+/// Outcomes written back in one transaction at most: enough to amortize the commit, few
+/// enough that the write lock is held well under a millisecond, so the app's own commits
+/// never wait long behind the relay.
+const MAX_ACKS_PER_TX: usize = 200;
+/// How long the writer may wait to gather more outcomes into one ack transaction.
+const ACK_WINDOW: Duration = Duration::from_millis(1);
+/// Below this many requests in flight, outcomes are recorded at once.
+const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
+/// How often an idle relay claims even without a sign of new work, to pick up leases that a
+/// crashed relay left behind.
+const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The writer: every lane, the one connection, and the loop's own state.
+pub(crate) struct Writer {
+    outbox: Outbox,
+    conn: PooledConnection,
+    relay_id: String,
+    lease_ms: i64,
+    poll_interval: Duration,
+    shutdown_timeout: Duration,
+    policy: Policy,
+    lanes: Vec<Lane>,
+    reports: Receiver<Report>,
+    stop: Receiver<()>,
+    wake: Receiver<()>,
+    counters: Arc<Counters>,
+    housekeeping: Housekeeping,
+    claim_seq: u64,
+    stopping: bool,
+    data_version: i64,
+    last_poll: Instant,
+    last_claim: Instant,
+}
+
+impl Writer {
+    /// A writer for `lanes` on `conn`; returns it with the sender that stops it (by being
+    /// dropped).
+    pub fn new(
+        outbox: Outbox,
+        conn: PooledConnection,
+        config: &RelayConfig,
+        relay_id: &str,
+        lanes: Vec<Lane>,
+        reports: Receiver<Report>,
+        counters: Arc<Counters>,
+    ) -> (Writer, Sender<()>) {
+        let (stop_tx, stop) = bounded(0);
+        let wake = outbox.register_relay();
+        let writer = Writer {
+            conn,
+            relay_id: relay_id.to_string(),
+            lease_ms: config.lease_ms(),
+            poll_interval: config.poll_interval,
+            shutdown_timeout: config.shutdown_timeout,
+            policy: Policy::new(config),
+            lanes,
+            reports,
+            stop,
+            wake,
+            counters,
+            housekeeping: Housekeeping::new(config, relay_id),
+            claim_seq: 0,
+            stopping: false,
+            data_version: 0,
+            last_poll: Instant::now(),
+            last_claim: Instant::now(),
+            outbox,
+        };
+        (writer, stop_tx)
+    }
+
+    /// Runs until stopped, then shuts down (bounded) and reports.
+    pub fn run(mut self) -> ShutdownReport {
+        self.data_version = self.data_version().unwrap_or(0);
+        self.load_disabled();
+        let mut reports = Vec::new();
+        while !self.stopping {
+            self.drain_reports(&mut reports);
+            if !reports.is_empty() {
+                self.gather_more(&mut reports);
+                self.record(&mut reports);
+            }
+            self.poll_for_work();
+            self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
+            for lane in 0..self.lanes.len() {
+                if let Err(e) = self.claim(lane) {
+                    // Not at once: a broken disk would otherwise turn this into a hot loop.
+                    // The idle claim tries again within a second.
+                    self.lanes[lane].rest();
+                    log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
+                }
+            }
+            self.wait(&mut reports);
+        }
+        self.shut_down(reports)
+    }
+
+    fn drain_reports(&self, into: &mut Vec<Report>) {
+        while into.len() < MAX_ACKS_PER_TX {
+            match self.reports.try_recv() {
+                Ok(r) => into.push(r),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// While many requests are in flight, waits a moment for more of them to finish, so one
+    /// transaction records many outcomes instead of one each: commits are the writer's main
+    /// cost. Bounded by `ACK_WINDOW`; with little in flight it does not wait at all.
+    fn gather_more(&self, reports: &mut Vec<Report>) {
+        let done = |r: &Vec<Report>| r.iter().map(Report::len).sum::<usize>();
+        let pending = self.in_flight().saturating_sub(done(reports));
+        if pending < ACK_GATHER_MIN_IN_FLIGHT {
+            return;
+        }
+        if done(reports) >= (pending / 2).min(MAX_ACKS_PER_TX) {
+            return;
+        }
+        // A plain sleep, not a timed receive per report: on two cores the receive's spinning
+        // would take CPU from the very workers it waits for.
+        std::thread::sleep(ACK_WINDOW);
+        self.drain_reports(reports);
+    }
+
+    /// Blocks until there is something to do, or the poll interval passes.
+    fn wait(&mut self, reports: &mut Vec<Report>) {
+        let now = self.outbox.now_ms();
+        // More work is waiting to be claimed: only look at the channels.
+        let timeout = if self.lanes.iter().any(|l| l.wants_claim(now)) {
+            Duration::ZERO
+        } else {
+            self.poll_interval
+        };
+        select! {
+            recv(self.stop) -> _ => self.stopping = true,
+            recv(self.wake) -> _ => self.lanes.iter_mut().for_each(Lane::wake),
+            recv(self.reports) -> msg => {
+                if let Ok(r) = msg {
+                    reports.push(r);
+                }
+            },
+            default(timeout) => {},
+        }
+    }
+
+    /// Notices work that no channel announced: commits by other connections or processes,
+    /// retries falling due, leases of crashed relays expiring, destinations re-enabled.
+    fn poll_for_work(&mut self) {
+        if self.last_poll.elapsed() < self.poll_interval {
+            return;
+        }
+        self.last_poll = Instant::now();
+        match self.data_version() {
+            Ok(v) if v != self.data_version => {
+                self.data_version = v;
+                self.housekeeping.note_write();
+                self.load_disabled();
+                self.lanes.iter_mut().for_each(Lane::wake);
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("relay {}: data_version poll failed: {e}", self.relay_id),
+        }
+        let now = self.outbox.now_ms();
+        for lane in &mut self.lanes {
+            lane.wake_if_retry_due(now);
+        }
+        if self.last_claim.elapsed() >= IDLE_CLAIM_INTERVAL {
+            self.last_claim = Instant::now();
+            self.lanes.iter_mut().for_each(Lane::wake);
+        }
+        self.housekeeping.gauges(&self.conn, now);
+    }
+
+    /// Reads which destinations are disabled (an operator may have changed it).
+    fn load_disabled(&mut self) {
+        match destination_state::reasons(&self.conn) {
+            Ok(mut disabled) => {
+                for lane in &mut self.lanes {
+                    lane.set_disabled(disabled.remove(lane.name()));
+                }
+            }
+            Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
+        }
+    }
+
+    fn data_version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    fn claim(&mut self, index: usize) -> Result<()> {
+        let now = self.outbox.now_ms();
+        let lane = &self.lanes[index];
+        if self.stopping || !lane.wants_claim(now) {
+            return Ok(());
+        }
+        let limit = lane.claim_limit();
+        self.claim_seq += 1;
+        let owner = format!("{}:{}", self.relay_id, self.claim_seq);
+        let events = queue::claim(
+            &self.conn,
+            &ClaimRequest {
+                destination: lane.name(),
+                default_source: self.outbox.default_source(),
+                owner: &owner,
+                now,
+                lease_ms: self.lease_ms,
+                limit: limit as i64,
+            },
+        )?;
+        self.last_claim = Instant::now();
+        for event in &events {
+            log::debug!(
+                "event {}: claimed by {owner} for {}",
+                event.event_id,
+                lane.name()
+            );
+        }
+        self.lanes[index].dispatch(events, limit);
+        Ok(())
+    }
+
+    /// Records a batch of reports in one transaction and books them in their lanes.
+    fn record(&mut self, reports: &mut Vec<Report>) {
+        let now = self.outbox.now_ms();
+        for report in reports.iter() {
+            self.lanes[report.lane].finished(report.decided.iter().map(|(e, _)| e));
+            if let Some((_, decision)) = report.decided.first() {
+                if let GateChange::Disable { reason } = &decision.gate {
+                    self.disable(report.lane, reason, now);
+                }
+            }
+        }
+        let outcomes: Vec<(&OutboundEvent, &WriteBack)> = reports
+            .iter()
+            .flat_map(|r| r.decided.iter().map(|(e, d)| (e, &d.write_back)))
+            .collect();
+        let recorded = match self.write(&outcomes, now) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                // The leases stay with us until they expire; then the events are claimed
+                // again.
+                log::error!(
+                    "relay {}: could not record {} outcomes, they will be retried after the \
+                     lease: {e}",
+                    self.relay_id,
+                    outcomes.len()
+                );
+                reports.clear();
+                return;
+            }
+        };
+        let lanes = reports.iter().flat_map(|r| r.decided.iter().map(|_| r.lane));
+        for (((event, write_back), recorded), lane) in outcomes.iter().zip(recorded).zip(lanes) {
+            if !recorded {
+                self.counters.record_lease_lost();
+                log::warn!(
+                    "event {}: lease {} was taken over; outcome discarded",
+                    event.event_id,
+                    event.lease_owner
+                );
+                continue;
+            }
+            self.counters.record(write_back);
+            self.booked(lane, event, write_back, now);
+        }
+        reports.clear();
+    }
+
+    /// Logs and counts one recorded outcome, and remembers a retry's due time.
+    fn booked(&mut self, lane: usize, event: &OutboundEvent, write_back: &WriteBack, now: i64) {
+        match write_back {
+            WriteBack::Delivered => {
+                crate::telemetry::delivered(
+                    &event.event_type,
+                    &event.destination,
+                    now - event.created_at,
+                );
+                log::debug!("event {}: delivered", event.event_id)
+            }
+            WriteBack::Retry {
+                available_at,
+                error,
+            } => {
+                crate::telemetry::retried(&event.event_type, &event.destination);
+                self.lanes[lane].retry_at(*available_at);
+                log::info!(
+                    "event {}: attempt {} failed ({error}), retrying in {} ms",
+                    event.event_id,
+                    event.attempts + 1,
+                    available_at - now
+                );
+            }
+            WriteBack::Dead { error } => {
+                crate::telemetry::dead(&event.event_type, &event.destination);
+                log::warn!("event {}: dead-lettered: {error}", event.event_id)
+            }
+            WriteBack::Release { error: Some(e) } => {
+                log::debug!("event {}: released ({e})", event.event_id)
+            }
+            WriteBack::Release { error: None } => {}
+        }
+    }
+
+    /// Persists a 410's disabling of a destination (the worker has already closed its gate).
+    fn disable(&mut self, lane: usize, reason: &str, now: i64) {
+        let lane = &mut self.lanes[lane];
+        if !lane.disable(reason) {
+            return;
+        }
+        log::warn!("destination {}: {reason}", lane.name());
+        if let Err(e) = destination_state::disable(&self.conn, lane.name(), reason, now) {
+            log::error!("destination {}: cannot record 410: {e}", lane.name());
+        }
+    }
+
+    /// Records every outcome in one transaction; returns, per outcome, whether its lease was
+    /// still ours (and so whether it was recorded).
+    fn write(&mut self, outcomes: &[(&OutboundEvent, &WriteBack)], now: i64) -> Result<Vec<bool>> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let recorded = queue::record(&tx, outcomes, now)?;
+        tx.commit()?;
+        self.housekeeping.note_write();
+        Ok(recorded)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.lanes.iter().map(Lane::in_flight).sum()
+    }
+
+    /// Stops claiming, hands back events no worker started, and waits (bounded) for the rest.
+    fn shut_down(mut self, mut reports: Vec<Report>) -> ShutdownReport {
+        let deadline = Instant::now() + self.shutdown_timeout;
+        let now = self.outbox.now_ms();
+        let mut unstarted = Vec::new();
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            for job in lane.close() {
+                unstarted.push(Report::not_sent(index, job, &self.policy, now));
+            }
+        }
+        let released = unstarted.iter().map(Report::len).sum();
+        self.record(&mut unstarted);
+        let mut finished = 0;
+        while self.in_flight() > 0 || !reports.is_empty() {
+            if !reports.is_empty() {
+                finished += reports.iter().map(Report::len).sum::<usize>();
+                self.record(&mut reports);
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.reports.recv_timeout(left) {
+                Ok(r) => {
+                    reports.push(r);
+                    self.drain_reports(&mut reports);
+                }
+                Err(_) => break,
+            }
+        }
+        let abandoned = self.in_flight();
+        if abandoned > 0 {
+            log::warn!(
+                "relay {}: {abandoned} deliveries still running at shutdown; their leases \
+                 expire and the events will be delivered again",
+                self.relay_id
+            );
+        }
+        ShutdownReport::new(released, finished, abandoned)
+    }
+}
