@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sqlite_outbox::{bench_support, OutboundEvent};
+use sqlite_outbox::internal as bench_support;
+use sqlite_outbox::transport::OutboundEvent;
 use support::*;
 
 fn events() -> usize {
@@ -24,9 +25,9 @@ fn relay(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let receiver = CountingReceiver::start(4);
     let sample = bench_support::sample_event(&order_data(1));
-    let single = sqlite_outbox::structured_body(&sample).unwrap();
+    let single = sqlite_outbox::wire::structured_body(&sample).unwrap();
     let batch: Vec<OutboundEvent> = (0..100).map(|_| sample.clone()).collect();
-    let batched = sqlite_outbox::batch_body(&batch).unwrap();
+    let batched = sqlite_outbox::wire::batch_body(&batch).unwrap();
     let mut round = 0;
     for (name, workers, batch_size) in [
         ("single_1_worker", 1, None),

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlite_outbox::rusqlite::Connection;
+use sqlite_outbox::transport::OutboundEvent;
 use sqlite_outbox::{
-    bench_support, Destination, Event, OutboundEvent, Outbox, RelayConfig, Synchronous,
+    internal as bench_support, Destination, Event, Outbox, RelayConfig, Synchronous,
 };
 use support::*;
 
@@ -224,9 +225,9 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
 fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let n = 30_000;
     let sample = bench_support::sample_event(&order_data(1));
-    let single_body = sqlite_outbox::structured_body(&sample).unwrap();
+    let single_body = sqlite_outbox::wire::structured_body(&sample).unwrap();
     let batch: Vec<OutboundEvent> = (0..100).map(|_| sample.clone()).collect();
-    let batch_body = sqlite_outbox::batch_body(&batch).unwrap();
+    let batch_body = sqlite_outbox::wire::batch_body(&batch).unwrap();
     let mut lines = Vec::new();
     let mut round = 0;
     for (label, workers, batch_size, target) in [

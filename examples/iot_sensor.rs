@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sqlite_outbox::{Destination, Event, HttpConfig, Outbox, RelayConfig, StoragePolicy};
+use sqlite_outbox::transport::HttpConfig;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig, StoragePolicy};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error")).init();
@@ -33,11 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .destination(
                     Destination::http("cloud", format!("http://{addr}/ingest"))
                         .batch(200, 256 * 1024)
-                        .http_config(HttpConfig {
-                            connect_timeout: Duration::from_millis(200),
-                            request_timeout: Duration::from_secs(2),
-                            ..HttpConfig::default()
-                        }),
+                        .http_config(
+                            HttpConfig::new()
+                                .connect_timeout(Duration::from_millis(200))
+                                .request_timeout(Duration::from_secs(2)),
+                        ),
                 )
                 .offline_backoff(Duration::from_millis(50), Duration::from_millis(500)),
         )
@@ -111,7 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         online.dead
     );
     let alarms = outbox
-        .list(Some(sqlite_outbox::State::Delivered), 10_000)?
+        .list(Some(sqlite_outbox::admin::State::Delivered), 10_000)?
         .into_iter()
         .filter(|r| r.event_type == "alarm.door_open")
         .count();

@@ -16,9 +16,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sqlite_outbox::{
-    verify_request, Destination, Event, HttpConfig, Outbox, RelayConfig, Secret, Verifier,
-};
+use sqlite_outbox::receive::{verify_request, Secret, Verifier};
+use sqlite_outbox::transport::HttpConfig;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 /// A receiver on 127.0.0.1 that verifies each request's signature, parses its CloudEvents
 /// and counts every event id; requests that fail verification are counted as rejected.
@@ -142,11 +142,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(listener);
     let receiver = Receiver::start(addr, seen.clone(), verifier.clone())?;
     let destination = Destination::http("default", format!("http://{addr}/events"))
-        .secret(&secret_text)?
-        .http_config(HttpConfig {
-            request_timeout: Duration::from_secs(2),
-            ..HttpConfig::default()
-        });
+        .secret(&secret_text)
+        .http_config(HttpConfig::new().request_timeout(Duration::from_secs(2)));
     let relay = outbox
         .relay(
             RelayConfig::new()

@@ -17,8 +17,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use sqlite_outbox::receive::{
+    verify_request, Data, Inbox, Receipt, ReceiveError, Secret, Verifier,
+};
 use sqlite_outbox::rusqlite::{params, Connection, TransactionBehavior};
-use sqlite_outbox::{verify_request, Data, Inbox, Receipt, ReceiveError, Secret, Verifier};
 
 const MAX_BODY: u64 = 4 * 1024 * 1024;
 const THREADS: usize = 4;
@@ -75,7 +77,7 @@ fn parse_args() -> Result<Args, String> {
 /// Applies a verified request's events in one transaction; returns (applied, duplicates).
 fn apply(
     conn: &mut Connection,
-    events: &[sqlite_outbox::CloudEvent],
+    events: &[sqlite_outbox::receive::CloudEvent],
 ) -> sqlite_outbox::Result<(usize, usize)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let (mut applied, mut duplicates) = (0, 0);
@@ -120,7 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut conn = Connection::open(&args.db)?;
     conn.busy_timeout(Duration::from_secs(2))?;
     conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")?;
-    sqlite_outbox::migrate(&mut conn)?;
+    sqlite_outbox::receive::migrate(&mut conn)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS received_events (
              id INTEGER PRIMARY KEY, event_id TEXT NOT NULL, source TEXT NOT NULL,

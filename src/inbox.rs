@@ -25,10 +25,11 @@ pub enum Receipt {
 /// An inbox of received event ids, in the receiver's SQLite database.
 ///
 /// ```
-/// use sqlite_outbox::{Inbox, Receipt, rusqlite::Connection};
+/// use sqlite_outbox::receive::{Inbox, Receipt};
+/// use sqlite_outbox::rusqlite::Connection;
 /// # fn main() -> Result<(), sqlite_outbox::Error> {
 /// let mut conn = Connection::open_in_memory()?;
-/// sqlite_outbox::migrate(&mut conn)?;
+/// sqlite_outbox::receive::migrate(&mut conn)?;
 /// let tx = conn.transaction()?;
 /// assert_eq!(Inbox::receive(&tx, "/shop", "evt-1")?, Receipt::New);
 /// assert_eq!(Inbox::receive(&tx, "/shop", "evt-1")?, Receipt::Duplicate);
@@ -46,7 +47,7 @@ impl Inbox {
     ///
     /// # Errors
     ///
-    /// SQLite errors (the table comes from [`migrate`](crate::migrate)).
+    /// SQLite errors (the table comes from [`migrate`](crate::receive::migrate)).
     pub fn receive(tx: &Transaction<'_>, source: &str, event_id: &str) -> Result<Receipt> {
         let inserted = tx
             .prepare_cached(
@@ -157,7 +158,7 @@ mod tests {
     #[test]
     fn rolled_back_receipt_is_not_remembered() {
         let mut conn = Connection::open_in_memory().unwrap();
-        crate::store::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        crate::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
         {
             let tx = conn.transaction().unwrap();
             assert_eq!(Inbox::receive(&tx, "s", "e").unwrap(), Receipt::New);
@@ -172,7 +173,7 @@ mod tests {
     #[test]
     fn prune_removes_only_old_rows_in_pages() {
         let mut conn = Connection::open_in_memory().unwrap();
-        crate::store::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        crate::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
         let old = unix_ms() - 10 * 86_400_000;
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)

@@ -162,7 +162,8 @@ impl OutboxBuilder {
     /// every event goes to [`Destination::DEFAULT`](crate::Destination::DEFAULT); with routes, an event that matches none is
     /// refused with [`Error::NoRoute`] rather than silently kept.
     pub fn route(mut self, pattern: impl Into<String>, destination: impl Into<String>) -> Self {
-        self.routes.push(Route::new(pattern.into(), destination.into()));
+        self.routes
+            .push(Route::new(pattern.into(), destination.into()));
         self
     }
 
@@ -334,7 +335,9 @@ impl Outbox {
         if !inserted_any {
             if let Some(key) = &event.idempotency_key {
                 for destination in &destinations {
-                    if let Some(existing_event_id) = queue::idempotency_holder(tx, destination, key)? {
+                    if let Some(existing_event_id) =
+                        queue::idempotency_holder(tx, destination, key)?
+                    {
                         return Ok(Enqueued::Duplicate { existing_event_id });
                     }
                 }
@@ -445,4 +448,3 @@ impl Outbox {
         self.inner.wakers.register()
     }
 }
-

@@ -61,7 +61,13 @@ macro_rules! parked {
 macro_rules! lease_free {
     ($t:literal, $now:literal) => {
         concat!(
-            "(", $t, "lease_expires_at IS NULL OR ", $t, "lease_expires_at <= ", $now, ")"
+            "(",
+            $t,
+            "lease_expires_at IS NULL OR ",
+            $t,
+            "lease_expires_at <= ",
+            $now,
+            ")"
         )
     };
 }
@@ -72,11 +78,23 @@ macro_rules! lease_free {
 macro_rules! due_or_parked {
     ($key:literal, $dest:literal, $earlier:literal, $now:literal) => {
         concat!(
-            "CASE WHEN ", $key, " IS NOT NULL AND EXISTS (
+            "CASE WHEN ",
+            $key,
+            " IS NOT NULL AND EXISTS (
                  SELECT 1 FROM outbox_events AS k
-                  WHERE k.partition_key = ", $key, " AND k.destination = ", $dest, $earlier,
-            " AND ", pending!("k."), ")
-             THEN ", parked!(), " ELSE ", $now, " END"
+                  WHERE k.partition_key = ",
+            $key,
+            " AND k.destination = ",
+            $dest,
+            $earlier,
+            " AND ",
+            pending!("k."),
+            ")
+             THEN ",
+            parked!(),
+            " ELSE ",
+            $now,
+            " END"
         )
     };
 }
@@ -536,15 +554,17 @@ pub(crate) fn retry_row(tx: &Transaction<'_>, id: i64, now: i64) -> Result<usize
 }
 
 /// Dead rows committed in `[since, until)`, as `(row id, event type)`.
-pub(crate) fn dead_rows(tx: &Transaction<'_>, since: i64, until: i64) -> Result<Vec<(i64, String)>> {
+pub(crate) fn dead_rows(
+    tx: &Transaction<'_>,
+    since: i64,
+    until: i64,
+) -> Result<Vec<(i64, String)>> {
     Ok(tx
-        .prepare(
-            concat!(
-                "SELECT id, event_type FROM outbox_events WHERE ",
-                dead!(),
-                " AND created_at >= ?1 AND created_at < ?2"
-            ),
-        )?
+        .prepare(concat!(
+            "SELECT id, event_type FROM outbox_events WHERE ",
+            dead!(),
+            " AND created_at >= ?1 AND created_at < ?2"
+        ))?
         .query_map(params![since, until], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?)
 }
@@ -797,7 +817,10 @@ mod tests {
             (&got[1], &WriteBack::Delivered),
             (&got[2], &retry),
         ];
-        assert_eq!(record(&conn, &outcomes, 5).unwrap(), vec![true, false, true]);
+        assert_eq!(
+            record(&conn, &outcomes, 5).unwrap(),
+            vec![true, false, true]
+        );
     }
 
     #[test]

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use common::{delivered_count, fast, rows, wait_until, Reply, TestReceiver, PATIENCE};
 use serde_json::json;
-use sqlite_outbox::{
-    DeadFilter, Error, Event, HealthThresholds, Limit, ManualClock, Outbox, RelayConfig, State,
-    StoragePolicy, PRUNE_PAGE_ROWS,
-};
+use sqlite_outbox::admin::{DeadFilter, HealthThresholds, Limit, State};
+use sqlite_outbox::clock::ManualClock;
+use sqlite_outbox::{Error, Event, Outbox, RelayConfig, StoragePolicy};
+
+/// Rows per prune transaction, as `Outbox::prune_delivered` documents.
+const PRUNE_PAGE_ROWS: usize = 500;
 
 const T0: i64 = 1_700_000_000_000;
 const DAY: i64 = 86_400_000;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{wait_until, Reply, TestReceiver, PATIENCE};
 use serde_json::Value;
-use sqlite_outbox::{Secret, Verifier};
+use sqlite_outbox::receive::{Secret, Verifier};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -204,7 +204,7 @@ fn relay_until_empty_delivers_signed_batches_and_exits_0() {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let now = r.headers["webhook-timestamp"].parse().unwrap();
-        sqlite_outbox::verify_request(&verifier, &headers, &r.raw, now).unwrap();
+        sqlite_outbox::receive::verify_request(&verifier, &headers, &r.raw, now).unwrap();
     }
     let s = stats_json(&db);
     assert_eq!(

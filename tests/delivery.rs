@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::{closed_port, delivered_count, fast, rows, wait_until, Reply, TestReceiver, PATIENCE};
 use serde_json::json;
-use sqlite_outbox::{Event, ManualClock, Outbox, RelayConfig};
+use sqlite_outbox::clock::ManualClock;
+use sqlite_outbox::{Event, Outbox, RelayConfig};
 
 fn enqueue_n(outbox: &Outbox, n: usize, key_of: impl Fn(usize) -> Option<String>) -> Vec<String> {
     (0..n)

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::wait_until;
 use serde_json::json;
-use sqlite_outbox::{Destination, Event, HttpConfig, Outbox, RelayConfig};
+use sqlite_outbox::transport::HttpConfig;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mood {
@@ -333,11 +334,11 @@ fn a_hostile_receiver_loses_nothing_and_dead_letters_nothing() {
             RelayConfig::new()
                 .destination(
                     Destination::http("default", format!("http://127.0.0.1:{}/", hostile.port))
-                        .http_config(HttpConfig {
-                            connect_timeout: Duration::from_millis(500),
-                            request_timeout: Duration::from_secs(1),
-                            ..HttpConfig::default()
-                        }),
+                        .http_config(
+                            HttpConfig::new()
+                                .connect_timeout(Duration::from_millis(500))
+                                .request_timeout(Duration::from_secs(1)),
+                        ),
                 )
                 .workers(4)
                 .lease(Duration::from_secs(3))

@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::{delivered_count, fast, rows, wait_until, TestReceiver, PATIENCE};
 use crossbeam_channel::bounded;
 use serde_json::json;
-use sqlite_outbox::{Attempt, Event, ManualClock, OutboundEvent, Outbox, RelayConfig};
+use sqlite_outbox::clock::ManualClock;
+use sqlite_outbox::transport::{Attempt, OutboundEvent};
+use sqlite_outbox::{Event, Outbox, RelayConfig};
 
 fn accepted() -> Attempt {
     Attempt::Answered {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{rows, wait_until, PATIENCE};
 use serde_json::json;
-use sqlite_outbox::{Attempt, Event, ManualClock, OutboundEvent, Outbox, RelayConfig};
+use sqlite_outbox::clock::ManualClock;
+use sqlite_outbox::transport::{Attempt, OutboundEvent};
+use sqlite_outbox::{Event, Outbox, RelayConfig};
 
 fn one_event(outbox: &Outbox) {
     outbox

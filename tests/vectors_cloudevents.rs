@@ -6,7 +6,7 @@
 
 use base64::Engine;
 use serde_json::Value;
-use sqlite_outbox::{parse_batch, parse_structured, CloudEvent, Data};
+use sqlite_outbox::receive::{parse_batch, parse_structured, CloudEvent, Data};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 

@@ -9,7 +9,7 @@
 //! - a timestamp exactly `tolerance` seconds away is inside the window.
 
 use serde_json::Value;
-use sqlite_outbox::{Secret, Verifier, VerifyError};
+use sqlite_outbox::receive::{Secret, Verifier, VerifyError};
 
 fn cases() -> Vec<Value> {
     let text = include_str!("vectors/standard-webhooks.json");

@@ -7,9 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{delivered_count, fast, wait_until, Received, Reply, TestReceiver, PATIENCE};
 use serde_json::json;
-use sqlite_outbox::{
-    parse_request, verify_request, Destination, Event, Outbox, RelayConfig, Secret, Verifier,
-};
+use sqlite_outbox::receive::{parse_request, verify_request, Secret, Verifier};
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -23,9 +22,9 @@ fn now_secs() -> i64 {
 /// A relay delivering the default destination to `url`, signed with `SECRET`.
 fn signed_relay(outbox: &Outbox, url: String) -> sqlite_outbox::RelayHandle {
     outbox
-        .relay(fast(RelayConfig::new().destination(
-            Destination::http("default", url).secret(SECRET).unwrap(),
-        )))
+        .relay(fast(
+            RelayConfig::new().destination(Destination::http("default", url).secret(SECRET)),
+        ))
         .start()
         .unwrap()
 }
@@ -104,9 +103,7 @@ fn rotation_signs_with_both_secrets_and_a_receiver_knowing_only_the_new_one_acce
             RelayConfig::new().destination(
                 Destination::http("default", receiver.url())
                     .secret(SECRET)
-                    .unwrap()
-                    .secret(&new_text)
-                    .unwrap(),
+                    .secret(&new_text),
             ),
         ))
         .start()
@@ -175,7 +172,6 @@ fn a_batch_of_100_parses_back_to_the_same_ids_in_order() {
             RelayConfig::new().destination(
                 Destination::http("default", receiver.url())
                     .secret(SECRET)
-                    .unwrap()
                     .batch(100, 1 << 20),
             ),
         ))

@@ -296,7 +296,7 @@ pub fn quantile(samples: &mut [Duration], q: f64) -> Duration {
 /// handed back (by id: a scan would evict the page cache) so the next claim finds them.
 pub fn timed_claim_and_release(conn: &Connection, owner: &str, far: i64, limit: i64) -> Duration {
     let start = Instant::now();
-    let got = sqlite_outbox::bench_support::claim(conn, "default", owner, far, limit).unwrap();
+    let got = sqlite_outbox::internal::claim(conn, "default", owner, far, limit).unwrap();
     let took = start.elapsed();
     assert_eq!(got.len() as i64, limit);
     for e in &got {
@@ -365,12 +365,11 @@ pub fn outbox_claim_ack(outbox: &sqlite_outbox::Outbox, far: i64) -> usize {
     let mut done = 0;
     for seq in 0.. {
         let owner = format!("bench:{seq}");
-        let events =
-            sqlite_outbox::bench_support::claim(&conn, "default", &owner, far, 100).unwrap();
+        let events = sqlite_outbox::internal::claim(&conn, "default", &owner, far, 100).unwrap();
         if events.is_empty() {
             break;
         }
-        done += sqlite_outbox::bench_support::ack_delivered(&mut conn, &events, far).unwrap();
+        done += sqlite_outbox::internal::ack_delivered(&mut conn, &events, far).unwrap();
     }
     done
 }

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sqlite_outbox::parse_request;
+use sqlite_outbox::receive::parse_request;
 
 fuzz_target!(|data: &[u8]| {
     let (content_type, body) = match data.split_first() {

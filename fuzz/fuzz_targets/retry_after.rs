@@ -4,7 +4,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use libfuzzer_sys::fuzz_target;
-use sqlite_outbox::parse_retry_after;
+use sqlite_outbox::wire::parse_retry_after;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sqlite_outbox::{Secret, Verifier};
+use sqlite_outbox::receive::{Secret, Verifier};
 
 fuzz_target!(|data: &[u8]| {
     // Layout: secret \n id \n timestamp \n signature \n body

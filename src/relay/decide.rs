@@ -139,8 +139,8 @@ pub(crate) fn decide(
             let gate = match *status {
                 // Throttled: this destination waits; the others go on.
                 429 => {
-                    let pause = retry_after
-                        .map_or(policy.retry.base, |d| d.min(policy.retry_after_cap));
+                    let pause =
+                        retry_after.map_or(policy.retry.base, |d| d.min(policy.retry_after_cap));
                     GateChange::Pause {
                         until: now.saturating_add(millis(pause)),
                     }
@@ -189,7 +189,13 @@ mod tests {
 
     fn decide_answer(status: u16, retry_after: Option<Duration>, attempts: i64) -> Decision {
         let attempt = answered(status, retry_after);
-        decide(&Sent::Attempted(&attempt), attempts, BACKOFF, &policy(), NOW)
+        decide(
+            &Sent::Attempted(&attempt),
+            attempts,
+            BACKOFF,
+            &policy(),
+            NOW,
+        )
     }
 
     fn retry_at(ms_from_now: i64, status: u16) -> WriteBack {
@@ -231,7 +237,12 @@ mod tests {
     fn a_429_retries_the_event_and_pauses_only_its_destination() {
         let d = decide_answer(429, Some(Duration::from_secs(30)), 0);
         assert_eq!(d.write_back, retry_at(30_000, 429));
-        assert_eq!(d.gate, GateChange::Pause { until: NOW + 30_000 });
+        assert_eq!(
+            d.gate,
+            GateChange::Pause {
+                until: NOW + 30_000
+            }
+        );
         let d = decide_answer(429, None, 0);
         assert_eq!(
             d.gate,
@@ -291,7 +302,10 @@ mod tests {
     #[test]
     fn other_statuses_are_retried() {
         for status in [100, 301, 304] {
-            assert_eq!(decide_answer(status, None, 0).write_back, retry_at(700, status));
+            assert_eq!(
+                decide_answer(status, None, 0).write_back,
+                retry_at(700, status)
+            );
         }
     }
 

@@ -167,7 +167,10 @@ impl Lane {
 
     /// Remembers a retry this relay scheduled, to claim it when it falls due.
     pub fn retry_at(&mut self, available_at: i64) {
-        self.next_due_ms = Some(self.next_due_ms.map_or(available_at, |d| d.min(available_at)));
+        self.next_due_ms = Some(
+            self.next_due_ms
+                .map_or(available_at, |d| d.min(available_at)),
+        );
     }
 
     /// Marks the lane worth a claim (a commit, a timer, new settings).

@@ -278,7 +278,9 @@ impl Writer {
                 return;
             }
         };
-        let lanes = reports.iter().flat_map(|r| r.decided.iter().map(|_| r.lane));
+        let lanes = reports
+            .iter()
+            .flat_map(|r| r.decided.iter().map(|_| r.lane));
         for (((event, write_back), recorded), lane) in outcomes.iter().zip(recorded).zip(lanes) {
             if !recorded {
                 self.counters.record_lease_lost();

@@ -341,11 +341,11 @@ pub fn fast(config: sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig {
         .poll_interval(Duration::from_millis(10))
         .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
         .offline_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .http_config(sqlite_outbox::HttpConfig {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(5),
-            ..Default::default()
-        })
+        .http_config(
+            sqlite_outbox::transport::HttpConfig::new()
+                .connect_timeout(Duration::from_secs(2))
+                .request_timeout(Duration::from_secs(5)),
+        )
         .lease(Duration::from_secs(30))
         .shutdown_timeout(Duration::from_secs(5))
 }
