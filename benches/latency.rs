@@ -12,7 +12,7 @@ use support::*;
 
 fn commit_to_receipt(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
-    let receiver = CountingReceiver::start(2);
+    let receiver = CountingReceiver::start();
     let outbox = Outbox::open(dir.path().join("latency.db")).unwrap();
     let relay = outbox
         .relay(RelayConfig::http(&receiver.url).workers(2))

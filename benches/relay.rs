@@ -1,4 +1,4 @@
-//! Draining committed events to a local tiny_http receiver on 127.0.0.1: one event per
+//! Draining committed events to a local local receiver on 127.0.0.1: one event per
 //! request with 1 and 4 workers, and batched (100 per request), against a bare loop of ureq
 //! keep-alive POSTs of the same bodies over the same number of connections.
 //!
@@ -23,7 +23,7 @@ fn events() -> usize {
 fn relay(c: &mut Criterion) {
     let n = events();
     let dir = tempfile::tempdir().unwrap();
-    let receiver = CountingReceiver::start(4);
+    let receiver = CountingReceiver::start();
     let sample = bench_support::sample_event(&order_data(1));
     let single = sqlite_outbox::wire::structured_body(&sample).unwrap();
     let batch: Vec<OutboundEvent> = (0..100).map(|_| sample.clone()).collect();

@@ -287,7 +287,7 @@ fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
     println!("workers,batch,events_per_second");
     let mut round = 0;
     for batch in [1usize, 10, 100] {
-        for workers in [1usize, 2, 4] {
+        for workers in [1usize, 2, 4, 8, 16] {
             round += 1;
             let n = if batch == 1 { 20_000 } else { 100_000 };
             let path = dir.join(format!("sweep-{round}.db"));
@@ -303,7 +303,7 @@ fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
 
 fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
     let outbox = Outbox::open(dir.join("latency.db")).unwrap();
-    let receiver = CountingReceiver::start(2);
+    let receiver = CountingReceiver::start();
     let relay = outbox
         .relay(RelayConfig::http(&receiver.url).workers(2))
         .start()
@@ -401,7 +401,7 @@ fn main() {
     let started = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let receiver = Arc::new(CountingReceiver::start(4));
+    let receiver = Arc::new(CountingReceiver::start());
     if args.get(1).map(String::as_str) == Some("sweep") {
         sweep(dir, &receiver);
         return;

@@ -6,6 +6,9 @@
 //! cargo run --release --example iot_sensor
 //! ```
 
+#[path = "../tests/common/http_server.rs"]
+mod http_server;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqlite_outbox::transport::HttpConfig;
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig, StoragePolicy};
+
+use http_server::{HttpServer, Response};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error")).init();
@@ -80,25 +85,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The network comes back.
     let received = Arc::new(AtomicU64::new(0));
-    let server = tiny_http::Server::http(addr).map_err(|e| e.to_string())?;
     let counter = received.clone();
-    let receiver = std::thread::Builder::new()
-        .name("cloud".into())
-        .spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if let Ok(Some(mut request)) = server.recv_timeout(Duration::from_millis(100)) {
-                    let mut body = String::new();
-                    let _ = std::io::Read::read_to_string(request.as_reader(), &mut body);
-                    let n = body.matches("\"specversion\"").count() as u64;
-                    counter.fetch_add(n, Ordering::Relaxed);
-                    let _ = request.respond(tiny_http::Response::empty(204));
-                }
-                if counter.load(Ordering::Relaxed) >= 2_000 {
-                    break;
-                }
-            }
-        })?;
+    let cloud = HttpServer::bind(addr, move |request| {
+        let body = String::from_utf8_lossy(&request.body);
+        let n = body.matches("\"specversion\"").count() as u64;
+        counter.fetch_add(n, Ordering::Relaxed);
+        Response::status(204)
+    })?;
     let back = Instant::now();
     while outbox.stats()?.pending > 0 && back.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
@@ -118,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .count();
     println!("alarms:    {alarms} of 5 delivered (never dropped)");
     relay.shutdown();
-    let _ = receiver.join();
+    cloud.stop();
     if alarms != 5 || online.pending != 0 {
         return Err("not everything that matters arrived".into());
     }

@@ -8,12 +8,16 @@
 //! cargo run --release --example quickstart -- 20000 ./quickstart.db
 //! ```
 
+#[path = "../tests/common/http_server.rs"]
+mod http_server;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
+
+use http_server::{HttpServer, Request, Response};
 
 use serde_json::json;
 use sqlite_outbox::receive::{verify_request, Secret, Verifier};
@@ -23,8 +27,7 @@ use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 /// A receiver on 127.0.0.1 that verifies each request's signature, parses its CloudEvents
 /// and counts every event id; requests that fail verification are counted as rejected.
 struct Receiver {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    server: HttpServer,
 }
 
 #[derive(Default)]
@@ -43,68 +46,44 @@ impl Receiver {
     ) -> Result<Self, Box<dyn std::error::Error>> {
         // The port was just closed by the previous receiver: allow a moment to rebind.
         let deadline = Instant::now() + Duration::from_secs(5);
-        let server = loop {
-            match tiny_http::Server::http(addr) {
-                Ok(s) => break Arc::new(s),
+        loop {
+            let (seen, verifier) = (seen.clone(), verifier.clone());
+            match HttpServer::bind(addr, move |request| {
+                Response::status(verify_and_count(request, &verifier, &seen))
+            }) {
+                Ok(server) => return Ok(Receiver { server }),
                 Err(e) if Instant::now() < deadline => {
                     log::debug!("rebinding {addr}: {e}");
                     thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = (0..4)
-            .map(|n| {
-                let (server, stop, seen) = (server.clone(), stop.clone(), seen.clone());
-                let verifier = verifier.clone();
-                thread::Builder::new()
-                    .name(format!("receiver-{n}"))
-                    .spawn(move || {
-                        while !stop.load(Ordering::Relaxed) {
-                            let Ok(Some(mut request)) =
-                                server.recv_timeout(Duration::from_millis(50))
-                            else {
-                                continue;
-                            };
-                            let mut body = Vec::new();
-                            let _ = request.as_reader().read_to_end(&mut body);
-                            let headers: Vec<(String, String)> = request
-                                .headers()
-                                .iter()
-                                .map(|h| (h.field.to_string(), h.value.to_string()))
-                                .collect();
-                            let now = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.as_secs() as i64);
-                            let status = match verify_request(&verifier, &headers, &body, now) {
-                                Ok(events) => {
-                                    let mut tally = seen.lock().unwrap();
-                                    for event in events {
-                                        *tally.seen.entry(event.id).or_default() += 1;
-                                    }
-                                    204
-                                }
-                                Err(e) => {
-                                    log::warn!("rejected: {e}");
-                                    seen.lock().unwrap().rejected += 1;
-                                    400
-                                }
-                            };
-                            let _ = request.respond(tiny_http::Response::empty(status));
-                        }
-                    })
-                    .expect("spawn receiver thread")
-            })
-            .collect();
-        Ok(Receiver { stop, threads })
+        }
     }
 
     /// Takes the receiver down: its port closes and new connections are refused.
     fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            let _ = t.join();
+        self.server.stop();
+    }
+}
+
+/// Verifies one request and counts its events: 204, or 400 if it is refused.
+fn verify_and_count(request: &Request, verifier: &Verifier, seen: &Mutex<Tally>) -> u16 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut tally = seen.lock().unwrap_or_else(|e| e.into_inner());
+    match verify_request(verifier, &request.headers, &request.body, now) {
+        Ok(events) => {
+            for event in events {
+                *tally.seen.entry(event.id).or_default() += 1;
+            }
+            204
+        }
+        Err(e) => {
+            log::warn!("rejected: {e}");
+            tally.rejected += 1;
+            400
         }
     }
 }

@@ -11,9 +11,11 @@
 //! while it is overloaded. Prints `listening on http://127.0.0.1:PORT/events` once ready.
 //! It stops by itself after `--max-seconds` (default: never).
 
-use std::io::Read;
+#[path = "../tests/common/http_server.rs"]
+mod http_server;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,8 +24,11 @@ use sqlite_outbox::receive::{
 };
 use sqlite_outbox::rusqlite::{params, Connection, TransactionBehavior};
 
-const MAX_BODY: u64 = 4 * 1024 * 1024;
-const THREADS: usize = 4;
+use http_server::{HttpServer, Request, Response};
+
+const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Requests handled at once before the receiver answers 503.
+const DEFAULT_MAX_CONCURRENT: usize = 4;
 
 struct Args {
     db: String,
@@ -39,7 +44,7 @@ fn parse_args() -> Result<Args, String> {
         secrets: Vec::new(),
         port: 0,
         max_seconds: None,
-        max_concurrent: THREADS,
+        max_concurrent: DEFAULT_MAX_CONCURRENT,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -130,90 +135,62 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     drop(conn);
 
-    let server =
-        Arc::new(tiny_http::Server::http(("127.0.0.1", args.port)).map_err(|e| e.to_string())?);
-    let addr = server.server_addr().to_ip().ok_or("not an IP listener")?;
-    println!("listening on http://{addr}/events");
+    // One SQLite connection per request in flight, reused: opening one per request would
+    // cost more than the request.
+    let connections: Arc<Mutex<Vec<Connection>>> = Arc::default();
+    let busy = Arc::new(AtomicUsize::new(0));
+    let max_concurrent = args.max_concurrent;
+    let db = args.db.clone();
+    let server = HttpServer::bind_with_limit(("127.0.0.1", args.port), MAX_BODY, move |request| {
+        if busy.fetch_add(1, Ordering::SeqCst) >= max_concurrent {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            return Response::status(503)
+                .header("Retry-After", "1")
+                .body("overloaded");
+        }
+        let pooled = connections.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let (status, message) = match pooled.map_or_else(|| open(&db), Ok) {
+            Ok(mut conn) => {
+                let answer = handle(request, &verifier, &mut conn);
+                connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(conn);
+                answer
+            }
+            Err(e) => (503, format!("database unavailable: {e}")),
+        };
+        busy.fetch_sub(1, Ordering::SeqCst);
+        let response = Response::status(status).body(message);
+        if status == 503 {
+            response.header("Retry-After", "1")
+        } else {
+            response
+        }
+    })?;
+    println!("listening on http://{}/events", server.addr());
     let stop_at = args
         .max_seconds
         .map(|s| Instant::now() + Duration::from_secs(s));
-    let busy = Arc::new(AtomicUsize::new(0));
-
-    let handles: Vec<_> = (0..THREADS)
-        .map(|n| {
-            let (server, verifier, busy) = (server.clone(), verifier.clone(), busy.clone());
-            let db = args.db.clone();
-            let max_concurrent = args.max_concurrent;
-            thread::Builder::new().name(format!("receiver-{n}")).spawn(
-                move || -> sqlite_outbox::Result<()> {
-                    let mut conn = Connection::open(&db)?;
-                    conn.busy_timeout(Duration::from_secs(2))?;
-                    while stop_at.is_none_or(|t| Instant::now() < t) {
-                        let Ok(Some(mut request)) = server.recv_timeout(Duration::from_millis(100))
-                        else {
-                            continue;
-                        };
-                        let (status, message) =
-                            if busy.fetch_add(1, Ordering::SeqCst) >= max_concurrent {
-                                (503, "overloaded".to_string())
-                            } else {
-                                handle(&mut request, &verifier, &mut conn)
-                            };
-                        busy.fetch_sub(1, Ordering::SeqCst);
-                        let mut response =
-                            tiny_http::Response::from_string(message).with_status_code(status);
-                        if status == 503 {
-                            response = response.with_header(
-                                tiny_http::Header::from_bytes("Retry-After", "1")
-                                    .expect("static header"),
-                            );
-                        }
-                        let _ = request.respond(response);
-                    }
-                    Ok(())
-                },
-            )
-        })
-        .collect::<Result<_, _>>()?;
-    for h in handles {
-        if let Ok(Err(e)) = h.join() {
-            log::error!("receiver thread: {e}");
-        }
+    while stop_at.is_none_or(|t| Instant::now() < t) {
+        thread::sleep(Duration::from_millis(100));
     }
+    server.stop();
     Ok(())
 }
 
-fn handle(
-    request: &mut tiny_http::Request,
-    verifier: &Verifier,
-    conn: &mut Connection,
-) -> (u16, String) {
-    let mut body = Vec::new();
-    if request
-        .as_reader()
-        .take(MAX_BODY + 1)
-        .read_to_end(&mut body)
-        .is_err()
-    {
-        return (400, "unreadable body".into());
-    }
-    if body.len() as u64 > MAX_BODY {
-        return (413, format!("body over {MAX_BODY} bytes"));
-    }
-    let headers: Vec<(String, String)> = request
-        .headers()
-        .iter()
-        .map(|h| {
-            (
-                h.field.as_str().as_str().to_string(),
-                h.value.as_str().to_string(),
-            )
-        })
-        .collect();
+/// A connection to the receiver's database, waiting up to 2 s for its write lock.
+fn open(db: &str) -> sqlite_outbox::rusqlite::Result<Connection> {
+    let conn = Connection::open(db)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    Ok(conn)
+}
+
+fn handle(request: &Request, verifier: &Verifier, conn: &mut Connection) -> (u16, String) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let events = match verify_request(verifier, &headers, &body, now) {
+    let events = match verify_request(verifier, &request.headers, &request.body, now) {
         Ok(events) => events,
         Err(e @ ReceiveError::Signature(_)) => {
             log::warn!("refused: {e}");

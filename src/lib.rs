@@ -1,6 +1,299 @@
 //! A transactional outbox on SQLite for edge, desktop and IoT apps.
 //!
-//! GUIDE_PLACEHOLDER
+//! Your app writes its business change **and** the event that announces it in one SQLite
+//! transaction on its own database file. Both commit or neither does: there is no dual write
+//! to get wrong. A relay of plain threads (no async runtime) then delivers each committed
+//! event at least once, with exponential backoff, crash-safe leases, per-key ordering and
+//! patience for networks that are gone for days. Every event carries a stable UUIDv7 id so
+//! the receiver can drop duplicates.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use sqlite_outbox::transport::{Attempt, OutboundEvent};
+//! use sqlite_outbox::{Event, Outbox, RelayConfig};
+//!
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let outbox = Outbox::open(dir.path().join("app.db"))?;
+//!
+//! // The business write and the event commit together, or not at all.
+//! outbox.transaction(|tx| {
+//!     tx.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, total INTEGER)", [])?;
+//!     tx.execute("INSERT INTO orders (id, total) VALUES (1, 990)", [])?;
+//!     outbox.enqueue(tx, Event::new("order.created", serde_json::json!({"id": 1})))?;
+//!     Ok(())
+//! })?;
+//!
+//! // A relay delivers it. Here a transport that accepts everything stands in for
+//! // `RelayConfig::http("https://example.com/hook")`.
+//! let accept_all = |_: &[OutboundEvent]| Attempt::Answered {
+//!     status: 204,
+//!     retry_after: None,
+//!     detail: String::new(),
+//! };
+//! let relay = outbox.relay(RelayConfig::transport(accept_all)).start()?;
+//! let deadline = Instant::now() + Duration::from_secs(10);
+//! while relay.stats().delivered < 1 && Instant::now() < deadline {
+//!     std::thread::sleep(Duration::from_millis(10));
+//! }
+//! assert_eq!(relay.shutdown().abandoned, 0);
+//! # Ok(()) }
+//! ```
+//!
+//! `cargo run --release --example quickstart` runs the same end to end against a real
+//! receiver on 127.0.0.1 that verifies every signature, and takes it down for a second
+//! half-way.
+//!
+//! # The API by role
+//!
+//! | who | where |
+//! |---|---|
+//! | an app that sends | the crate root: [`Outbox`], [`OutboxBuilder`], [`Event`], [`Enqueued`], [`RelayConfig`], [`Destination`], [`Relay`], [`RelayHandle`], [`RelayStats`], [`ShutdownReport`], [`Synchronous`], [`StoragePolicy`], [`Error`], [`Result`], and the [`rusqlite`] it was built with |
+//! | a receiver | [`receive`]: verify signatures, parse CloudEvents, apply each event once with an inbox |
+//! | an operator | [`admin`]: stats, listings, dead letters, retry, prune, health (methods on [`Outbox`]) |
+//! | a receiver written without this crate, a test | [`wire`]: the exact bodies and headers on the wire |
+//! | another protocol, a fake receiver | [`transport`]: the [`Transport`](transport::Transport) seam and the HTTP transport |
+//! | a test of backoff and leases | [`clock`]: a clock that moves only when told |
+//!
+//! Builders follow one rule: setters never fail and document their default;
+//! [`OutboxBuilder::open`] and [`Relay::start`] check everything and return
+//! [`Error::InvalidConfig`] naming the setting that is wrong.
+//!
+//! # Enqueueing in your own transaction
+//!
+//! [`Outbox::enqueue`] takes any `rusqlite::Transaction` on the same file, so an app that
+//! manages its own connection keeps doing so. Call [`Outbox::notify`] after your commit to
+//! wake the relay at once; otherwise it notices within its poll interval (`PRAGMA
+//! data_version`, 100 ms by default). Use the re-exported [`rusqlite`] so both sides share
+//! one SQLite build.
+//!
+//! ```
+//! use sqlite_outbox::rusqlite::{Connection, TransactionBehavior};
+//! use sqlite_outbox::{Enqueued, Event, Outbox};
+//!
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("app.db");
+//! let outbox = Outbox::open(&path)?;
+//! let mut conn = Connection::open(&path)?; // the app's own connection
+//! conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)")?;
+//! let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+//! tx.execute("INSERT INTO orders (id, total) VALUES (42, 990)", [])?;
+//! let event = Event::new("order.created", serde_json::json!({"id": 42, "total": 990}))
+//!     .partition_key("customer-7")          // same key: delivered in commit order
+//!     .idempotency_key("order-42-created")  // same key again: a duplicate, not a new event
+//!     .subject("orders/42");
+//! let first = outbox.enqueue(&tx, event.clone())?;
+//! assert!(matches!(outbox.enqueue(&tx, event)?, Enqueued::Duplicate { .. }));
+//! tx.commit()?;
+//! outbox.notify();
+//! # let _ = first;
+//! # Ok(()) }
+//! ```
+//!
+//! Bad input never breaks your transaction. An oversized payload
+//! ([`Error::PayloadTooLarge`], default limit 256 KiB), an empty or over-long type
+//! ([`Error::InvalidEventType`], 255 bytes), an over-long key, subject or source
+//! ([`Error::FieldTooLong`]) are found before anything is written: the transaction stays
+//! usable and commits the rest.
+//!
+//! # What it promises
+//!
+//! 1. A committed event is delivered at least once, whatever happens after the commit: the
+//!    process is killed, the receiver answers 500 or 429, the network is gone for a week.
+//! 2. An event whose transaction rolled back is never delivered.
+//! 3. Events that share a partition key arrive in commit order: only the oldest undelivered
+//!    event of a key can be claimed. A dead-lettered event stops blocking its key, so one
+//!    poison event parks only itself.
+//! 4. An event leaves the pending set only by being delivered or dead-lettered with its
+//!    last error kept (or, for types the user marked lossy, by a storage limit or a newer
+//!    event with the same coalescing key).
+//! 5. Duplicates happen only when a relay's lease expires while its delivery was in flight
+//!    (it crashed, was paused, or shut down with a request still hanging). Receivers
+//!    de-duplicate on the event id.
+//!
+//! # How the relay behaves
+//!
+//! | situation | what happens |
+//! |---|---|
+//! | 2xx | delivered; many acks are written in one transaction |
+//! | 5xx, 408, 429 | retried with exponential backoff and full jitter (1 s base, 5 min cap), or at `Retry-After` (seconds or HTTP date, capped at 1 h) if later; dead-lettered after 25 answered attempts |
+//! | 429 | also pauses that destination (only) for its `Retry-After`, or the retry base without one |
+//! | 410 | the destination is disabled (persisted; its events stay pending, attempts untouched) until [`Outbox::enable_destination`] |
+//! | other 4xx | dead-lettered at once with status and body start kept ([`RelayConfig::dead_letter_client_errors`]`(false)` retries them instead) |
+//! | connection refused, DNS failure, timeout, reset | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed |
+//! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
+//! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
+//! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again |
+//! | a stale relay comes back | every write-back is fenced by the claim's lease owner: an outcome for a lease that was taken over is discarded ([`RelayStats::lease_lost`]) |
+//! | `shutdown()` or drop | stops claiming, hands back claimed events no worker started, waits up to `shutdown_timeout` (10 s) for in-flight requests, joins every thread that ended; returns even if the receiver hangs |
+//!
+//! Each row is decided by one pure function (`src/relay/decide.rs`), with a unit test per
+//! row. One writer thread owns every SQLite write of the relay (claims and acks); delivery
+//! workers (4 by default, per destination) only do HTTP, so a slow receiver never holds the
+//! write lock. The claim is one `UPDATE … RETURNING` over a partial index, so its cost does
+//! not grow with delivered history (a test pins the query plan), and events queued behind an
+//! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
+//! costs the claim nothing either (`src/queue.rs` draws the row's state machine). Acks are
+//! gathered (up to 200 per transaction, waiting at most 1 ms for more), claims wait until a
+//! whole batch fits, and the writer checkpoints the WAL in the background (restarting it
+//! past 16 MiB), so the app's own commits do not pay for checkpoints. A writer waiting for
+//! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
+//!
+//! # Several destinations
+//!
+//! ```no_run
+//! use sqlite_outbox::{Destination, Outbox, RelayConfig};
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! let outbox = Outbox::builder()
+//!     .route("order.*", "billing")       // prefix
+//!     .route("user.signup", "crm")       // exact
+//!     .route("*", "audit")               // everything
+//!     .open("app.db")?;
+//! let relay = outbox
+//!     .relay(
+//!         RelayConfig::new()
+//!             .destination(
+//!                 Destination::http("billing", "https://billing.example.com/hooks")
+//!                     .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+//!             )
+//!             .destination(Destination::http("crm", "https://crm.example.com/in"))
+//!             .destination(
+//!                 Destination::http("audit", "https://audit.example.com/bulk").batch(100, 1 << 20),
+//!             ),
+//!     )
+//!     .start()?;
+//! # drop(relay);
+//! # Ok(()) }
+//! ```
+//!
+//! Each (event, destination) pair is its own row with its own attempts and backoff, and each
+//! destination has its own workers and in-flight limit: one that is down or slow never holds
+//! back another, and a retry to one never re-sends to the others. With routes configured,
+//! an event that matches none is refused with [`Error::NoRoute`] rather than kept where
+//! nobody delivers it.
+//!
+//! # What goes on the wire
+//!
+//! One CloudEvents 1.0 request per event (structured mode), or per batch when a destination
+//! opts in (batched mode), signed per [Standard Webhooks](https://www.standardwebhooks.com/):
+//!
+//! ```text
+//! POST /events HTTP/1.1
+//! content-type: application/cloudevents+json
+//! idempotency-key: "01a22a8a-741d-7166-b7d9-db961a986ef3"
+//! user-agent: sqlite-outbox/0.1.0
+//! webhook-id: 01a22a8a-741d-7166-b7d9-db961a986ef3
+//! webhook-signature: v1,h++f0qd4XlLeL4Ao60IgJYfJVYeiACjARsoLKb2HOBA=
+//! webhook-timestamp: 1796010046
+//!
+//! {"specversion":"1.0","id":"01a22a8a-741d-7166-b7d9-db961a986ef3","source":"/shop/eu-1","type":"order.created","subject":"orders/42","time":"2026-11-30T03:40:46.493Z","datacontenttype":"application/json","partitionkey":"customer-7","sequence":"00000000000000000001","data":{"order_id":42,"total_cents":1999}}
+//! ```
+//!
+//! - `id` is the event id; `partitionkey` and `sequence` (commit order, zero-padded so it
+//!   sorts as a string) appear on events with a partition key.
+//! - `webhook-timestamp` is the time of *this* attempt: a retry days later is signed afresh.
+//!   `webhook-signature` carries one `v1,` entry per secret, so secrets rotate without a
+//!   gap. Secrets never appear in logs, `Debug` output or errors.
+//! - A batch (`application/cloudevents-batch+json`, a JSON array of at most N events and M
+//!   bytes) is delivered or retried as a whole; its `webhook-id` is a stable `batch_…` id.
+//! - The official CloudEvents Rust SDK parses every request the relay sends (a test checks
+//!   it). [`wire`] builds the same bodies for other code.
+//!
+//! # The receiving side
+//!
+//! [`receive`] verifies a request, parses its CloudEvents and records each event id in an
+//! inbox table inside the receiver's own transaction, so every event takes effect once. Its
+//! module docs show a complete handler; `examples/receiver.rs` is a complete receiver
+//! (`cargo run --example receiver -- --db received.db --secret whsec_…`).
+//!
+//! # Offline devices and bounded storage
+//!
+//! A device offline for weeks must not fill its disk, and must not lose business events
+//! either:
+//!
+//! ```
+//! use sqlite_outbox::{Event, Outbox, StoragePolicy};
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let outbox = Outbox::builder()
+//!     .max_pending(100_000)                                   // deliveries waiting
+//!     .max_pending_bytes(64 << 20)                            // bytes of their data
+//!     .storage_policy("telemetry.*", StoragePolicy::DropOldest)
+//!     .open(dir.path().join("device.db"))?;
+//! outbox.transaction(|tx| {
+//!     // The latest position replaces a pending one: a week offline uploads one value.
+//!     outbox.enqueue(tx, Event::new("device.position", serde_json::json!({"lat": 48.1, "lon": 11.6}))
+//!         .coalesce_key("gps"))?;
+//!     Ok(())
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! At a limit, the oldest pending events of `DropOldest` types are removed to make room for
+//! any new event, counted in [`admin::Stats::dropped`] and logged. Events of other types
+//! (`Reject`, the default) are never dropped: if nothing droppable can make room, `enqueue`
+//! returns [`Error::OutboxFull`] and the caller's transaction stays usable. Pending totals are
+//! kept exact by triggers (whoever writes the file), so checking a limit costs one row read.
+//! `cargo run --release --example iot_sensor` shows it end to end.
+//!
+//! # Operating
+//!
+//! The `outbox` binary (feature `cli`, on by default) works on any database file the crate
+//! created, while the app runs or not; its commands, flags, outputs and exit codes are a
+//! contract for scripts (`outbox --help`). The same from code: the methods listed in
+//! [`admin`]. A running relay prunes delivered events older than its retention (7 days by
+//! default) by itself, a page of 500 rows per transaction.
+//!
+//! With the `metrics` feature the crate reports through the `metrics` facade (plug in any
+//! exporter). Labels are bounded: event type and destination, never ids.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `outbox_enqueued_total`, `outbox_delivered_total`, `outbox_retried_total`, `outbox_dead_total` | counter | `type`, `destination` |
+//! | `outbox_dropped_total` | counter | |
+//! | `outbox_coalesced_total` | counter | `type` |
+//! | `outbox_pending`, `outbox_oldest_pending_age_seconds`, `outbox_database_bytes` | gauge | |
+//! | `outbox_delivery_latency_seconds` (commit to delivery) | histogram | `type`, `destination` |
+//!
+//! Every log line about an event (through `log`) names its event id.
+//!
+//! # Durability
+//!
+//! [`OutboxBuilder::synchronous`] sets [`Synchronous::Normal`] (the default) or
+//! [`Synchronous::Full`] on every pooled connection, with `journal_mode=WAL`,
+//! `foreign_keys=ON` and a busy timeout (5 s):
+//!
+//! - **Normal**: a commit survives a process crash or `kill -9`. After a power loss or OS
+//!   crash the last few commits before it may be rolled back (the file is never corrupted).
+//! - **Full**: every commit that returned also survives power loss, at the cost of an fsync
+//!   per transaction.
+//!
+//! # Schema and migrations
+//!
+//! `schema.sql` is the one source of the schema; each `-- version N` section is one
+//! migration, applied in order and recorded in `PRAGMA user_version`. The outbox therefore
+//! **owns `user_version` of its database file**: if your app keeps its own schema version,
+//! keep it in a table of its own. Opening a file written by a newer version of the crate
+//! fails with [`Error::SchemaTooNew`] and changes nothing; a file that is not SQLite gives
+//! [`Error::NotADatabase`], also untouched. [`Outbox::open_existing`] also refuses a missing
+//! file ([`Error::NotFound`]) and a database without an outbox ([`Error::NotAnOutbox`]).
+//!
+//! # About threads
+//!
+//! [`Outbox`] is `Send + Sync` and cheap to clone. A relay runs one writer thread
+//! (`outbox-relay`, the only one that writes to SQLite) and, per destination, a configurable
+//! number of delivery threads (`outbox-<destination>-<n>`) that only do HTTP; all are joined
+//! by [`RelayHandle::shutdown`] or on drop, within a bounded time. Every blocking call has a
+//! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
+//! timeout).
+//!
+//! # Features
+//!
+//! - `cli` (default): the `outbox` command-line tool.
+//! - `metrics`: counters, gauges and a latency histogram through the `metrics` facade.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

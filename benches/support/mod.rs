@@ -2,55 +2,38 @@
 //! baselines (plain rusqlite, plain ureq) and database builders.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[path = "../../tests/common/http_server.rs"]
+mod http_server;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use http_server::{HttpServer, Response};
 
 use sqlite_outbox::rusqlite::{params, Connection};
 
-/// A tiny_http receiver on 127.0.0.1 that answers 204 and counts the events it got.
+/// A receiver on 127.0.0.1 (the tests' shared server) that answers 204 and counts the
+/// events it got.
 pub struct CountingReceiver {
     pub url: String,
     pub events: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    _server: HttpServer,
 }
 
 impl CountingReceiver {
-    pub fn start(threads: usize) -> CountingReceiver {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind"));
-        let port = server.server_addr().to_ip().expect("ip").port();
+    pub fn start() -> CountingReceiver {
         let events = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = (0..threads)
-            .map(|n| {
-                let (server, events, stop) = (server.clone(), events.clone(), stop.clone());
-                std::thread::Builder::new()
-                    .name(format!("bench-receiver-{n}"))
-                    .spawn(move || {
-                        let mut body = Vec::with_capacity(64 * 1024);
-                        while !stop.load(Ordering::Relaxed) {
-                            let Ok(Some(mut request)) =
-                                server.recv_timeout(Duration::from_millis(50))
-                            else {
-                                continue;
-                            };
-                            body.clear();
-                            let _ = request.as_reader().read_to_end(&mut body);
-                            let n = count_events(&body);
-                            let _ = request.respond(tiny_http::Response::empty(204));
-                            events.fetch_add(n, Ordering::Relaxed);
-                        }
-                    })
-                    .expect("spawn receiver")
-            })
-            .collect();
+        let counted = events.clone();
+        let server = HttpServer::bind("127.0.0.1:0", move |request| {
+            counted.fetch_add(count_events(&request.body), Ordering::Relaxed);
+            Response::status(204)
+        })
+        .expect("bind receiver");
         CountingReceiver {
-            url: format!("http://127.0.0.1:{port}/events"),
+            url: format!("http://127.0.0.1:{}/events", server.port()),
             events,
-            stop,
-            threads,
+            _server: server,
         }
     }
 
@@ -68,15 +51,6 @@ impl CountingReceiver {
             std::thread::sleep(Duration::from_micros(200));
         }
         true
-    }
-}
-
-impl Drop for CountingReceiver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
     }
 }
 

@@ -1,13 +1,15 @@
 //! Test helpers: a real HTTP receiver on 127.0.0.1 and deadline-bounded waits.
 #![allow(dead_code)]
 
+pub mod http_server;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
+
+pub use http_server::{HttpServer, Request, Response};
 
 /// One request as the receiver saw it.
 #[derive(Debug, Clone)]
@@ -33,16 +35,12 @@ pub enum Reply {
     Hang(Duration),
 }
 
-type Responder = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
-
-/// A plain HTTP/1.1 server on 127.0.0.1 (a thread per connection, keep-alive) that records
-/// every request and answers as told. Written by hand rather than with tiny_http, whose task
-/// pool can leave a new connection queued for seconds when several are open at once.
+/// A receiver on 127.0.0.1 (the shared [`HttpServer`]) that records every request and
+/// answers as told.
 pub struct TestReceiver {
     pub port: u16,
     received: Arc<Mutex<Vec<Received>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: Option<HttpServer>,
 }
 
 impl TestReceiver {
@@ -56,27 +54,22 @@ impl TestReceiver {
         port: u16,
         responder: impl Fn(&Received) -> Reply + Send + Sync + 'static,
     ) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind receiver");
-        listener
-            .set_nonblocking(true)
-            .expect("nonblocking listener");
-        let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::<Received>::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let responder: Responder = Arc::new(responder);
-        let thread = {
-            let received = received.clone();
-            let stop = stop.clone();
-            thread::Builder::new()
-                .name(format!("test-receiver-{port}"))
-                .spawn(move || accept_loop(listener, received, stop, responder))
-                .expect("spawn receiver")
-        };
+        let log = received.clone();
+        let server = HttpServer::bind(("127.0.0.1", port), move |request| {
+            let rec = record(&log, request);
+            match responder(&rec) {
+                Reply::Status(s) => Response::status(s),
+                Reply::StatusBody(s, b) => Response::status(s).body(b),
+                Reply::StatusHeader(s, name, value) => Response::status(s).header(name, value),
+                Reply::Hang(d) => Response::status(200).after(d),
+            }
+        })
+        .expect("bind receiver");
         TestReceiver {
-            port,
+            port: server.port(),
             received,
-            stop,
-            thread: Some(thread),
+            server: Some(server),
         }
     }
 
@@ -104,162 +97,36 @@ impl TestReceiver {
 
     /// Stops the server and closes its port.
     pub fn stop(mut self) {
-        self.shut();
-    }
-
-    fn shut(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("receiver thread");
+        if let Some(server) = self.server.take() {
+            server.stop();
         }
     }
 }
 
-impl Drop for TestReceiver {
-    fn drop(&mut self) {
-        self.shut();
-    }
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    received: Arc<Mutex<Vec<Received>>>,
-    stop: Arc<AtomicBool>,
-    responder: Responder,
-) {
-    let mut connections = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let (received, stop, responder) =
-                    (received.clone(), stop.clone(), responder.clone());
-                connections.push(thread::spawn(move || {
-                    serve_connection(stream, received, stop, responder)
-                }));
-            }
-            Err(_) => thread::sleep(Duration::from_millis(2)),
-        }
-    }
-    // Closing the listener (dropping it) refuses new connections; wait for the open ones.
-    drop(listener);
-    for c in connections {
-        let _ = c.join();
-    }
-}
-
-/// Reads one request: headers (lower-cased names) and a content-length body.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(HashMap<String, String>, Vec<u8>)> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    if line.trim().is_empty() {
-        return None;
-    }
-    let mut headers = HashMap::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let length: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((headers, body))
-}
-
-fn serve_connection(
-    stream: TcpStream,
-    received: Arc<Mutex<Vec<Received>>>,
-    stop: Arc<AtomicBool>,
-    responder: Responder,
-) {
-    let _ = stream.set_nonblocking(false);
-    // Wake up now and then to notice a stop.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
+/// Records one request, noting how many requests for its event id came before.
+fn record(log: &Mutex<Vec<Received>>, request: &Request) -> Received {
+    let body: serde_json::Value =
+        serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
+    let ids: Vec<String> = match &body {
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or_default().to_string())
+            .collect(),
+        other => vec![other["id"].as_str().unwrap_or_default().to_string()],
     };
-    let mut reader = BufReader::new(stream);
-    while !stop.load(Ordering::SeqCst) {
-        // Wait for the first byte of the next request without consuming it.
-        match reader.fill_buf() {
-            Ok([]) => return,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return,
-        }
-        let _ = reader
-            .get_ref()
-            .set_read_timeout(Some(Duration::from_secs(5)));
-        let Some((headers, raw)) = read_request(&mut reader) else {
-            return;
-        };
-        let _ = reader
-            .get_ref()
-            .set_read_timeout(Some(Duration::from_millis(100)));
-        let body: serde_json::Value =
-            serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
-        let ids: Vec<String> = match &body {
-            serde_json::Value::Array(items) => items
-                .iter()
-                .map(|e| e["id"].as_str().unwrap_or_default().to_string())
-                .collect(),
-            other => vec![other["id"].as_str().unwrap_or_default().to_string()],
-        };
-        let event_id = ids.first().cloned().unwrap_or_default();
-        let rec = {
-            let mut all = received.lock().unwrap();
-            let earlier = all.iter().filter(|r| r.event_id == event_id).count();
-            let rec = Received {
-                event_id,
-                ids,
-                raw,
-                body,
-                headers,
-                earlier,
-            };
-            all.push(rec.clone());
-            rec
-        };
-        let (status, extra, text) = match responder(&rec) {
-            Reply::Status(s) => (s, None, ""),
-            Reply::StatusBody(s, b) => (s, None, b),
-            Reply::StatusHeader(s, name, value) => (s, Some((name, value)), ""),
-            Reply::Hang(d) => {
-                let until = Instant::now() + d;
-                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                (200, None, "")
-            }
-        };
-        let mut response = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n", text.len());
-        if let Some((name, value)) = extra {
-            response.push_str(&format!("{name}: {value}\r\n"));
-        }
-        response.push_str("\r\n");
-        response.push_str(text);
-        if writer.write_all(response.as_bytes()).is_err() {
-            return;
-        }
-    }
+    let event_id = ids.first().cloned().unwrap_or_default();
+    let mut all = log.lock().unwrap();
+    let earlier = all.iter().filter(|r| r.event_id == event_id).count();
+    let rec = Received {
+        event_id,
+        ids,
+        raw: request.body.clone(),
+        body,
+        headers: request.headers.iter().cloned().collect(),
+        earlier,
+    };
+    all.push(rec.clone());
+    rec
 }
 
 /// A port that nothing listens on (bound, then released).
