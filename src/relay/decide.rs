@@ -14,12 +14,12 @@ use crate::transport::{Attempt, OutboundEvent};
 
 /// What became of one request, as far as the decision cares.
 #[derive(Debug)]
-pub(crate) enum Sent<'a> {
+pub(crate) enum Tried<'a> {
     /// The transport made the attempt and reported this.
     Attempted(&'a Attempt),
     /// It was not sent: the gate was closed, too much of the lease had passed, or the relay
     /// is stopping.
-    NotSent,
+    Skipped,
     /// The transport panicked with this message.
     Panicked(&'a str),
 }
@@ -76,10 +76,10 @@ pub(crate) struct Decision {
     pub gate: GateChange,
 }
 
-/// Decides what `sent` means for an event that had `attempts` answered attempts before it,
+/// Decides what `tried` means for an event that had `attempts` answered attempts before it,
 /// at `now` (unix ms), given `backoff` drawn for this request.
 pub(crate) fn decide(
-    sent: &Sent<'_>,
+    tried: &Tried<'_>,
     attempts: i64,
     backoff: Duration,
     policy: &Policy,
@@ -101,25 +101,25 @@ pub(crate) fn decide(
             error,
         }
     };
-    let (write_back, gate) = match sent {
-        Sent::NotSent => (WriteBack::Release { error: None }, GateChange::Unchanged),
-        Sent::Panicked(msg) => (
+    let (write_back, gate) = match tried {
+        Tried::Skipped => (WriteBack::Release { error: None }, GateChange::Unchanged),
+        Tried::Panicked(msg) => (
             retry_or_dead(format!("transport panicked: {msg}"), None),
             GateChange::Unchanged,
         ),
-        Sent::Attempted(Attempt::Unreachable { reason }) => (
+        Tried::Attempted(Attempt::Unreachable { reason }) => (
             WriteBack::Release {
                 error: Some(format!("unreachable: {reason}")),
             },
             GateChange::Unreachable,
         ),
-        Sent::Attempted(Attempt::Unsendable { reason }) => (
+        Tried::Attempted(Attempt::Unsendable { reason }) => (
             WriteBack::Dead {
                 error: reason.clone(),
             },
             GateChange::Unchanged,
         ),
-        Sent::Attempted(Attempt::Answered {
+        Tried::Attempted(Attempt::Answered {
             status,
             retry_after,
             detail,
@@ -190,7 +190,7 @@ mod tests {
     fn decide_answer(status: u16, retry_after: Option<Duration>, attempts: i64) -> Decision {
         let attempt = answered(status, retry_after);
         decide(
-            &Sent::Attempted(&attempt),
+            &Tried::Attempted(&attempt),
             attempts,
             BACKOFF,
             &policy(),
@@ -278,7 +278,7 @@ mod tests {
             ..policy()
         };
         let attempt = answered(404, None);
-        let d = decide(&Sent::Attempted(&attempt), 0, BACKOFF, &lenient, NOW);
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &lenient, NOW);
         assert_eq!(d.write_back, retry_at(700, 404));
     }
 
@@ -314,7 +314,7 @@ mod tests {
         let attempt = Attempt::Unreachable {
             reason: "connection refused".into(),
         };
-        let d = decide(&Sent::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
         assert_eq!(
             d.write_back,
             WriteBack::Release {
@@ -329,7 +329,7 @@ mod tests {
         let attempt = Attempt::Unsendable {
             reason: "stored data is not valid JSON".into(),
         };
-        let d = decide(&Sent::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
         assert_eq!(
             d.write_back,
             WriteBack::Dead {
@@ -341,14 +341,14 @@ mod tests {
 
     #[test]
     fn an_event_not_sent_is_handed_back_untouched() {
-        let d = decide(&Sent::NotSent, 5, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Skipped, 5, BACKOFF, &policy(), NOW);
         assert_eq!(d.write_back, WriteBack::Release { error: None });
         assert_eq!(d.gate, GateChange::Unchanged);
     }
 
     #[test]
     fn a_transport_panic_spends_an_attempt() {
-        let d = decide(&Sent::Panicked("boom"), 0, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Panicked("boom"), 0, BACKOFF, &policy(), NOW);
         assert_eq!(
             d.write_back,
             WriteBack::Retry {

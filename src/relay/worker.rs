@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::clock::Clock;
 use crate::relay::config::RelayConfig;
-use crate::relay::decide::{decide, Decision, Policy, Sent};
+use crate::relay::decide::{decide, Decision, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::transport::{OutboundEvent, Transport};
@@ -29,15 +29,15 @@ pub(crate) struct Report {
 impl Report {
     /// A report for `events` that were never sent (shutdown), deciding as a worker would.
     pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
-        Report::decided(lane, events, &Sent::NotSent, policy, now)
+        Report::decided(lane, events, &Tried::Skipped, policy, now)
     }
 
-    fn decided(lane: usize, events: Job, sent: &Sent<'_>, policy: &Policy, now: i64) -> Report {
+    fn decided(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
         let backoff = policy.draw_backoff(&events);
         let decided = events
             .into_iter()
             .map(|event| {
-                let decision = decide(sent, event.attempts, backoff, policy, now);
+                let decision = decide(tried, event.attempts, backoff, policy, now);
                 (event, decision)
             })
             .collect();
@@ -102,7 +102,7 @@ impl Worker {
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
         if self.gate.is_closed(now) || lease_short {
-            return Report::decided(self.lane, events, &Sent::NotSent, &self.policy, now);
+            return Report::decided(self.lane, events, &Tried::Skipped, &self.policy, now);
         }
         let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send(&events))) {
             Ok(attempt) => {
@@ -110,7 +110,7 @@ impl Worker {
                 Report::decided(
                     self.lane,
                     events,
-                    &Sent::Attempted(&attempt),
+                    &Tried::Attempted(&attempt),
                     &self.policy,
                     now,
                 )
@@ -124,7 +124,7 @@ impl Worker {
                 let first = events.first().map_or("", |e| e.event_id.as_str());
                 log::error!("event {first}: transport panicked: {msg}");
                 let now = self.clock.now_ms();
-                Report::decided(self.lane, events, &Sent::Panicked(&msg), &self.policy, now)
+                Report::decided(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
             }
         };
         // Every event of a request shares its answer, and so its gate change.

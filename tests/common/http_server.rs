@@ -165,8 +165,11 @@ fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, handler: Handler, m
     }
 }
 
+/// A request's method, path and headers.
+type Head = (String, String, Vec<(String, String)>);
+
 /// Reads one request's head; the body is left to the caller.
-fn read_head(reader: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<(String, String)>)> {
+fn read_head(reader: &mut BufReader<TcpStream>) -> Option<Head> {
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
     let mut parts = line.split_whitespace();
