@@ -30,13 +30,13 @@ use serde::Serialize;
 
 use crate::database;
 use crate::destination::type_matches;
-use crate::destination_state;
+use crate::disabled;
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
 use crate::queue::{self, Finished, DEAD, PARKED, PENDING};
 
 pub use crate::database::{schema_version, PooledConnection};
-pub use crate::destination_state::DisabledDestination;
+pub use crate::disabled::DisabledDestination;
 pub use crate::limits::Limit;
 
 /// Where a delivery stands.
@@ -271,7 +271,7 @@ impl Outbox {
     pub fn stats(&self) -> Result<Stats> {
         let conn = self.connection()?;
         let now = self.now_ms();
-        let disabled = destination_state::reasons(&conn)?;
+        let disabled = disabled::reasons(&conn)?;
         let mut destinations: Vec<DestinationStats> = conn
             .prepare(&format!(
                 "SELECT destination,

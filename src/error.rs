@@ -85,8 +85,9 @@ pub enum Error {
     ReadOnly(rusqlite::Error),
     /// An error from SQLite.
     Sqlite(rusqlite::Error),
-    /// No pooled connection could be had within the pool's timeout.
-    Pool(r2d2::Error),
+    /// No pooled connection could be had within the pool's timeout (the busy timeout, at
+    /// least 1 s): every connection is in use.
+    Pool(Box<dyn std::error::Error + Send + Sync>),
     /// A background thread could not be started.
     Io(std::io::Error),
 }
@@ -148,7 +149,7 @@ impl std::error::Error for Error {
         match self {
             Error::InvalidData(e) => Some(e),
             Error::Sqlite(e) | Error::DiskFull(e) | Error::ReadOnly(e) => Some(e),
-            Error::Pool(e) => Some(e),
+            Error::Pool(e) => Some(e.as_ref()),
             Error::Io(e) => Some(e),
             _ => None,
         }
@@ -167,7 +168,8 @@ impl From<rusqlite::Error> for Error {
 
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
-        Error::Pool(e)
+        // Boxed, so that no r2d2 type is part of the crate's API.
+        Error::Pool(Box::new(e))
     }
 }
 

@@ -304,7 +304,7 @@ pub mod clock;
 mod cloudevents;
 mod database;
 mod destination;
-mod destination_state;
+mod disabled;
 mod error;
 mod event;
 mod inbox;

@@ -11,7 +11,7 @@ use rusqlite::{Transaction, TransactionBehavior};
 use crate::clock::{Clock, SystemClock};
 use crate::database::{self, ConnectionSettings, Pool, PooledConnection, Synchronous};
 use crate::destination::{self, destinations_for, Route};
-use crate::destination_state::{self, DisabledDestination};
+use crate::disabled::{self, DisabledDestination};
 use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
 use crate::limits::{StorageLimits, StoragePolicy};
@@ -402,7 +402,7 @@ impl Outbox {
     pub fn disable_destination(&self, destination: &str, reason: &str) -> Result<()> {
         destination::validate_name(destination)?;
         let conn = self.connection()?;
-        destination_state::disable(&conn, destination, reason, self.now_ms())
+        disabled::disable(&conn, destination, reason, self.now_ms())
     }
 
     /// Resumes deliveries to `destination`; returns whether it was disabled.
@@ -412,7 +412,7 @@ impl Outbox {
     /// SQLite errors.
     pub fn enable_destination(&self, destination: &str) -> Result<bool> {
         let conn = self.connection()?;
-        let was = destination_state::enable(&conn, destination)?;
+        let was = disabled::enable(&conn, destination)?;
         self.notify();
         Ok(was)
     }
@@ -424,7 +424,7 @@ impl Outbox {
     /// SQLite errors.
     pub fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>> {
         let conn = self.connection()?;
-        destination_state::list(&conn)
+        disabled::list(&conn)
     }
 
     /// Prepares a relay that delivers this outbox's events as `config` says; call

@@ -12,7 +12,7 @@ use crossbeam_channel::{bounded, select, Receiver, Sender};
 use rusqlite::TransactionBehavior;
 
 use crate::database::PooledConnection;
-use crate::destination_state;
+use crate::disabled;
 use crate::error::Result;
 use crate::outbox::Outbox;
 use crate::queue::{self, ClaimRequest, WriteBack};
@@ -199,7 +199,7 @@ impl Writer {
 
     /// Reads which destinations are disabled (an operator may have changed it).
     fn load_disabled(&mut self) {
-        match destination_state::reasons(&self.conn) {
+        match disabled::reasons(&self.conn) {
             Ok(mut disabled) => {
                 for lane in &mut self.lanes {
                     lane.set_disabled(disabled.remove(lane.name()));
@@ -339,7 +339,7 @@ impl Writer {
             return;
         }
         log::warn!("destination {}: {reason}", lane.name());
-        if let Err(e) = destination_state::disable(&self.conn, lane.name(), reason, now) {
+        if let Err(e) = disabled::disable(&self.conn, lane.name(), reason, now) {
             log::error!("destination {}: cannot record 410: {e}", lane.name());
         }
     }

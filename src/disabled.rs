@@ -1,4 +1,4 @@
-//! Which destinations are disabled: persisted, so a 410 Gone survives a restart.
+//! Which destinations are disabled, persisted so a 410 Gone (or an operator) survives a restart.
 
 use std::collections::HashMap;
 
