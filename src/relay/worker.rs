@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::clock::Clock;
 use crate::relay::config::RelayConfig;
-use crate::relay::decide::{decide, Decision, Policy, Tried};
+use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::transport::{OutboundEvent, Transport};
@@ -21,9 +21,9 @@ use crate::transport::{OutboundEvent, Transport};
 #[derive(Debug)]
 pub(crate) struct Report {
     /// The index of the lane the request came from.
-    pub lane: usize,
+    lane: usize,
     /// Every event of the request with what to do about it.
-    pub decided: Vec<(OutboundEvent, Decision)>,
+    decided: Vec<(OutboundEvent, Decision)>,
 }
 
 impl Report {
@@ -47,6 +47,21 @@ impl Report {
     /// How many events the report covers.
     pub fn len(&self) -> usize {
         self.decided.len()
+    }
+
+    /// The index of the lane the request came from.
+    pub fn lane(&self) -> usize {
+        self.lane
+    }
+
+    /// Every event of the request with what to do about it.
+    pub fn decided(&self) -> &[(OutboundEvent, Decision)] {
+        &self.decided
+    }
+
+    /// What the request's answer tells about the destination (the same for all its events).
+    pub fn gate_change(&self) -> Option<&GateChange> {
+        self.decided.first().map(|(_, d)| &d.gate)
     }
 }
 
@@ -127,9 +142,8 @@ impl Worker {
                 Report::decided(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
             }
         };
-        // Every event of a request shares its answer, and so its gate change.
-        if let Some((_, decision)) = report.decided.first() {
-            self.gate.apply(&decision.gate, self.clock.now_ms());
+        if let Some(change) = report.gate_change() {
+            self.gate.apply(change, self.clock.now_ms());
         }
         report
     }

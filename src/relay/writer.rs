@@ -252,16 +252,14 @@ impl Writer {
     fn record(&mut self, reports: &mut Vec<Report>) {
         let now = self.outbox.now_ms();
         for report in reports.iter() {
-            self.lanes[report.lane].finished(report.decided.iter().map(|(e, _)| e));
-            if let Some((_, decision)) = report.decided.first() {
-                if let GateChange::Disable { reason } = &decision.gate {
-                    self.disable(report.lane, reason, now);
-                }
+            self.lanes[report.lane()].finished(report.decided().iter().map(|(e, _)| e));
+            if let Some(GateChange::Disable { reason }) = report.gate_change() {
+                self.disable(report.lane(), reason, now);
             }
         }
         let outcomes: Vec<(&OutboundEvent, &WriteBack)> = reports
             .iter()
-            .flat_map(|r| r.decided.iter().map(|(e, d)| (e, &d.write_back)))
+            .flat_map(|r| r.decided().iter().map(|(e, d)| (e, &d.write_back)))
             .collect();
         let recorded = match self.write(&outcomes, now) {
             Ok(recorded) => recorded,
