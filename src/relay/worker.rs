@@ -29,10 +29,10 @@ pub(crate) struct Report {
 impl Report {
     /// A report for `events` that were never sent (shutdown), deciding as a worker would.
     pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
-        Report::decided(lane, events, &Tried::Skipped, policy, now)
+        Report::decide(lane, events, &Tried::Skipped, policy, now)
     }
 
-    fn decided(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
+    fn decide(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
         let backoff = policy.draw_backoff(&events);
         let decided = events
             .into_iter()
@@ -117,12 +117,12 @@ impl Worker {
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
         if self.gate.is_closed(now) || lease_short {
-            return Report::decided(self.lane, events, &Tried::Skipped, &self.policy, now);
+            return Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
         }
         let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send(&events))) {
             Ok(attempt) => {
                 let now = self.clock.now_ms();
-                Report::decided(
+                Report::decide(
                     self.lane,
                     events,
                     &Tried::Attempted(&attempt),
@@ -139,7 +139,7 @@ impl Worker {
                 let first = events.first().map_or("", |e| e.event_id.as_str());
                 log::error!("event {first}: transport panicked: {msg}");
                 let now = self.clock.now_ms();
-                Report::decided(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
+                Report::decide(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
             }
         };
         if let Some(change) = report.gate_change() {

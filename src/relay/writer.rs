@@ -278,7 +278,7 @@ impl Writer {
         };
         let lanes = reports
             .iter()
-            .flat_map(|r| r.decided.iter().map(|_| r.lane));
+            .flat_map(|r| r.decided().iter().map(|_| r.lane()));
         for (((event, write_back), recorded), lane) in outcomes.iter().zip(recorded).zip(lanes) {
             if !recorded {
                 self.counters.record_lease_lost();
