@@ -123,7 +123,8 @@
 //! | 429 | also pauses that destination (only) for its `Retry-After`, or the retry base without one |
 //! | 410 | the destination is disabled (persisted; its events stay pending, attempts untouched) until [`Outbox::enable_destination`] |
 //! | other 4xx | dead-lettered at once with status and body start kept ([`RelayConfig::dead_letter_client_errors`]`(false)` retries them instead) |
-//! | connection refused, DNS failure, timeout, reset | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed |
+//! | DNS failure, connection refused, connect timeout, TLS handshake failure (the request never left) | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed. A released probe moves behind the other due events, so the next probe is another event |
+//! | the request was written but no valid answer came (read timeout, reset or close mid-response, malformed answer) | that **event** spends an attempt and backs off on its own, like a 5xx; the destination stays open, so a poison event that hangs or crashes the receiver is dead-lettered at `max_attempts` while every other event keeps flowing |
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
 //! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
 //! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again |

@@ -381,8 +381,12 @@ pub(crate) enum WriteBack {
     Retry { available_at: i64, error: String },
     /// Give up: keep the error for the operator.
     Dead { error: String },
-    /// Hand the row back without spending an attempt (destination unreachable, shutdown).
-    Release { error: Option<String> },
+    /// Hand the row back without spending an attempt (destination unreachable, shutdown),
+    /// due again at `available_at` if given (else when it was due).
+    Release {
+        error: Option<String>,
+        available_at: Option<i64>,
+    },
 }
 
 /// Marks `events`, all claimed by `owner`, delivered in one statement and unparks the next
@@ -449,14 +453,18 @@ pub(crate) fn write_back(
                   WHERE id = ?1 AND lease_owner = ?2",
             )?
             .execute(params![id, owner, now, error])?,
-        WriteBack::Release { error } => conn
+        WriteBack::Release {
+            error,
+            available_at,
+        } => conn
             .prepare_cached(
                 "UPDATE outbox_events
                     SET last_error = COALESCE(?3, last_error),
+                        available_at = COALESCE(?4, available_at),
                         lease_owner = NULL, lease_expires_at = NULL
                   WHERE id = ?1 AND lease_owner = ?2",
             )?
-            .execute(params![id, owner, error])?,
+            .execute(params![id, owner, error, available_at])?,
     };
     let recorded = changed == 1;
     if let (true, WriteBack::Dead { .. }, Some(key)) = (recorded, write_back, &event.partition_key)
@@ -790,6 +798,7 @@ mod tests {
         let got = claim(&conn, &req("r", 0, 10)).unwrap();
         let release = WriteBack::Release {
             error: Some("connection refused".into()),
+            available_at: None,
         };
         assert!(write_back(&conn, &got[0], 1, &release).unwrap());
         let got = claim(&conn, &req("r2", 2, 10)).unwrap();

@@ -102,16 +102,31 @@ pub(crate) fn decide(
         }
     };
     let (write_back, gate) = match tried {
-        Tried::Skipped => (WriteBack::Release { error: None }, GateChange::Unchanged),
+        Tried::Skipped => (
+            WriteBack::Release {
+                error: None,
+                available_at: None,
+            },
+            GateChange::Unchanged,
+        ),
         Tried::Panicked(msg) => (
             retry_or_dead(format!("transport panicked: {msg}"), None),
             GateChange::Unchanged,
         ),
+        // Moved behind the other due events (available_at = now), so the next probe of the
+        // destination is another event: no single event is the probe forever.
         Tried::Attempted(Attempt::Unreachable { reason }) => (
             WriteBack::Release {
                 error: Some(format!("unreachable: {reason}")),
+                available_at: Some(now),
             },
             GateChange::Unreachable,
+        ),
+        // The receiver was reached, so the destination is up; the event may be what it
+        // chokes on (a poison event), so it spends an attempt and backs off on its own.
+        Tried::Attempted(Attempt::Failed { reason }) => (
+            retry_or_dead(format!("no valid answer: {reason}"), None),
+            GateChange::Answered,
         ),
         Tried::Attempted(Attempt::Unsendable { reason }) => (
             WriteBack::Dead {
@@ -129,6 +144,7 @@ pub(crate) fn decide(
                 // The destination is disabled; its events wait without spending attempts.
                 410 => WriteBack::Release {
                     error: Some(detail.clone()),
+                    available_at: None,
                 },
                 408 | 429 | 500..=599 => retry_or_dead(detail.clone(), *retry_after),
                 400..=499 if policy.dead_letter_client_errors => WriteBack::Dead {
@@ -288,7 +304,8 @@ mod tests {
         assert_eq!(
             d.write_back,
             WriteBack::Release {
-                error: Some("HTTP 410".into())
+                error: Some("HTTP 410".into()),
+                available_at: None,
             }
         );
         assert_eq!(
@@ -318,10 +335,33 @@ mod tests {
         assert_eq!(
             d.write_back,
             WriteBack::Release {
-                error: Some("unreachable: connection refused".into())
-            }
+                error: Some("unreachable: connection refused".into()),
+                available_at: Some(NOW),
+            },
+            "moved behind the other due events, so the next probe is another one"
         );
         assert_eq!(d.gate, GateChange::Unreachable);
+    }
+
+    #[test]
+    fn no_valid_answer_after_sending_spends_an_attempt_of_that_event_only() {
+        let attempt = Attempt::Failed {
+            reason: "timeout: recv response".into(),
+        };
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
+        assert_eq!(
+            d.write_back,
+            WriteBack::Retry {
+                available_at: NOW + 700,
+                error: "no valid answer: timeout: recv response".into()
+            }
+        );
+        assert_eq!(d.gate, GateChange::Answered, "the destination stays open");
+        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
+        assert!(
+            matches!(d.write_back, WriteBack::Dead { .. }),
+            "a poison event is dead-lettered at max attempts"
+        );
     }
 
     #[test]
@@ -342,7 +382,13 @@ mod tests {
     #[test]
     fn an_event_not_sent_is_handed_back_untouched() {
         let d = decide(&Tried::Skipped, 5, BACKOFF, &policy(), NOW);
-        assert_eq!(d.write_back, WriteBack::Release { error: None });
+        assert_eq!(
+            d.write_back,
+            WriteBack::Release {
+                error: None,
+                available_at: None
+            }
+        );
         assert_eq!(d.gate, GateChange::Unchanged);
     }
 

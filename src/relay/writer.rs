@@ -323,10 +323,10 @@ impl Writer {
                 crate::telemetry::dead(&event.event_type, &event.destination);
                 log::warn!("event {}: dead-lettered: {error}", event.event_id)
             }
-            WriteBack::Release { error: Some(e) } => {
+            WriteBack::Release { error: Some(e), .. } => {
                 log::debug!("event {}: released ({e})", event.event_id)
             }
-            WriteBack::Release { error: None } => {}
+            WriteBack::Release { error: None, .. } => {}
         }
     }
 

@@ -168,6 +168,7 @@ impl HttpTransport {
             .http_status_as_error(false)
             .max_redirects(0)
             .proxy(None)
+            .timeout_resolve(Some(config.connect_timeout))
             .timeout_connect(Some(config.connect_timeout))
             .timeout_global(Some(config.request_timeout))
             .max_idle_connections(config.max_idle_connections)
@@ -190,12 +191,43 @@ impl HttpTransport {
     }
 }
 
-/// Whether a ureq error means "no answer from the receiver" rather than a local fault.
-fn is_unreachable(e: &ureq::Error) -> bool {
-    !matches!(
+/// What a ureq error means for the attempt.
+///
+/// Failures before the request could have reached the receiver (name lookup, connect, TLS
+/// handshake) say nothing about the event: the destination is unreachable. Anything later
+/// (a read timeout, a reset or close mid-response, a malformed answer) may be this event's
+/// doing, so it is the event's failed attempt. The whole-request timeout counts as later:
+/// the connect and name-lookup phases have their own, shorter timeout.
+fn classify(e: ureq::Error) -> Attempt {
+    use std::io::ErrorKind;
+    use ureq::Error as E;
+    use ureq::Timeout as T;
+    let before_sent = match &e {
+        E::HostNotFound | E::ConnectionFailed | E::ConnectProxyFailed(_) | E::Tls(_) => true,
+        E::Timeout(T::Resolve | T::Connect) => true,
+        E::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::AddrNotAvailable
+                | ErrorKind::NotConnected
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::NetworkDown
+        ),
+        _ => false,
+    };
+    let local_fault = matches!(
         e,
-        ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::RequireHttpsOnly(_)
-    )
+        E::BadUri(_) | E::Http(_) | E::RequireHttpsOnly(_) | E::TlsRequired
+    );
+    let reason = e.to_string();
+    if local_fault {
+        Attempt::Unsendable { reason }
+    } else if before_sent {
+        Attempt::Unreachable { reason }
+    } else {
+        Attempt::Failed { reason }
+    }
 }
 
 impl Transport for HttpTransport {
@@ -247,16 +279,7 @@ impl Transport for HttpTransport {
         }
         let mut response = match request.send(&body[..]) {
             Ok(response) => response,
-            Err(e) if is_unreachable(&e) => {
-                return Attempt::Unreachable {
-                    reason: e.to_string(),
-                }
-            }
-            Err(e) => {
-                return Attempt::Unsendable {
-                    reason: e.to_string(),
-                }
-            }
+            Err(e) => return classify(e),
         };
         let status = response.status().as_u16();
         let retry_after = response

@@ -73,9 +73,17 @@ pub enum Attempt {
         /// A short description for `last_error` (status line and the start of the body).
         detail: String,
     },
-    /// The receiver could not be reached: connection refused, DNS failure, timeout, reset.
-    /// Backs off the whole destination; does not spend the event's attempts.
+    /// The receiver could not be reached before the request was written: DNS failure,
+    /// connection refused, connect timeout, TLS handshake failure. Backs off the whole
+    /// destination; does not spend the event's attempts.
     Unreachable {
+        /// What went wrong.
+        reason: String,
+    },
+    /// The request was written but no valid answer came: a read timeout, a reset or close
+    /// mid-response, a malformed answer. The event spends an attempt and backs off on its own
+    /// (it may be what the receiver chokes on); the destination stays open for the others.
+    Failed {
         /// What went wrong.
         reason: String,
     },

@@ -44,6 +44,8 @@ pub struct Response {
     pub body: Vec<u8>,
     /// Hold the answer this long first (or until the server stops): a slow or hung receiver.
     pub hold: Option<Duration>,
+    /// Close the connection instead of answering: a receiver that resets mid-response.
+    pub reset: bool,
 }
 
 impl Response {
@@ -53,6 +55,15 @@ impl Response {
             headers: Vec::new(),
             body: Vec::new(),
             hold: None,
+            reset: false,
+        }
+    }
+
+    /// No answer at all: the connection is closed once the request is read.
+    pub fn reset() -> Response {
+        Response {
+            reset: true,
+            ..Response::status(0)
         }
     }
 
@@ -255,6 +266,10 @@ fn serve_connection(
             while Instant::now() < until && !stop.load(Ordering::SeqCst) {
                 thread::sleep(Duration::from_millis(10));
             }
+        }
+        if response.reset {
+            let _ = writer.shutdown(std::net::Shutdown::Both);
+            return;
         }
         if write_response(&mut writer, &response, false).is_err() {
             return;

@@ -33,6 +33,8 @@ pub enum Reply {
     StatusHeader(u16, &'static str, String),
     /// Hold the request this long (or until the receiver stops), then answer 200.
     Hang(Duration),
+    /// Close the connection without answering.
+    Reset,
 }
 
 /// A receiver on 127.0.0.1 (the shared [`HttpServer`]) that records every request and
@@ -63,6 +65,7 @@ impl TestReceiver {
                 Reply::StatusBody(s, b) => Response::status(s).body(b),
                 Reply::StatusHeader(s, name, value) => Response::status(s).header(name, value),
                 Reply::Hang(d) => Response::status(200).after(d),
+                Reply::Reset => Response::reset(),
             }
         })
         .expect("bind receiver");
