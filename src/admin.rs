@@ -116,30 +116,59 @@ const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_k
     idempotency_key, subject, attempts, last_error, created_at, available_at, delivered_at,
     dead_at, lease_owner, payload";
 
+/// Reads a stored row for the operator. It never fails on what is stored: a row another
+/// program wrote with the wrong types (the relay dead-letters such rows as unreadable) is
+/// shown as well as it can be, so it can be seen, retried or purged.
 fn record(r: &Row<'_>) -> rusqlite::Result<EventRecord> {
-    let delivered_at: Option<i64> = r.get(11)?;
-    let dead_at: Option<i64> = r.get(12)?;
+    let delivered_at = lossy_int(r, 11)?;
+    let dead_at = lossy_int(r, 12)?;
     Ok(EventRecord {
         id: r.get(0)?,
-        event_id: r.get(1)?,
-        destination: r.get(2)?,
-        event_type: r.get(3)?,
-        key: r.get(4)?,
-        idempotency_key: r.get(5)?,
-        subject: r.get(6)?,
+        event_id: lossy_text(r, 1)?.unwrap_or_default(),
+        destination: lossy_text(r, 2)?.unwrap_or_default(),
+        event_type: lossy_text(r, 3)?.unwrap_or_default(),
+        key: lossy_text(r, 4)?,
+        idempotency_key: lossy_text(r, 5)?,
+        subject: lossy_text(r, 6)?,
         state: match (delivered_at, dead_at) {
             (Some(_), _) => State::Delivered,
             (None, Some(_)) => State::Dead,
             (None, None) => State::Pending,
         },
-        attempts: r.get(7)?,
-        last_error: r.get(8)?,
-        created_at: r.get(9)?,
-        available_at: r.get(10)?,
+        attempts: lossy_int(r, 7)?.unwrap_or_default(),
+        last_error: lossy_text(r, 8)?,
+        created_at: lossy_int(r, 9)?.unwrap_or_default(),
+        available_at: lossy_int(r, 10)?.unwrap_or_default(),
         delivered_at,
         dead_at,
-        lease_owner: r.get(13)?,
-        data: r.get(14)?,
+        lease_owner: lossy_text(r, 13)?,
+        data: lossy_text(r, 14)?.unwrap_or_default(),
+    })
+}
+
+/// A text column as text whatever is stored: invalid UTF-8 replaced, a BLOB shown as hex.
+fn lossy_text(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Some(format!(
+            "x'{}'",
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        )),
+        ValueRef::Integer(i) => Some(i.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+    })
+}
+
+/// An integer column as an integer whatever is stored (a REAL is truncated, text is 0).
+fn lossy_int(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<i64>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Integer(i) => Some(i),
+        ValueRef::Real(f) => Some(f as i64),
+        ValueRef::Text(_) | ValueRef::Blob(_) => Some(0),
     })
 }
 

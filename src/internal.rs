@@ -14,7 +14,7 @@ pub fn claim(
     now: i64,
     limit: i64,
 ) -> Result<Vec<OutboundEvent>> {
-    queue::claim(
+    Ok(queue::claim(
         conn,
         &ClaimRequest {
             destination,
@@ -24,7 +24,8 @@ pub fn claim(
             lease_ms: 60_000,
             limit,
         },
-    )
+    )?
+    .events)
 }
 
 /// Acks `events` (of one claim) in one transaction, as the relay does: fenced by their

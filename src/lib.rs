@@ -126,6 +126,7 @@
 //! | DNS failure, connection refused, connect timeout, TLS handshake failure (the request never left) | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed. A released probe moves behind the other due events, so the next probe is another event |
 //! | the request was written but no valid answer came (read timeout, reset or close mid-response, malformed answer) | that **event** spends an attempt and backs off on its own, like a 5xx; the destination stays open, so a poison event that hangs or crashes the receiver is dead-lettered at `max_attempts` while every other event keeps flowing |
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
+//! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
 //! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
 //! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again |
 //! | a stale relay comes back | every write-back is fenced by the claim's lease owner: an outcome for a lease that was taken over is discarded ([`RelayStats::lease_lost`]) |

@@ -336,8 +336,26 @@ pub(crate) struct ClaimRequest<'a> {
     pub limit: i64,
 }
 
-/// Runs the claim; rows come back in commit order.
-pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Vec<OutboundEvent>> {
+/// A claimed row that could not be read as an event (a BLOB payload, a REAL time, text that
+/// is not UTF-8: written by hand or by another program). The claim dead-letters it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unreadable {
+    pub id: i64,
+    pub error: String,
+}
+
+/// What one claim took: the events to deliver, in commit order, and the rows it found
+/// unreadable and dead-lettered instead.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    pub events: Vec<OutboundEvent>,
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// Runs the claim. Rows are decoded one by one, so one unreadable row costs only itself:
+/// it is dead-lettered (fenced by this claim's lease) with the decoding error kept, and the
+/// rest of the batch goes out.
+pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed> {
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
     let rows = stmt.query_map(
         params![
@@ -349,27 +367,80 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Vec<Out
             req.default_source
         ],
         |r| {
-            Ok(OutboundEvent {
-                id: r.get(0)?,
-                event_id: r.get(1)?,
-                destination: r.get(2)?,
-                event_type: r.get(3)?,
-                source: r.get(4)?,
-                subject: r.get(5)?,
-                partition_key: r.get(6)?,
-                idempotency_key: r.get(7)?,
-                payload: r.get(8)?,
-                created_at: r.get(9)?,
-                attempts: r.get(10)?,
-                lease_owner: r.get(11)?,
-                lease_expires_at: r.get(12)?,
-            })
+            // The row id is an INTEGER PRIMARY KEY: always readable.
+            let id: i64 = r.get(0)?;
+            Ok(decode_event(r).map_err(|e| Unreadable {
+                id,
+                error: format!("unreadable row: {e}"),
+            }))
         },
     )?;
-    let mut events = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut claimed = Claimed::default();
+    for row in rows {
+        match row? {
+            Ok(event) => claimed.events.push(event),
+            Err(unreadable) => claimed.unreadable.push(unreadable),
+        }
+    }
+    drop(stmt);
+    for row in &claimed.unreadable {
+        dead_letter_unreadable(conn, row, req.owner, req.now)?;
+    }
     // RETURNING order is unspecified; hand events to workers oldest first.
-    events.sort_unstable_by_key(|e| e.id);
-    Ok(events)
+    claimed.events.sort_unstable_by_key(|e| e.id);
+    Ok(claimed)
+}
+
+/// Reads one row of the claim's `RETURNING` list.
+fn decode_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboundEvent> {
+    Ok(OutboundEvent {
+        id: r.get(0)?,
+        event_id: r.get(1)?,
+        destination: r.get(2)?,
+        event_type: r.get(3)?,
+        source: r.get(4)?,
+        subject: r.get(5)?,
+        partition_key: r.get(6)?,
+        idempotency_key: r.get(7)?,
+        payload: r.get(8)?,
+        created_at: r.get(9)?,
+        attempts: r.get(10)?,
+        lease_owner: r.get(11)?,
+        lease_expires_at: r.get(12)?,
+    })
+}
+
+/// Dead-letters a claimed row that could not be read, and lets its key's next event go
+/// (found in SQL, since the row's own key may be what is unreadable).
+fn dead_letter_unreadable(
+    conn: &Connection,
+    row: &Unreadable,
+    owner: &str,
+    now: i64,
+) -> Result<()> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE outbox_events
+                SET dead_at = ?3, last_error = ?4, last_attempted_at = ?3,
+                    lease_owner = NULL, lease_expires_at = NULL
+              WHERE id = ?1 AND lease_owner = ?2",
+        )?
+        .execute(params![row.id, owner, now, row.error])?;
+    if changed == 1 {
+        conn.prepare_cached(concat!(
+            "UPDATE outbox_events SET available_at = ?2
+              WHERE available_at = ",
+            parked!(),
+            " AND id = (
+                    SELECT MIN(k.id) FROM outbox_events AS k, outbox_events AS d
+                     WHERE d.id = ?1 AND k.partition_key = d.partition_key
+                       AND k.destination = d.destination AND ",
+            pending!("k."),
+            ")"
+        ))?
+        .execute(params![row.id, now])?;
+    }
+    Ok(())
 }
 
 /// What to record for one claimed row.
@@ -653,8 +724,15 @@ mod tests {
         events.iter().map(|e| e.id).collect()
     }
 
+    /// Claims and returns the events (these tests write only readable rows).
+    fn claim_events(conn: &Connection, req: &ClaimRequest<'_>) -> Vec<OutboundEvent> {
+        let claimed = claim(conn, req).unwrap();
+        assert!(claimed.unreadable.is_empty(), "{:?}", claimed.unreadable);
+        claimed.events
+    }
+
     fn claimed(conn: &Connection, id: i64, owner: &str) -> OutboundEvent {
-        let mut all = claim(conn, &req(owner, 0, 100)).unwrap();
+        let mut all = claim_events(conn, &req(owner, 0, 100));
         all.retain(|e| e.id == id);
         all.pop().expect("claimable")
     }
@@ -670,23 +748,23 @@ mod tests {
         let a = insert_raw(&conn, None, 0);
         let b = insert_raw(&conn, None, 0);
         insert_raw(&conn, None, 10_000); // not yet due
-        let got = claim(&conn, &req("r1", 100, 10)).unwrap();
+        let got = claim_events(&conn, &req("r1", 100, 10));
         assert_eq!(ids(&got), vec![a, b]);
         assert!(got
             .iter()
             .all(|e| e.lease_owner == "r1" && e.lease_expires_at == 1_100));
         assert_eq!(got[0].source, "/test");
         // Leased rows are not claimable by anyone else while the lease holds.
-        assert!(claim(&conn, &req("r2", 500, 10)).unwrap().is_empty());
+        assert!(claim_events(&conn, &req("r2", 500, 10)).is_empty());
     }
 
     #[test]
     fn expired_lease_is_claimed_again_and_stale_owner_is_fenced_off() {
         let (_d, conn) = db();
         let id = insert_raw(&conn, None, 0);
-        let old = claim(&conn, &req("old", 0, 10)).unwrap().remove(0);
+        let old = claim_events(&conn, &req("old", 0, 10)).remove(0);
         // The old owner's lease (until 1_000) has expired: a new relay takes the row.
-        let new = claim(&conn, &req("new", 1_000, 10)).unwrap().remove(0);
+        let new = claim_events(&conn, &req("new", 1_000, 10)).remove(0);
         assert_eq!(new.lease_owner, "new");
         // The old owner's late outcome is rejected; the new owner's is recorded.
         let stale = WriteBack::Dead {
@@ -710,10 +788,10 @@ mod tests {
         let k1 = insert_raw(&conn, Some("k"), 0);
         let k2 = insert_raw(&conn, Some("k"), 0);
         let other = insert_raw(&conn, Some("j"), 0);
-        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        let got = claim_events(&conn, &req("r", 0, 10));
         assert_eq!(ids(&got), vec![k1, other]);
         write_back(&conn, &got[0], 1, &WriteBack::Delivered).unwrap();
-        assert_eq!(ids(&claim(&conn, &req("r", 1, 10)).unwrap()), vec![k2]);
+        assert_eq!(ids(&claim_events(&conn, &req("r", 1, 10))), vec![k2]);
     }
 
     #[test]
@@ -727,8 +805,8 @@ mod tests {
             error: "HTTP 500".into(),
         };
         assert!(write_back(&conn, &head, 10, &retry).unwrap());
-        assert!(claim(&conn, &req("r", 20, 10)).unwrap().is_empty());
-        let got = claim(&conn, &req("r", 5_000, 10)).unwrap();
+        assert!(claim_events(&conn, &req("r", 20, 10)).is_empty());
+        let got = claim_events(&conn, &req("r", 5_000, 10));
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].id, got[0].attempts), (k1, 1));
     }
@@ -743,7 +821,54 @@ mod tests {
             error: "HTTP 400".into(),
         };
         write_back(&conn, &head, 1, &dead).unwrap();
-        assert_eq!(ids(&claim(&conn, &req("r", 2, 10)).unwrap()), vec![k2]);
+        assert_eq!(ids(&claim_events(&conn, &req("r", 2, 10))), vec![k2]);
+    }
+
+    #[test]
+    fn an_unreadable_row_is_dead_lettered_and_the_rest_of_its_batch_claimed() {
+        let (_d, conn) = db();
+        let good = insert_raw(&conn, None, 0);
+        let blob = insert_raw(&conn, Some("k"), 0);
+        conn.execute(
+            "UPDATE outbox_events SET payload = x'00ff' WHERE id = ?1",
+            [blob],
+        )
+        .unwrap();
+        let behind_blob = insert_raw(&conn, Some("k"), PARKED);
+        let real = insert_raw(&conn, None, 0);
+        conn.execute(
+            "UPDATE outbox_events SET created_at = 1.5 WHERE id = ?1",
+            [real],
+        )
+        .unwrap();
+        let not_utf8 = insert_raw(&conn, None, 0);
+        conn.execute(
+            "UPDATE outbox_events SET event_type = CAST(x'c328' AS TEXT) WHERE id = ?1",
+            [not_utf8],
+        )
+        .unwrap();
+        let last = insert_raw(&conn, None, 0);
+        let claimed = claim(&conn, &req("r", 0, 10)).unwrap();
+        assert_eq!(ids(&claimed.events), vec![good, last]);
+        let bad: Vec<i64> = claimed.unreadable.iter().map(|u| u.id).collect();
+        assert_eq!(bad.len(), 3);
+        for id in [blob, real, not_utf8] {
+            assert!(bad.contains(&id));
+            let (dead, error): (Option<i64>, String) = conn
+                .query_row(
+                    "SELECT dead_at, last_error FROM outbox_events WHERE id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            assert_eq!(dead, Some(0));
+            assert!(error.starts_with("unreadable row: "), "{error}");
+        }
+        // The dead row was its key's head: the next event of the key is due now.
+        assert_eq!(
+            ids(&claim_events(&conn, &req("r", 1, 10))),
+            vec![behind_blob]
+        );
     }
 
     #[test]
@@ -751,7 +876,7 @@ mod tests {
         let (_d, conn) = db();
         let a = insert_raw(&conn, None, 0);
         let b = insert_raw(&conn, None, 0);
-        let got = claim(&conn, &req("mine", 0, 10)).unwrap();
+        let got = claim_events(&conn, &req("mine", 0, 10));
         // b's lease expires and another relay takes it.
         conn.execute(
             "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
@@ -776,11 +901,11 @@ mod tests {
         let head = insert_raw(&conn, Some("k"), 0);
         let next = insert_raw(&conn, Some("k"), PARKED);
         let last = insert_raw(&conn, Some("k"), PARKED);
-        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        let got = claim_events(&conn, &req("r", 0, 10));
         assert_eq!(ids(&got), vec![head]);
         let refs: Vec<&OutboundEvent> = got.iter().collect();
         ack(&conn, "r", &refs, 1).unwrap();
-        assert_eq!(ids(&claim(&conn, &req("r", 2, 10)).unwrap()), vec![next]);
+        assert_eq!(ids(&claim_events(&conn, &req("r", 2, 10))), vec![next]);
         let available: i64 = conn
             .query_row(
                 "SELECT available_at FROM outbox_events WHERE id = ?1",
@@ -795,13 +920,13 @@ mod tests {
     fn release_keeps_attempts() {
         let (_d, conn) = db();
         insert_raw(&conn, None, 0);
-        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        let got = claim_events(&conn, &req("r", 0, 10));
         let release = WriteBack::Release {
             error: Some("connection refused".into()),
             available_at: None,
         };
         assert!(write_back(&conn, &got[0], 1, &release).unwrap());
-        let got = claim(&conn, &req("r2", 2, 10)).unwrap();
+        let got = claim_events(&conn, &req("r2", 2, 10));
         assert_eq!(got[0].attempts, 0);
     }
 
@@ -811,7 +936,7 @@ mod tests {
         for _ in 0..3 {
             insert_raw(&conn, None, 0);
         }
-        let got = claim(&conn, &req("r", 0, 10)).unwrap();
+        let got = claim_events(&conn, &req("r", 0, 10));
         conn.execute(
             "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
             [got[1].id],

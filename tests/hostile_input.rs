@@ -112,3 +112,50 @@ fn a_file_that_cannot_be_written_is_a_typed_error_and_works_again_when_writable(
     enqueue(&outbox, json!(3)).unwrap();
     assert_eq!(rows(&outbox).len(), 2);
 }
+
+#[test]
+fn an_unreadable_row_is_dead_lettered_and_the_rest_of_its_batch_delivered() {
+    use common::{fast, wait_until, TestReceiver, PATIENCE};
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("unreadable.db")).unwrap();
+    outbox
+        .transaction(|tx| {
+            for n in 0..10 {
+                outbox.enqueue(tx, Event::new("reading", json!(n)))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    // Another program wrote a BLOB where the outbox keeps JSON text.
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "UPDATE outbox_events SET payload = x'deadbeef' WHERE id = (SELECT MIN(id) + 4 FROM outbox_events)",
+            [],
+        )
+        .unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(fast(sqlite_outbox::RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    let settled = wait_until(PATIENCE, || {
+        rows(&outbox).iter().all(|r| r.delivered || r.dead)
+    });
+    let stats = relay.shutdown();
+    assert!(settled, "{:?}", rows(&outbox));
+    let all = rows(&outbox);
+    let dead: Vec<_> = all.iter().filter(|r| r.dead).collect();
+    assert_eq!(dead.len(), 1, "{all:?}");
+    let error = dead[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.starts_with("unreadable row: "), "{error}");
+    assert_eq!(receiver.count(), 9, "the rest of the batch was delivered");
+    assert_eq!(stats.abandoned, 0);
+    // The operator sees it, data shown as hex.
+    let listed = outbox
+        .list(Some(sqlite_outbox::admin::State::Dead), 10)
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].data, "x'deadbeef'");
+}

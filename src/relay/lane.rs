@@ -112,10 +112,10 @@ impl Lane {
         }
     }
 
-    /// Queues claimed `events` for the workers, as requests. A claim that filled its `limit`
-    /// suggests more are due.
-    pub fn dispatch(&mut self, events: Vec<OutboundEvent>, limit: usize) {
-        self.claim_due = events.len() == limit;
+    /// Queues claimed `events` for the workers, as requests; `more_due` says whether the
+    /// claim filled its limit, so more may be due.
+    pub fn dispatch(&mut self, events: Vec<OutboundEvent>, more_due: bool) {
+        self.claim_due = more_due;
         for job in self.group_into_jobs(events) {
             for event in &job {
                 self.in_flight.insert(event.id);

@@ -225,7 +225,7 @@ impl Writer {
         let limit = lane.claim_limit();
         self.claim_seq += 1;
         let owner = format!("{}:{}", self.relay_id, self.claim_seq);
-        let events = queue::claim(
+        let claimed = queue::claim(
             &self.conn,
             &ClaimRequest {
                 destination: lane.name(),
@@ -237,6 +237,19 @@ impl Writer {
             },
         )?;
         self.last_claim = Instant::now();
+        for row in &claimed.unreadable {
+            self.counters.record(&WriteBack::Dead {
+                error: row.error.clone(),
+            });
+            log::warn!(
+                "row {} of {}: dead-lettered: {}",
+                row.id,
+                lane.name(),
+                row.error
+            );
+        }
+        let more_due = claimed.events.len() + claimed.unreadable.len() == limit;
+        let events = claimed.events;
         for event in &events {
             log::debug!(
                 "event {}: claimed by {owner} for {}",
@@ -244,7 +257,7 @@ impl Writer {
                 lane.name()
             );
         }
-        self.lanes[index].dispatch(events, limit);
+        self.lanes[index].dispatch(events, more_due);
         Ok(())
     }
 
