@@ -96,6 +96,19 @@ fn busy_handler(attempt: i32) -> bool {
     true
 }
 
+/// Runs `f` with `conn`'s busy handler switched off, so a lock it cannot get fails at once
+/// with `SQLITE_BUSY` instead of waiting (and, for a WAL restart, holding writers back while
+/// it waits).
+pub(crate) fn without_busy_wait<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.busy_handler(None)?;
+    let result = f(conn);
+    conn.busy_handler(Some(busy_handler))?;
+    result
+}
+
 /// Settings applied to every connection the outbox opens.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectionSettings {

@@ -140,8 +140,11 @@
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
 //! costs the claim nothing either (`src/queue.rs` draws the row's state machine). Acks are
 //! gathered (up to 200 per transaction, waiting at most 1 ms for more), claims wait until a
-//! whole batch fits, and the writer checkpoints the WAL in the background (restarting it
-//! past 16 MiB), so the app's own commits do not pay for checkpoints. A writer waiting for
+//! whole batch fits, and the writer checkpoints the WAL in the background (PASSIVE, and past
+//! 16 MiB a TRUNCATE that never busy-waits: while another process holds a read transaction,
+//! a backup or a report query, the reset is skipped and retried after a growing pause, so
+//! the app's commits never wait behind it), so the app's own commits do not pay for
+//! checkpoints. A writer waiting for
 //! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
 //!
 //! # Several destinations

@@ -14,9 +14,12 @@ use crate::relay::config::RelayConfig;
 /// app's commits never run a checkpoint themselves.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 
-/// WAL frames (pages) past which the writer restarts the WAL instead of waiting for a gap in
+/// WAL frames (pages) past which the writer resets the WAL instead of waiting for a gap in
 /// the writes: 16 MiB of 4 KiB pages.
 const WAL_RESTART_FRAMES: i64 = 4096;
+
+/// Longest pause between tries to reset the WAL while a reader keeps it busy.
+const WAL_RESTART_BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -29,6 +32,9 @@ pub(crate) struct Housekeeping {
     /// Whether anything was written since the last checkpoint.
     wrote: bool,
     last_checkpoint: Instant,
+    /// When the WAL may next be reset, and the pause after the next busy try.
+    next_restart: Instant,
+    restart_backoff: Duration,
     /// When retention last started, and rows pruned in the current run (if one is going on).
     last_retention: Option<Instant>,
     pruning: Option<usize>,
@@ -43,6 +49,8 @@ impl Housekeeping {
             retention_interval: config.retention_interval,
             wrote: true,
             last_checkpoint: Instant::now(),
+            next_restart: Instant::now(),
+            restart_backoff: CHECKPOINT_INTERVAL,
             last_retention: None,
             pruning: None,
             last_gauges: None,
@@ -61,7 +69,14 @@ impl Housekeeping {
         self.checkpoint(conn);
     }
 
-    /// Checkpoints the WAL in the background (PASSIVE: never waits for readers or writers).
+    /// Checkpoints the WAL in the background. PASSIVE never waits for readers or writers.
+    ///
+    /// Under writes that never pause, a PASSIVE checkpoint never catches up with the end of
+    /// the WAL, so the WAL is never reset and grows; past a bound the writer resets it
+    /// (TRUNCATE, which also gives the file's space back). A reset must wait for every
+    /// reader to leave the old snapshot and holds new writers back while it waits, so it is
+    /// tried without the busy handler: if a reader (a backup, a report query) is in the way
+    /// it fails at once, and is tried again after a growing pause.
     fn checkpoint(&mut self, conn: &Connection) {
         if !self.wrote || self.last_checkpoint.elapsed() < CHECKPOINT_INTERVAL {
             return;
@@ -73,17 +88,37 @@ impl Housekeeping {
             Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
         });
         match passive {
-            // Under writes that never pause, a PASSIVE checkpoint never catches up with the
-            // end of the WAL, so the WAL is never restarted and grows. Past a bound, restart
-            // it: this briefly holds new writers back, which is why it is the exception.
-            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => {
-                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
-                    log::debug!("relay {}: WAL restart failed: {e}", self.relay_id);
-                }
-            }
+            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => self.reset_wal(conn),
             Ok(_) => {}
             Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
         }
+    }
+
+    /// Resets the WAL if no reader is in the way; otherwise backs off.
+    fn reset_wal(&mut self, conn: &Connection) {
+        if Instant::now() < self.next_restart {
+            return;
+        }
+        let busy = database::without_busy_wait(conn, |c| {
+            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            })
+        });
+        match busy {
+            Ok(0) => self.restart_backoff = CHECKPOINT_INTERVAL,
+            Ok(_) | Err(_) => {
+                self.next_restart = Instant::now() + self.restart_backoff;
+                self.restart_backoff = (self.restart_backoff * 2).min(WAL_RESTART_BACKOFF_CAP);
+                log::debug!(
+                    "relay {}: WAL reset busy (a reader is open), next try in {:?}",
+                    self.relay_id,
+                    self.restart_backoff
+                );
+            }
+        }
+        // Come back next turn even if nothing else is written: while the reader stays the
+        // WAL cannot be reset, and the first try after it leaves truncates it.
+        self.wrote = true;
     }
 
     /// Prunes delivered events past the retention, one small page per loop turn so claims
