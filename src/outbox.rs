@@ -322,7 +322,10 @@ impl Outbox {
             event_id: &event_id,
             idempotency_key: event.idempotency_key.as_deref(),
             event_type: &event.event_type,
-            source: event.source.as_deref(),
+            // Stored, not resolved at delivery: every relay (this app's, the CLI's, another
+            // process's) then sends one event id under one source, which receivers
+            // de-duplicate on together.
+            source: Some(event.source.as_deref().unwrap_or(&self.inner.default_source)),
             subject: event.subject.as_deref(),
             partition_key: event.partition_key.as_deref(),
             payload: &payload,

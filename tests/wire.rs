@@ -368,3 +368,25 @@ fn the_official_cloudevents_sdk_accepts_every_request_the_relay_sends() {
         assert_eq!(keyed, 15);
     }
 }
+
+#[test]
+fn the_source_is_fixed_at_enqueue_whichever_relay_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("source.db");
+    let app = Outbox::builder()
+        .default_source("/shop/eu-1")
+        .open(&path)
+        .unwrap();
+    app.transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
+        .unwrap();
+    // Another process (the CLI, say) relays with its own default source.
+    let other = Outbox::builder().default_source("/cli").open(&path).unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = other
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 1));
+    relay.shutdown();
+    assert_eq!(receiver.received()[0].body["source"], "/shop/eu-1");
+}
