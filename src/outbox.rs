@@ -304,9 +304,35 @@ impl Outbox {
                 event_type: event.event_type,
             });
         }
+        // One INSERT into one destination is atomic by itself. Anything more (a coalesced
+        // event deleted, room made, several destinations) goes in a savepoint, so an error or
+        // a duplicate leaves the caller's transaction exactly as it was.
+        let guarded =
+            event.coalesce_key.is_some() || self.inner.limits.is_set() || destinations.len() > 1;
+        if !guarded {
+            return self.write_event(tx, &event, &payload, &destinations);
+        }
+        tx.prepare_cached("SAVEPOINT outbox_enqueue")?.execute([])?;
+        let result = self.write_event(tx, &event, &payload, &destinations);
+        if !matches!(result, Ok(Enqueued::New { .. })) {
+            tx.prepare_cached("ROLLBACK TO outbox_enqueue")?
+                .execute([])?;
+        }
+        tx.prepare_cached("RELEASE outbox_enqueue")?.execute([])?;
+        result
+    }
+
+    /// Enqueue's writes: replacing a coalesced event, making room, inserting.
+    fn write_event(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Event,
+        payload: &str,
+        destinations: &[&str],
+    ) -> Result<Enqueued> {
         let now = self.inner.clock.now_ms();
         if let Some(key) = &event.coalesce_key {
-            let replaced = queue::coalesce(tx, &event.event_type, key, &destinations, now)?;
+            let replaced = queue::coalesce(tx, &event.event_type, key, destinations, now)?;
             if replaced > 0 {
                 crate::telemetry::coalesced(&event.event_type, replaced);
             }
@@ -325,19 +351,24 @@ impl Outbox {
             // Stored, not resolved at delivery: every relay (this app's, the CLI's, another
             // process's) then sends one event id under one source, which receivers
             // de-duplicate on together.
-            source: Some(event.source.as_deref().unwrap_or(&self.inner.default_source)),
+            source: Some(
+                event
+                    .source
+                    .as_deref()
+                    .unwrap_or(&self.inner.default_source),
+            ),
             subject: event.subject.as_deref(),
             partition_key: event.partition_key.as_deref(),
-            payload: &payload,
+            payload,
             coalesce_key: event.coalesce_key.as_deref(),
             now,
         };
-        let inserted_any = queue::insert(tx, &row, &destinations, |destination| {
+        let inserted_any = queue::insert(tx, &row, destinations, |destination| {
             crate::telemetry::enqueued(&event.event_type, destination)
         })?;
         if !inserted_any {
             if let Some(key) = &event.idempotency_key {
-                for destination in &destinations {
+                for destination in destinations {
                     if let Some(existing_event_id) =
                         queue::idempotency_holder(tx, destination, key)?
                     {

@@ -371,3 +371,70 @@ fn hold_write_lock(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<(
     locked_rx.recv().unwrap();
     holder
 }
+
+/// The pending events' ids, oldest first.
+fn pending_ids(outbox: &Outbox) -> Vec<String> {
+    outbox
+        .list(Some(sqlite_outbox::admin::State::Pending), 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.event_id)
+        .collect()
+}
+
+#[test]
+fn a_duplicate_with_a_coalescing_key_leaves_the_replaced_event_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("savepoint.db")).unwrap();
+    let held = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("order", json!(1)).idempotency_key("k1")))
+        .unwrap();
+    let position = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("gps", json!(1)).coalesce_key("gps")))
+        .unwrap();
+    let before = pending_ids(&outbox);
+    // Would replace the pending fix, but its idempotency key is taken: a duplicate.
+    let again = outbox
+        .transaction(|tx| {
+            outbox.enqueue(
+                tx,
+                Event::new("gps", json!(2))
+                    .coalesce_key("gps")
+                    .idempotency_key("k1"),
+            )
+        })
+        .unwrap();
+    assert_eq!(again.event_id(), held.event_id());
+    assert!(again.is_duplicate());
+    assert_eq!(pending_ids(&outbox), before);
+    assert!(before.contains(&position.event_id().to_string()));
+}
+
+#[test]
+fn a_full_outbox_leaves_the_replaced_event_and_the_callers_writes_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending_bytes(1_000)
+        .open(dir.path().join("savepoint-full.db"))
+        .unwrap();
+    business_table(&outbox);
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("gps", json!(1)).coalesce_key("gps")))
+        .unwrap();
+    let before = pending_ids(&outbox);
+    let result = outbox.transaction(|tx| {
+        tx.execute("INSERT INTO orders (id, total) VALUES (7, 1)", [])?;
+        // Replacing the small pending fix still leaves this one over the byte limit.
+        let huge = Event::new("gps", json!("x".repeat(2_000))).coalesce_key("gps");
+        let err = outbox.enqueue(tx, huge).unwrap_err();
+        assert!(matches!(err, Error::OutboxFull { .. }), "{err}");
+        Ok(())
+    });
+    result.unwrap();
+    assert_eq!(
+        pending_ids(&outbox),
+        before,
+        "the replaced event is still pending"
+    );
+    assert_eq!(order_count(&outbox), 1, "the caller's own write committed");
+}

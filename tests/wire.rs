@@ -380,7 +380,10 @@ fn the_source_is_fixed_at_enqueue_whichever_relay_delivers() {
     app.transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
         .unwrap();
     // Another process (the CLI, say) relays with its own default source.
-    let other = Outbox::builder().default_source("/cli").open(&path).unwrap();
+    let other = Outbox::builder()
+        .default_source("/cli")
+        .open(&path)
+        .unwrap();
     let receiver = TestReceiver::ok();
     let relay = other
         .relay(fast(RelayConfig::http(receiver.url())))
