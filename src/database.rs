@@ -324,6 +324,32 @@ mod tests {
     }
 
     #[test]
+    fn a_version_3_file_starts_its_high_water_at_its_highest_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v3.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 3) {
+            conn.execute_batch(sql).unwrap();
+            conn.execute_batch(&format!("PRAGMA user_version = {version}"))
+                .unwrap();
+        }
+        for id in [5, 9] {
+            conn.execute(
+                "INSERT INTO outbox_events (id, event_id, event_type, payload, created_at,
+                                            available_at)
+                 VALUES (?1, 'e' || ?1, 't', '{}', 0, 0)",
+                [id],
+            )
+            .unwrap();
+        }
+        migrate(&mut conn, &path).unwrap();
+        let high_water: i64 = conn
+            .query_row("SELECT high_water FROM outbox_stats", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(high_water, 9);
+    }
+
+    #[test]
     fn migrate_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");

@@ -180,10 +180,15 @@ pub(crate) fn insert(
     destinations: &[&str],
     mut inserted: impl FnMut(&str),
 ) -> Result<bool> {
+    // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
+    // top were deleted; then just above the highest id ever given (see `remember_high_water`).
     let mut stmt = tx.prepare_cached(concat!(
-        "INSERT INTO outbox_events (event_id, destination, idempotency_key, event_type,
+        "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
+         VALUES ((SELECT high_water + 1 FROM outbox_stats
+                   WHERE id = 1
+                     AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
+                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
         due_or_parked!("?7", "?2", "", "?9"),
         ", ?10)
          ON CONFLICT DO NOTHING"
@@ -212,6 +217,18 @@ pub(crate) fn insert(
     Ok(any)
 }
 
+/// Records the highest row id before rows are deleted, so ids (the `sequence` receivers
+/// order by) never go back: called by every function here that deletes.
+fn remember_high_water(conn: &Connection) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE outbox_stats
+            SET high_water = MAX(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
+          WHERE id = 1",
+    )?
+    .execute([])?;
+    Ok(())
+}
+
 /// The id of the event that holds idempotency `key` for `destination`, if any.
 pub(crate) fn idempotency_holder(
     tx: &Transaction<'_>,
@@ -236,6 +253,7 @@ pub(crate) fn coalesce(
     destinations: &[&str],
     now: i64,
 ) -> Result<usize> {
+    remember_high_water(tx)?;
     let mut replaced = 0;
     let mut delete = tx.prepare_cached(concat!(
         "DELETE FROM outbox_events
@@ -304,6 +322,7 @@ pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded<'_>) -> Result
     if rows_freed < need.rows || bytes_freed < need.bytes {
         return Ok(None);
     }
+    remember_high_water(tx)?;
     let mut delete = tx.prepare_cached(
         "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
     )?;
@@ -678,6 +697,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
         ),
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    remember_high_water(&tx)?;
     let deleted = tx
         .prepare_cached(sql)?
         .execute(params![cutoff, DELETE_PAGE_ROWS as i64])?;
@@ -735,6 +755,46 @@ mod tests {
         let mut all = claim_events(conn, &req(owner, 0, 100));
         all.retain(|e| e.id == id);
         all.pop().expect("claimable")
+    }
+
+    #[test]
+    fn ids_never_go_back_whatever_is_deleted() {
+        let (_d, mut conn) = db();
+        let insert = |conn: &mut Connection, key: &str| -> i64 {
+            let tx = conn.transaction().unwrap();
+            let row = NewRow {
+                event_id: key,
+                idempotency_key: None,
+                event_type: "t",
+                source: None,
+                subject: None,
+                partition_key: None,
+                payload: "{}",
+                coalesce_key: Some(key),
+                now: 0,
+            };
+            assert!(insert(&tx, &row, &["default"], |_| {}).unwrap());
+            let id = tx.last_insert_rowid();
+            tx.commit().unwrap();
+            id
+        };
+        let first = insert(&mut conn, "a");
+        let second = insert(&mut conn, "b");
+        // The newest row is replaced by coalescing: its id is not given out again.
+        let tx = conn.transaction().unwrap();
+        assert_eq!(coalesce(&tx, "t", "b", &["default"], 0).unwrap(), 1);
+        tx.commit().unwrap();
+        let third = insert(&mut conn, "c");
+        assert!(third > second, "{third} after {second}");
+        // Every row delivered and pruned: the table is empty, the ids go on.
+        conn.execute("UPDATE outbox_events SET delivered_at = 0", [])
+            .unwrap();
+        assert_eq!(
+            delete_page(&mut conn, Finished::DeliveredBefore(1)).unwrap(),
+            2
+        );
+        let fourth = insert(&mut conn, "d");
+        assert!(fourth > third && third > first, "{fourth} after {third}");
     }
 
     #[test]

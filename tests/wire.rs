@@ -393,3 +393,35 @@ fn the_source_is_fixed_at_enqueue_whichever_relay_delivers() {
     relay.shutdown();
     assert_eq!(receiver.received()[0].body["source"], "/shop/eu-1");
 }
+
+#[test]
+fn the_sequence_keeps_growing_after_every_row_is_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("sequence.db")).unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    let keyed = |n: i32| {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(n)).partition_key("k")))
+            .unwrap();
+    };
+    keyed(1);
+    assert!(wait_until(PATIENCE, || receiver.count() == 1));
+    // A quiet week later: every delivered row is pruned, the table is empty.
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
+    std::thread::sleep(Duration::from_millis(5)); // delivered strictly before the cutoff
+    let pruned = outbox.prune_delivered(Duration::ZERO).unwrap();
+    assert_eq!(pruned.deleted, 1);
+    keyed(2);
+    assert!(wait_until(PATIENCE, || receiver.count() == 2));
+    relay.shutdown();
+    let sequences: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.body["sequence"].as_str().unwrap().to_string())
+        .collect();
+    assert!(sequences[1] > sequences[0], "{sequences:?}");
+}
