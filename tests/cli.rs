@@ -19,6 +19,7 @@ fn outbox(db: &Path, args: &[&str]) -> Output {
         .arg(db)
         .args(args)
         .env_remove("OUTBOX_DB")
+        .env_remove("OUTBOX_SECRET")
         .output()
         .expect("run outbox")
 }
@@ -353,5 +354,73 @@ fn prune_and_stats_in_human_form() {
     assert_eq!(
         (j["pending"].clone(), j["delivered"].clone()),
         (2.into(), 0.into())
+    );
+}
+
+/// Every request `receiver` got verifies with `SECRET`.
+fn all_signed_with_secret(receiver: &TestReceiver) -> bool {
+    let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
+    receiver.received().iter().all(|r| {
+        let headers: Vec<(String, String)> = r
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let now = r.headers["webhook-timestamp"].parse().unwrap();
+        sqlite_outbox::receive::verify_request(&verifier, &headers, &r.raw, now).is_ok()
+    })
+}
+
+#[test]
+fn relay_takes_secrets_from_a_file_or_the_environment_out_of_sight_of_ps() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let receiver = TestReceiver::ok();
+    let url = receiver.url();
+    let file = dir.path().join("secrets");
+    std::fs::write(&file, format!("\n{SECRET}\n")).unwrap();
+    enqueue(&db, "t", &[]);
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &url,
+            "--secret-file",
+            file.to_str().unwrap(),
+            "--until-empty",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    enqueue(&db, "t", &[]);
+    let o = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--db")
+        .arg(&db)
+        .args(["relay", "--url", &url, "--until-empty"])
+        .env("OUTBOX_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(receiver.count(), 2);
+    assert!(all_signed_with_secret(&receiver));
+    // A secret file that holds nothing, or a malformed secret, is bad input.
+    std::fs::write(&file, "\n").unwrap();
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &url,
+            "--secret-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = outbox(&db, &["relay", "--url", &url, "--secret", "whsec_!!!"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("!!!"),
+        "the secret is not repeated: {}",
+        stderr(&o)
     );
 }

@@ -164,6 +164,22 @@ impl HttpTransport {
         url.parse::<ureq::http::Uri>().map_err(|e| {
             Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e}"))
         })?;
+        // Every part of a request that comes from the configuration is checked here, so a
+        // request that cannot be built is an error from `start()`, never a dead letter.
+        for (name, value) in &config.headers {
+            ureq::http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                Error::InvalidConfig(format!(
+                    "header name {name:?} is not a valid HTTP header name"
+                ))
+            })?;
+            // The value may be a credential: the message names the header only.
+            ureq::http::HeaderValue::from_str(value).map_err(|_| {
+                Error::InvalidConfig(format!(
+                    "the value of header {name:?} is not a valid HTTP header value (control \
+                     characters such as a trailing newline are not allowed)"
+                ))
+            })?;
+        }
         let agent: Agent = Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
@@ -326,6 +342,20 @@ mod tests {
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}");
         }
         assert!(HttpTransport::new("http://127.0.0.1:9/x", HttpConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn a_malformed_header_is_a_configuration_error_that_hides_the_value() {
+        let config = HttpConfig::new().header("authorization", "Bearer s3cr3t\n");
+        let err = HttpTransport::new("http://127.0.0.1:9/", config).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("authorization") && !msg.contains("s3cr3t"),
+            "{msg}"
+        );
+        let bad_name = HttpConfig::new().header("x token", "v");
+        assert!(HttpTransport::new("http://127.0.0.1:9/", bad_name).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use clap::Args;
 use sqlite_outbox::transport::HttpConfig;
 use sqlite_outbox::{Destination, Outbox, RelayConfig};
 
-use crate::failure::{failed, Outcome};
+use crate::failure::{bad_input, failed, Outcome};
 use crate::parse_duration;
 
 // The command's help text is the doc comment of its variant in main.rs.
@@ -18,9 +18,13 @@ pub struct RelayArgs {
     /// Where to POST events.
     #[arg(long)]
     url: String,
-    /// whsec_… signing secret; repeat for rotation.
-    #[arg(long)]
+    /// whsec_… signing secret; repeat for rotation. Visible to `ps`: prefer --secret-file or
+    /// OUTBOX_SECRET.
+    #[arg(long, env = "OUTBOX_SECRET", hide_env_values = true)]
     secret: Vec<String>,
+    /// A file of whsec_… secrets, one per line (read once at start).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
     /// Send batches of up to N events per request.
     #[arg(long)]
     batch: Option<usize>,
@@ -51,6 +55,24 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
     for s in &args.secret {
         destination = destination.secret(s);
+    }
+    if let Some(path) = &args.secret_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?;
+        let secrets: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        if secrets.is_empty() {
+            return Err(bad_input(format!(
+                "--secret-file {} holds no secret",
+                path.display()
+            )));
+        }
+        for s in secrets {
+            destination = destination.secret(s);
+        }
     }
     if let Some(n) = args.batch {
         destination = destination.batch(n, 1 << 20);
