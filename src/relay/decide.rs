@@ -61,8 +61,8 @@ pub(crate) enum GateChange {
     Answered,
     /// No answer: back off the whole destination.
     Unreachable,
-    /// The receiver answered 429: send it nothing until `until` (unix ms).
-    Pause { until: i64 },
+    /// The receiver answered 429: send it nothing for this long (measured on `Instant`).
+    Pause { pause: Duration },
     /// The receiver answered 410: disable the destination (persisted) for this reason.
     Disable { reason: String },
 }
@@ -154,13 +154,9 @@ pub(crate) fn decide(
             };
             let gate = match *status {
                 // Throttled: this destination waits; the others go on.
-                429 => {
-                    let pause =
-                        retry_after.map_or(policy.retry.base, |d| d.min(policy.retry_after_cap));
-                    GateChange::Pause {
-                        until: now.saturating_add(millis(pause)),
-                    }
-                }
+                429 => GateChange::Pause {
+                    pause: retry_after.map_or(policy.retry.base, |d| d.min(policy.retry_after_cap)),
+                },
                 410 => GateChange::Disable {
                     reason: format!("disabled after {detail}"),
                 },
@@ -256,13 +252,15 @@ mod tests {
         assert_eq!(
             d.gate,
             GateChange::Pause {
-                until: NOW + 30_000
+                pause: Duration::from_secs(30)
             }
         );
         let d = decide_answer(429, None, 0);
         assert_eq!(
             d.gate,
-            GateChange::Pause { until: NOW + 1_000 },
+            GateChange::Pause {
+                pause: Duration::from_secs(1)
+            },
             "without Retry-After, the retry base"
         );
     }

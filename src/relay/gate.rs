@@ -6,8 +6,13 @@
 //! requests are not sent into a closed gate) and read by the writer before it claims. The
 //! backoff and the pause are kept in memory only: a device that restarts after a week
 //! offline simply probes once. (Disabling is persisted by the writer; the gate mirrors it.)
+//!
+//! Both run on `Instant`, not on the wall clock: a clock that jumps (set by NTP after a boot
+//! without a real-time clock, or by hand) neither stretches a 30 s backoff into a day nor
+//! cuts a pause short.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
 use crate::relay::decide::GateChange;
@@ -17,11 +22,13 @@ use crate::relay::decide::GateChange;
 pub(crate) struct Gate {
     /// Backoff of the whole destination while it cannot be reached.
     offline: Backoff,
-    /// Clock time (unix ms) before which nobody should try the destination.
+    /// The instant the times below count from, in milliseconds.
+    epoch: Instant,
+    /// Milliseconds after `epoch` before which nobody should try the destination.
     offline_until: AtomicI64,
     /// Consecutive bursts of unreachable attempts; zero once the receiver answers.
     failures: AtomicU32,
-    /// Clock time before which the receiver asked (429) not to be sent to.
+    /// Milliseconds after `epoch` before which the receiver asked (429) not to be sent to.
     paused_until: AtomicI64,
     /// Set while the destination is disabled (410, or an operator).
     disabled: AtomicBool,
@@ -32,6 +39,7 @@ impl Gate {
     pub fn new(offline: Backoff) -> Gate {
         Gate {
             offline,
+            epoch: Instant::now(),
             offline_until: AtomicI64::new(0),
             failures: AtomicU32::new(0),
             paused_until: AtomicI64::new(0),
@@ -39,15 +47,25 @@ impl Gate {
         }
     }
 
-    /// Applies a decision's change at `now`.
-    pub fn apply(&self, change: &GateChange, now: i64) {
+    /// Milliseconds since the gate's epoch.
+    fn now(&self) -> i64 {
+        i64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Applies a decision's change now.
+    pub fn apply(&self, change: &GateChange) {
+        self.apply_at(change, self.now());
+    }
+
+    fn apply_at(&self, change: &GateChange, now: i64) {
         match change {
             GateChange::Unchanged => {}
             GateChange::Answered => self.mark_answered(),
             GateChange::Unreachable => self.mark_unreachable(now),
-            GateChange::Pause { until } => {
+            GateChange::Pause { pause } => {
                 self.mark_answered();
-                self.paused_until.fetch_max(*until, Ordering::AcqRel);
+                let until = now.saturating_add(millis(*pause));
+                self.paused_until.fetch_max(until, Ordering::AcqRel);
             }
             GateChange::Disable { .. } => {
                 self.mark_answered();
@@ -81,9 +99,13 @@ impl Gate {
         self.disabled.store(disabled, Ordering::Release);
     }
 
-    /// Whether nothing should be sent at `now`: offline, paused or disabled. Workers check
-    /// this before each request, so events already queued are handed back, not sent.
-    pub fn is_closed(&self, now: i64) -> bool {
+    /// Whether nothing should be sent now: offline, paused or disabled. Workers check this
+    /// before each request, so events already queued are handed back, not sent.
+    pub fn is_closed(&self) -> bool {
+        self.is_closed_at(self.now())
+    }
+
+    fn is_closed_at(&self, now: i64) -> bool {
         now < self.offline_until.load(Ordering::Acquire)
             || now < self.paused_until.load(Ordering::Acquire)
             || self.disabled.load(Ordering::Acquire)
@@ -95,10 +117,13 @@ impl Gate {
     }
 }
 
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn gate() -> Gate {
         Gate::new(Backoff {
@@ -110,20 +135,23 @@ mod tests {
     #[test]
     fn unreachable_opens_a_window_and_an_answer_closes_it() {
         let g = gate();
-        g.apply(&GateChange::Unreachable, 1_000);
-        assert!(g.is_closed(1_000) && g.is_suspect());
-        assert!(!g.is_closed(1_100), "the first window is at most the base");
-        g.apply(&GateChange::Unreachable, 1_100);
-        g.apply(&GateChange::Answered, 1_101);
-        assert!(!g.is_closed(1_101) && !g.is_suspect());
+        g.apply_at(&GateChange::Unreachable, 1_000);
+        assert!(g.is_closed_at(1_000) && g.is_suspect());
+        assert!(
+            !g.is_closed_at(1_100),
+            "the first window is at most the base"
+        );
+        g.apply_at(&GateChange::Unreachable, 1_100);
+        g.apply_at(&GateChange::Answered, 1_101);
+        assert!(!g.is_closed_at(1_101) && !g.is_suspect());
     }
 
     #[test]
     fn failures_inside_the_window_do_not_deepen_it() {
         let g = gate();
-        g.apply(&GateChange::Unreachable, 0);
+        g.apply_at(&GateChange::Unreachable, 0);
         let until = g.offline_until.load(Ordering::Relaxed);
-        g.apply(&GateChange::Unreachable, 1);
+        g.apply_at(&GateChange::Unreachable, 1);
         assert_eq!(g.offline_until.load(Ordering::Relaxed), until);
         assert_eq!(g.failures.load(Ordering::Relaxed), 1);
     }
@@ -131,22 +159,32 @@ mod tests {
     #[test]
     fn a_pause_closes_until_its_end_and_a_shorter_one_does_not_cut_it() {
         let g = gate();
-        g.apply(&GateChange::Pause { until: 500 }, 0);
-        g.apply(&GateChange::Pause { until: 100 }, 0);
-        assert!(g.is_closed(499) && !g.is_closed(500));
+        g.apply_at(
+            &GateChange::Pause {
+                pause: Duration::from_millis(500),
+            },
+            0,
+        );
+        g.apply_at(
+            &GateChange::Pause {
+                pause: Duration::from_millis(100),
+            },
+            0,
+        );
+        assert!(g.is_closed_at(499) && !g.is_closed_at(500));
     }
 
     #[test]
     fn disable_closes_until_enabled() {
         let g = gate();
-        g.apply(
+        g.apply_at(
             &GateChange::Disable {
                 reason: "HTTP 410".into(),
             },
             0,
         );
-        assert!(g.is_closed(10_000));
+        assert!(g.is_closed_at(10_000));
         g.set_disabled(false);
-        assert!(!g.is_closed(10_000));
+        assert!(!g.is_closed_at(10_000));
     }
 }

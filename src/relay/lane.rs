@@ -92,12 +92,12 @@ impl Lane {
     /// Whether a claim is worth its transaction at `now`: something may be due, the gate is
     /// open, and a whole batch fits. Waiting until a whole batch fits keeps claims (each a
     /// write transaction) few and large while the workers still have queued work.
-    pub fn wants_claim(&self, now: i64) -> bool {
+    pub fn wants_claim(&self) -> bool {
         let room = self.max_in_flight.saturating_sub(self.in_flight.len());
         let worth_it = self.claim_batch.min(self.max_in_flight / 2).max(1);
         let blocked = (room < worth_it && !self.in_flight.is_empty())
             || room == 0
-            || self.gate.is_closed(now)
+            || self.gate.is_closed()
             || (self.gate.is_suspect() && !self.in_flight.is_empty());
         self.claim_due && self.jobs_tx.is_some() && !blocked
     }

@@ -116,7 +116,7 @@ impl Worker {
         let lease_short = events
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
-        if self.gate.is_closed(now) || lease_short {
+        if self.gate.is_closed() || lease_short {
             return Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
         }
         let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send(&events))) {
@@ -143,7 +143,7 @@ impl Worker {
             }
         };
         if let Some(change) = report.gate_change() {
-            self.gate.apply(change, self.clock.now_ms());
+            self.gate.apply(change);
         }
         report
     }

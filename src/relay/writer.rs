@@ -150,9 +150,8 @@ impl Writer {
 
     /// Blocks until there is something to do, or the poll interval passes.
     fn wait(&mut self, reports: &mut Vec<Report>) {
-        let now = self.outbox.now_ms();
         // More work is waiting to be claimed: only look at the channels.
-        let timeout = if self.lanes.iter().any(|l| l.wants_claim(now)) {
+        let timeout = if self.lanes.iter().any(Lane::wants_claim) {
             Duration::ZERO
         } else {
             self.poll_interval
@@ -219,7 +218,7 @@ impl Writer {
     fn claim(&mut self, index: usize) -> Result<()> {
         let now = self.outbox.now_ms();
         let lane = &self.lanes[index];
-        if self.stopping || !lane.wants_claim(now) {
+        if self.stopping || !lane.wants_claim() {
             return Ok(());
         }
         let limit = lane.claim_limit();
