@@ -122,6 +122,26 @@ pub(crate) const PARKED: i64 = i64::MAX;
 /// long for the lock.
 pub(crate) const DELETE_PAGE_ROWS: usize = 500;
 
+/// A lease that is free at `$now`, or that ends after `$latest` (now plus one lease): taken
+/// while the clock was ahead.
+macro_rules! lease_claimable {
+    ($t:literal, $now:literal, $latest:literal) => {
+        concat!(
+            "(",
+            $t,
+            "lease_expires_at IS NULL OR ",
+            $t,
+            "lease_expires_at <= ",
+            $now,
+            " OR ",
+            $t,
+            "lease_expires_at > ",
+            $latest,
+            ")"
+        )
+    };
+}
+
 /// Claims due rows of one destination with one `UPDATE … RETURNING`.
 ///
 /// SQLite has one writer at a time, so the statement is atomic: two relays (threads or
@@ -140,7 +160,7 @@ pub(crate) const CLAIM_SQL: &str = concat!(
           WHERE ",
     pending!("e."),
     " AND e.available_at <= ?3 AND e.destination = ?4 AND ",
-    lease_free!("e.", "?3"),
+    lease_claimable!("e.", "?3", "?2"),
     " AND (e.partition_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM outbox_events AS k
                   WHERE k.partition_key = e.partition_key AND k.destination = e.destination
@@ -460,6 +480,26 @@ fn dead_letter_unreadable(
         .execute(params![row.id, now])?;
     }
     Ok(())
+}
+
+/// Re-anchors rows of `destination` whose due time was written while the clock was ahead:
+/// a row whose anchor (its last attempt, or its commit for a fresh row) lies after `now`
+/// keeps the wait it was given, counted from `now` instead. A fresh row is due at once; a
+/// retry scheduled 5 minutes after an attempt "tomorrow" is due 5 minutes from now. Returns
+/// how many rows moved. Walks only rows not yet due (the pending index), so the writer runs
+/// it at start and when it sees the clock jump, not on every turn.
+pub(crate) fn reanchor_future(conn: &Connection, destination: &str, now: i64) -> Result<usize> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "UPDATE outbox_events
+                SET available_at = ?2 + MAX(0, available_at - COALESCE(last_attempted_at, created_at))
+              WHERE destination = ?1 AND ",
+            pending!(""),
+            " AND available_at > ?2 AND available_at < ",
+            parked!(),
+            " AND COALESCE(last_attempted_at, created_at) > ?2"
+        ))?
+        .execute(params![destination, now])?)
 }
 
 /// What to record for one claimed row.
@@ -928,6 +968,64 @@ mod tests {
         assert_eq!(
             ids(&claim_events(&conn, &req("r", 1, 10))),
             vec![behind_blob]
+        );
+    }
+
+    #[test]
+    fn a_lease_taken_while_the_clock_was_a_day_ahead_counts_as_expired() {
+        let (_d, conn) = db();
+        let id = insert_raw(&conn, None, 0);
+        let day = 86_400_000;
+        assert_eq!(claim_events(&conn, &req("ahead", day, 10)).len(), 1);
+        // The clock is back to the real time: a lease ending a day from now is not real.
+        let again = claim_events(&conn, &req("now", 10, 10));
+        assert_eq!(ids(&again), vec![id]);
+        // A lease inside one lease from now still holds.
+        assert!(claim_events(&conn, &req("third", 20, 10)).is_empty());
+    }
+
+    #[test]
+    fn due_times_written_while_the_clock_was_ahead_are_re_anchored_on_now() {
+        let (_d, conn) = db();
+        let day = 86_400_000;
+        // Committed "tomorrow": due then.
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at)
+             VALUES ('fresh', 't', '{}', ?1, ?1)",
+            [day],
+        )
+        .unwrap();
+        // Attempted "tomorrow" and told to wait 5 minutes.
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at,
+                                        last_attempted_at, attempts)
+             VALUES ('retry', 't', '{}', 0, ?1 + 300000, ?1, 1)",
+            [day],
+        )
+        .unwrap();
+        // Waiting out a real backoff from an attempt in the past: left alone.
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, event_type, payload, created_at, available_at,
+                                        last_attempted_at, attempts)
+             VALUES ('honest', 't', '{}', 0, 60000, 900, 1)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(reanchor_future(&conn, "default", 1_000).unwrap(), 2);
+        let due: Vec<(String, i64)> = conn
+            .prepare("SELECT event_id, available_at FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            due,
+            vec![
+                ("fresh".into(), 1_000),
+                ("retry".into(), 301_000),
+                ("honest".into(), 60_000)
+            ]
         );
     }
 

@@ -173,6 +173,11 @@ impl Lane {
         );
     }
 
+    /// Forgets the retry times it scheduled (they were on a clock that jumped).
+    pub fn forget_retry_times(&mut self) {
+        self.next_due_ms = None;
+    }
+
     /// Marks the lane worth a claim (a commit, a timer, new settings).
     pub fn wake(&mut self) {
         self.claim_due = true;

@@ -35,6 +35,9 @@ const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
 /// How often an idle relay claims even without a sign of new work, to pick up leases that a
 /// crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
+/// How far the wall clock may drift from `Instant` between two polls before the writer calls
+/// it a jump and re-anchors due times written under the old clock.
+const CLOCK_JUMP: Duration = Duration::from_secs(2);
 
 /// The writer: every lane, the one connection, and the loop's own state.
 pub(crate) struct Writer {
@@ -56,6 +59,8 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
+    /// The wall clock at `last_poll`, to notice jumps.
+    last_poll_clock_ms: i64,
 }
 
 impl Writer {
@@ -90,6 +95,7 @@ impl Writer {
             data_version: 0,
             last_poll: Instant::now(),
             last_claim: Instant::now(),
+            last_poll_clock_ms: outbox.now_ms(),
             outbox,
         };
         (writer, stop_tx)
@@ -99,6 +105,8 @@ impl Writer {
     pub fn run(mut self) -> ShutdownReport {
         self.data_version = self.data_version().unwrap_or(0);
         self.load_disabled();
+        // Rows may carry due times from a boot whose clock was ahead.
+        self.reanchor();
         let mut reports = Vec::new();
         while !self.stopping {
             self.drain_reports(&mut reports);
@@ -171,10 +179,22 @@ impl Writer {
     /// Notices work that no channel announced: commits by other connections or processes,
     /// retries falling due, leases of crashed relays expiring, destinations re-enabled.
     fn poll_for_work(&mut self) {
-        if self.last_poll.elapsed() < self.poll_interval {
+        let elapsed = self.last_poll.elapsed();
+        if elapsed < self.poll_interval {
             return;
         }
         self.last_poll = Instant::now();
+        let clock_ms = self.outbox.now_ms();
+        let jump = clock_ms - self.last_poll_clock_ms - millis(elapsed);
+        self.last_poll_clock_ms = clock_ms;
+        if jump.unsigned_abs() > CLOCK_JUMP.as_millis() as u64 {
+            log::warn!(
+                "relay {}: the wall clock jumped by about {} s; re-anchoring due times",
+                self.relay_id,
+                jump / 1000
+            );
+            self.reanchor();
+        }
         match self.data_version() {
             Ok(v) if v != self.data_version => {
                 self.data_version = v;
@@ -194,6 +214,26 @@ impl Writer {
             self.lanes.iter_mut().for_each(Lane::wake);
         }
         self.housekeeping.gauges(&self.conn, now);
+    }
+
+    /// Re-anchors due times written while the clock was ahead, and forgets retry times this
+    /// relay scheduled under the old clock (the idle claim finds them again).
+    fn reanchor(&mut self) {
+        let now = self.outbox.now_ms();
+        for lane in &mut self.lanes {
+            match queue::reanchor_future(&self.conn, lane.name(), now) {
+                Ok(0) => {}
+                Ok(n) => log::info!(
+                    "relay {}: {n} events of {} were due in the future of a clock that was \
+                     ahead; re-anchored on now",
+                    self.relay_id,
+                    lane.name()
+                ),
+                Err(e) => log::warn!("relay {}: re-anchoring failed: {e}", self.relay_id),
+            }
+            lane.forget_retry_times();
+            lane.wake();
+        }
     }
 
     /// Reads which destinations are disabled (an operator may have changed it).
@@ -408,4 +448,8 @@ impl Writer {
         }
         ShutdownReport::new(released, finished, abandoned)
     }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,0 +1,138 @@
+//! Clocks that lie: set a day ahead and then back, jumping while the relay runs, skewed
+//! against the receiver's. Time comes from an injected clock here, and from `faketime` for
+//! the CLI in `clocks_cli.rs`.
+
+mod common;
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use sqlite_outbox::clock::{Clock, SystemClock};
+use sqlite_outbox::transport::{Attempt, OutboundEvent};
+use sqlite_outbox::{Event, Outbox, RelayConfig};
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The system clock plus an offset that a test can change at any moment: a clock that
+/// ticks, and jumps when NTP (or a user) sets it.
+#[derive(Clone, Default)]
+struct JumpingClock {
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl JumpingClock {
+    fn ahead_by(ms: i64) -> Self {
+        let clock = JumpingClock::default();
+        clock.offset_ms.store(ms, Ordering::SeqCst);
+        clock
+    }
+
+    fn set_right(&self) {
+        self.offset_ms.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Clock for JumpingClock {
+    fn now_ms(&self) -> i64 {
+        SystemClock.now_ms() + self.offset_ms.load(Ordering::SeqCst)
+    }
+}
+
+fn enqueue_n(outbox: &Outbox, n: usize) {
+    for i in 0..n {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!(i))))
+            .unwrap();
+    }
+}
+
+fn quick(config: RelayConfig) -> RelayConfig {
+    config
+        .poll_interval(Duration::from_millis(10))
+        .retry_backoff(Duration::from_millis(50), Duration::from_millis(100))
+        .shutdown_timeout(Duration::from_secs(5))
+}
+
+#[test]
+fn events_committed_while_the_clock_was_a_day_ahead_go_out_once_it_is_set_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::ahead_by(DAY_MS);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("ahead.db"))
+        .unwrap();
+    enqueue_n(&outbox, 3);
+    // NTP sets the clock right before the relay starts.
+    clock.set_right();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(quick(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    let delivered = wait_until(PATIENCE, || receiver.count() == 3);
+    relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+}
+
+#[test]
+fn a_retry_scheduled_before_the_clock_jumped_back_a_day_comes_after_its_backoff_not_a_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::ahead_by(DAY_MS);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("jump.db"))
+        .unwrap();
+    enqueue_n(&outbox, 1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let relay = outbox
+        .relay(quick(RelayConfig::transport(
+            move |_: &[OutboundEvent]| {
+                // The first attempt fails; it is retried 50-100 ms later on the clock of then.
+                let status = if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    503
+                } else {
+                    204
+                };
+                Attempt::Answered {
+                    status,
+                    retry_after: None,
+                    detail: format!("HTTP {status}"),
+                }
+            },
+        )))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
+    // The clock jumps back a day while the relay runs.
+    clock.set_right();
+    let delivered = wait_until(Duration::from_secs(10), || rows(&outbox)[0].delivered);
+    relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_lease_left_by_a_relay_whose_clock_was_a_day_ahead_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("lease.db")).unwrap();
+    enqueue_n(&outbox, 2);
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "UPDATE outbox_events SET lease_owner = 'crashed-relay', lease_expires_at = ?1",
+            [SystemClock.now_ms() + DAY_MS],
+        )
+        .unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(quick(RelayConfig::http(receiver.url())).lease(Duration::from_secs(30)))
+        .start()
+        .unwrap();
+    let delivered = wait_until(PATIENCE, || receiver.count() == 2);
+    relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+}
