@@ -147,6 +147,29 @@
 //! checkpoints. A writer waiting for
 //! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
 //!
+//! # Clocks
+//!
+//! Devices without a real-time clock boot in 1970 or wherever their last shutdown left them,
+//! and NTP, a user or a phone app sets them later. The wall clock is therefore used only as
+//! data (commit times, due times, lease ends, signatures); every wait runs on `Instant`.
+//!
+//! - **Skew against the receiver.** Standard Webhooks receivers refuse a signature whose
+//!   timestamp is more than 5 minutes from their own clock. The HTTP transport estimates the
+//!   offset from every answer's `Date` header (the median of the last 5 samples) and, once it
+//!   reaches 30 s, signs with the corrected time; the correction is logged once and shown in
+//!   [`RelayStats::clock_offset_ms`]. A 4xx answered to a request signed 30 s or more away
+//!   from the receiver's clock is not a verdict on the event: it is retried with the
+//!   corrected time (spending an attempt), never dead-lettered with the backlog after it.
+//! - **Jumps.** A destination's offline backoff and 429 pause run on `Instant`, so a jump
+//!   neither stretches nor cuts them. A lease that ends further ahead than one lease from
+//!   now was taken while the clock was ahead: it counts as expired. A due time written while
+//!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
+//!   now, keeping the wait it was given; the relay does this when it starts and whenever it
+//!   sees the wall clock move more than 2 s away from `Instant` between two polls.
+//!
+//! `tests/clocks.rs` covers these with an injected clock; `tests/clocks_cli.rs` runs the
+//! `outbox relay` CLI under `faketime` 10 minutes behind, 10 minutes ahead and a day ahead.
+//!
 //! # Several destinations
 //!
 //! ```no_run

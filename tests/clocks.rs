@@ -136,3 +136,49 @@ fn a_lease_left_by_a_relay_whose_clock_was_a_day_ahead_is_taken_over() {
     relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
 }
+
+#[test]
+fn a_device_ten_minutes_off_the_receivers_clock_corrects_from_its_date_header_and_dead_letters_nothing(
+) {
+    use sqlite_outbox::receive::{verify_request, Secret, Verifier};
+    use sqlite_outbox::Destination;
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("skew.db")).unwrap();
+    enqueue_n(&outbox, 30);
+    // The receiver's clock is 10 minutes ahead of this device's: it checks signatures
+    // against its own time (5 minute tolerance) and says its time in every answer.
+    let skew = Duration::from_secs(600);
+    let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
+    let receiver = TestReceiver::start(0, move |r| {
+        let its_now = std::time::SystemTime::now() + skew;
+        let secs = its_now
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let headers: Vec<(String, String)> = r
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let status = match verify_request(&verifier, &headers, &r.raw, secs) {
+            Ok(_) => 204,
+            Err(_) => 401,
+        };
+        Reply::StatusAt(status, its_now)
+    });
+    let relay =
+        outbox
+            .relay(quick(RelayConfig::new()).destination(
+                Destination::http(Destination::DEFAULT, receiver.url()).secret(SECRET),
+            ))
+            .start()
+            .unwrap();
+    let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 30);
+    let stats = relay.stats();
+    relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+    assert!(rows(&outbox).iter().all(|r| !r.dead));
+    let offset = stats.clock_offset_ms.expect("an offset estimate");
+    assert!((598_000..=602_000).contains(&offset), "{offset}");
+}

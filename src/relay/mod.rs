@@ -37,6 +37,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::error::Result;
 use crate::outbox::Outbox;
+use crate::transport::Transport;
 use config::RelayConfig;
 use lane::Lane;
 use stats::{Counters, RelayStats, ShutdownReport};
@@ -102,6 +103,7 @@ impl Relay {
         let counters = Arc::new(Counters::default());
 
         let mut lanes = Vec::with_capacity(transports.len());
+        let clocks = transports.clone();
         let mut workers = Vec::new();
         for (index, (destination, transport)) in
             config.destinations.iter().zip(transports).enumerate()
@@ -143,6 +145,7 @@ impl Relay {
             workers,
             shutdown_timeout,
             counters,
+            transports: clocks,
         })
     }
 }
@@ -155,6 +158,8 @@ pub struct RelayHandle {
     workers: Vec<Watched<()>>,
     shutdown_timeout: Duration,
     counters: Arc<Counters>,
+    /// The destinations' transports, for their clock offset estimates.
+    transports: Vec<Arc<dyn Transport>>,
 }
 
 impl fmt::Debug for RelayHandle {
@@ -174,7 +179,8 @@ impl RelayHandle {
 
     /// What the relay has done so far.
     pub fn stats(&self) -> RelayStats {
-        self.counters.snapshot()
+        let offset = self.transports.iter().find_map(|t| t.clock_offset_ms());
+        self.counters.snapshot(offset)
     }
 
     /// Stops claiming, hands back events no worker started, waits up to the shutdown timeout

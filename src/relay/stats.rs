@@ -31,8 +31,10 @@ impl Counters {
         self.lease_lost.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> RelayStats {
+    /// The totals so far, with the destinations' clock offset estimate.
+    pub fn snapshot(&self, clock_offset_ms: Option<i64>) -> RelayStats {
         RelayStats {
+            clock_offset_ms,
             delivered: self.delivered.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
@@ -56,6 +58,10 @@ pub struct RelayStats {
     pub released: u64,
     /// Outcomes discarded because another relay had taken the lease over.
     pub lease_lost: u64,
+    /// How far a receiver's clock is from this machine's (receiver minus local, in ms),
+    /// estimated from the `Date` headers of its answers; requests are signed with the
+    /// corrected time once it passes 30 s. `None` until an answer carried a `Date`.
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// How a relay's shutdown went.

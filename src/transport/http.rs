@@ -9,6 +9,7 @@ use crate::backoff::parse_retry_after;
 use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
 use crate::error::{Error, Result};
 use crate::signature::{signature_header, Secret};
+use crate::transport::clock_offset::{unix_ms, ClockOffset, THRESHOLD as SKEW_THRESHOLD};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
 
@@ -115,6 +116,7 @@ pub struct HttpTransport {
     headers: Vec<(String, String)>,
     secrets: Vec<Secret>,
     batch: bool,
+    clock_offset: ClockOffset,
 }
 
 impl fmt::Debug for HttpTransport {
@@ -198,6 +200,7 @@ impl HttpTransport {
             headers: config.headers,
             secrets,
             batch,
+            clock_offset: ClockOffset::default(),
         })
     }
 
@@ -273,10 +276,9 @@ impl Transport for HttpTransport {
                 }
             }
         };
-        // Signed with the time of this attempt, so a retry days later is still fresh.
-        let timestamp = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        // Signed with the time of this attempt, so a retry days later is still fresh, and
+        // corrected by the receiver's clock once this one is known to be far off.
+        let timestamp = self.clock_offset.signing_time(SystemTime::now());
         let mut request = self
             .agent
             .post(&self.url)
@@ -298,6 +300,15 @@ impl Transport for HttpTransport {
             Err(e) => return classify(e),
         };
         let status = response.status().as_u16();
+        let received = SystemTime::now();
+        let date = response
+            .headers()
+            .get("date")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        if let Some(date) = date {
+            self.clock_offset.observe(date, received, &self.url);
+        }
         let retry_after = response
             .headers()
             .get("retry-after")
@@ -317,11 +328,32 @@ impl Transport for HttpTransport {
             detail.push_str(": ");
             detail.push_str(&snippet);
         }
+        // A refusal of a request signed far from the receiver's clock may be about the
+        // timestamp alone: not a verdict on the event. It is retried, signed with the
+        // corrected time, instead of dead-lettering (with the whole backlog after it).
+        let signed_off_ms = date.map(|d| unix_ms(d) - timestamp.saturating_mul(1000));
+        if matches!(status, 400..=499)
+            && !matches!(status, 408 | 410 | 429)
+            && signed_off_ms
+                .is_some_and(|ms| ms.unsigned_abs() >= SKEW_THRESHOLD.as_millis() as u64)
+        {
+            return Attempt::Failed {
+                reason: format!(
+                    "{detail} (signed {} s away from the receiver's clock; retried with the \
+                     corrected time)",
+                    signed_off_ms.unwrap_or(0) / 1000
+                ),
+            };
+        }
         Attempt::Answered {
             status,
             retry_after,
             detail,
         }
+    }
+
+    fn clock_offset_ms(&self) -> Option<i64> {
+        self.clock_offset.estimate_ms()
     }
 }
 

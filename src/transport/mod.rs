@@ -21,6 +21,7 @@
 //!
 //! A closure `Fn(&[OutboundEvent]) -> Attempt` is a transport too.
 
+mod clock_offset;
 mod http;
 
 use std::time::Duration;
@@ -103,6 +104,13 @@ pub enum Attempt {
 pub trait Transport: Send + Sync + 'static {
     /// Delivers `events` once and reports the outcome.
     fn send(&self, events: &[OutboundEvent]) -> Attempt;
+
+    /// How far the receiver's clock is from this machine's (receiver minus local, in
+    /// milliseconds), if the transport can tell. Shown in
+    /// [`RelayStats::clock_offset_ms`](crate::RelayStats::clock_offset_ms).
+    fn clock_offset_ms(&self) -> Option<i64> {
+        None
+    }
 }
 
 impl<F> Transport for F

@@ -283,6 +283,15 @@ fn write_response(writer: &mut TcpStream, response: &Response, close: bool) -> i
         response.status,
         response.body.len()
     );
+    // Every real server says what time it is; a handler may say otherwise.
+    if !response
+        .headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("date"))
+    {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        head.push_str(&format!("date: {now}\r\n"));
+    }
     for (name, value) in &response.headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }

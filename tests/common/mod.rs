@@ -35,6 +35,8 @@ pub enum Reply {
     Hang(Duration),
     /// Close the connection without answering.
     Reset,
+    /// Answer with this status and this `Date` header.
+    StatusAt(u16, std::time::SystemTime),
 }
 
 /// A receiver on 127.0.0.1 (the shared [`HttpServer`]) that records every request and
@@ -66,6 +68,9 @@ impl TestReceiver {
                 Reply::StatusHeader(s, name, value) => Response::status(s).header(name, value),
                 Reply::Hang(d) => Response::status(200).after(d),
                 Reply::Reset => Response::reset(),
+                Reply::StatusAt(s, at) => {
+                    Response::status(s).header("date", httpdate::fmt_http_date(at))
+                }
             }
         })
         .expect("bind receiver");
