@@ -123,3 +123,36 @@ fn two_relays_on_one_file_deliver_every_event_and_none_twice() {
     assert_eq!(per_id.len(), 400);
     assert!(per_id.values().all(|&n| n == 1), "an event arrived twice");
 }
+
+#[test]
+fn two_starts_under_one_relay_name_never_share_a_lease_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("names.db")).unwrap();
+    let owner_of_first_claim = || {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
+            .unwrap();
+        // The transport hands the event's lease owner out and never answers in time.
+        let (tx, rx) = bounded::<String>(1);
+        let relay = outbox
+            .relay(
+                fast(RelayConfig::transport(move |events: &[OutboundEvent]| {
+                    let _ = tx.try_send(events[0].lease_owner.clone());
+                    std::thread::sleep(Duration::from_millis(50));
+                    Attempt::Unreachable {
+                        reason: "down".into(),
+                    }
+                }))
+                .name("edge-relay"),
+            )
+            .start()
+            .unwrap();
+        let owner = rx.recv_timeout(PATIENCE).unwrap();
+        relay.shutdown();
+        owner
+    };
+    let first = owner_of_first_claim();
+    let second = owner_of_first_claim();
+    assert!(first.starts_with("edge-relay:"), "{first}");
+    assert_ne!(first, second, "a restart with the same name must not reuse owners");
+}

@@ -54,6 +54,9 @@ pub(crate) struct Writer {
     wake: Receiver<()>,
     counters: Arc<Counters>,
     housekeeping: Housekeeping,
+    /// Random per start: two relays given the same name (or one restarted, whose claim
+    /// counter starts again at 1) never share a lease owner, so fencing holds.
+    start_id: String,
     claim_seq: u64,
     stopping: bool,
     data_version: i64,
@@ -90,6 +93,7 @@ impl Writer {
             wake,
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
+            start_id: format!("{:016x}", fastrand::u64(..)),
             claim_seq: 0,
             stopping: false,
             data_version: 0,
@@ -263,7 +267,7 @@ impl Writer {
         }
         let limit = lane.claim_limit();
         self.claim_seq += 1;
-        let owner = format!("{}:{}", self.relay_id, self.claim_seq);
+        let owner = format!("{}:{}:{}", self.relay_id, self.start_id, self.claim_seq);
         let claimed = queue::claim(
             &self.conn,
             &ClaimRequest {
