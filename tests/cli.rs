@@ -424,3 +424,26 @@ fn relay_takes_secrets_from_a_file_or_the_environment_out_of_sight_of_ps() {
         stderr(&o)
     );
 }
+
+#[test]
+fn an_absurd_lease_is_bad_input_not_a_spinning_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--lease-secs",
+            "9300000000000000",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("lease"), "{}", stderr(&o));
+    let o = outbox(
+        &db,
+        &["relay", "--url", "http://127.0.0.1:9/", "--workers", "0"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

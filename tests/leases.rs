@@ -154,5 +154,8 @@ fn two_starts_under_one_relay_name_never_share_a_lease_owner() {
     let first = owner_of_first_claim();
     let second = owner_of_first_claim();
     assert!(first.starts_with("edge-relay:"), "{first}");
-    assert_ne!(first, second, "a restart with the same name must not reuse owners");
+    assert_ne!(
+        first, second,
+        "a restart with the same name must not reuse owners"
+    );
 }

@@ -224,23 +224,7 @@ impl RelayConfig {
 
     /// Checks the settings and builds one transport per destination.
     pub(crate) fn build_transports(&self) -> Result<Vec<Arc<dyn Transport>>> {
-        let positive = [
-            ("workers", self.workers),
-            ("claim batch", self.claim_batch),
-            ("max in flight", self.max_in_flight),
-            ("max attempts", self.max_attempts as usize),
-        ];
-        for (what, n) in positive {
-            if n == 0 {
-                return Err(Error::InvalidConfig(format!("{what} must be at least 1")));
-            }
-        }
-        if self.lease < Duration::from_millis(100) {
-            return Err(Error::InvalidConfig(format!(
-                "lease of {:?} is too short; the least is 100 ms",
-                self.lease
-            )));
-        }
+        self.check_ranges()?;
         if self.destinations.is_empty() {
             return Err(Error::InvalidConfig("the relay has no destination".into()));
         }
@@ -261,7 +245,7 @@ impl RelayConfig {
             // A worker skips an event once half its lease is gone, so a request that starts
             // must be able to finish inside the other half.
             if let Some(timeout) = d.request_timeout() {
-                if timeout * 2 > self.lease {
+                if timeout.checked_mul(2).is_none_or(|t| t > self.lease) {
                     return Err(Error::InvalidConfig(format!(
                         "lease of {:?} must be at least twice the request timeout of {:?} \
                          (destination {})",
@@ -277,8 +261,194 @@ impl RelayConfig {
     }
 }
 
+/// A setting's allowed range, for [`RelayConfig::check_ranges`].
+struct Range {
+    setting: &'static str,
+    value: Duration,
+    least: Duration,
+    most: Duration,
+    why: &'static str,
+}
+
+impl RelayConfig {
+    /// Checks every setting against its range, so that nothing can overflow a time, spin a
+    /// loop or hammer a host: each error names the setting, its value and the limit.
+    fn check_ranges(&self) -> Result<()> {
+        let counts = [
+            ("workers", self.workers, 1_024, "each is a thread"),
+            (
+                "claim_batch",
+                self.claim_batch,
+                100_000,
+                "one claim's rows are held in memory",
+            ),
+            (
+                "max_in_flight",
+                self.max_in_flight,
+                1_000_000,
+                "each is held in memory",
+            ),
+            (
+                "max_attempts",
+                self.max_attempts as usize,
+                1_000_000,
+                "a sanity bound",
+            ),
+        ];
+        for (setting, n, most, why) in counts {
+            if n == 0 || n > most {
+                return Err(Error::InvalidConfig(format!(
+                    "{setting} is {n}; it must be from 1 to {most} ({why})"
+                )));
+            }
+        }
+        let ms = Duration::from_millis;
+        let hour = Duration::from_secs(3600);
+        let day = 24 * hour;
+        let ranges = [
+            Range {
+                setting: "lease",
+                value: self.lease,
+                least: ms(100),
+                most: day,
+                why: "a crashed relay's events wait that long",
+            },
+            Range {
+                setting: "poll_interval",
+                value: self.poll_interval,
+                least: ms(1),
+                most: hour,
+                why: "zero would spin",
+            },
+            Range {
+                setting: "retry_backoff base",
+                value: self.retry.base,
+                least: ms(1),
+                most: self.retry.cap,
+                why: "at most its cap",
+            },
+            Range {
+                setting: "retry_backoff cap",
+                value: self.retry.cap,
+                least: ms(1),
+                most: 7 * day,
+                why: "a retry is due within a week",
+            },
+            Range {
+                setting: "offline_backoff base",
+                value: self.offline.base,
+                least: ms(1),
+                most: self.offline.cap,
+                why: "zero would hammer an unreachable host",
+            },
+            Range {
+                setting: "offline_backoff cap",
+                value: self.offline.cap,
+                least: ms(1),
+                most: day,
+                why: "a returning network is noticed within a day",
+            },
+            Range {
+                setting: "retry_after_cap",
+                value: self.retry_after_cap,
+                least: Duration::ZERO,
+                most: 7 * day,
+                why: "a retry is due within a week",
+            },
+            Range {
+                setting: "shutdown_timeout",
+                value: self.shutdown_timeout,
+                least: Duration::ZERO,
+                most: hour,
+                why: "shutdown must end",
+            },
+            Range {
+                setting: "retention_interval",
+                value: self.retention_interval,
+                least: Duration::from_secs(1),
+                most: 7 * day,
+                why: "pruning is a background job",
+            },
+        ];
+        for r in ranges {
+            if r.value < r.least || r.value > r.most {
+                return Err(Error::InvalidConfig(format!(
+                    "{} of {:?} is out of range: from {:?} to {:?} ({})",
+                    r.setting, r.value, r.least, r.most, r.why
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for RelayConfig {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Attempt, OutboundEvent};
+
+    fn base() -> RelayConfig {
+        RelayConfig::transport(|_: &[OutboundEvent]| Attempt::Answered {
+            status: 204,
+            retry_after: None,
+            detail: String::new(),
+        })
+    }
+
+    fn refused(config: RelayConfig) -> String {
+        match config.build_transports() {
+            Err(Error::InvalidConfig(msg)) => msg,
+            other => panic!("accepted: {:?}", other.map(|t| t.len())),
+        }
+    }
+
+    #[test]
+    fn every_setting_out_of_range_is_refused_by_name() {
+        let big = Duration::from_secs(9_300_000_000_000_000);
+        let cases = [
+            (base().lease(big), "lease"),
+            (base().poll_interval(Duration::ZERO), "poll_interval"),
+            (
+                base().offline_backoff(Duration::ZERO, Duration::ZERO),
+                "offline_backoff base",
+            ),
+            (
+                base().retry_backoff(Duration::from_secs(10), Duration::from_secs(1)),
+                "retry_backoff base",
+            ),
+            (base().shutdown_timeout(big), "shutdown_timeout"),
+            (base().retry_after_cap(big), "retry_after_cap"),
+            (base().workers(0), "workers"),
+            (base().workers(100_000), "workers"),
+            (base().claim_batch(0), "claim_batch"),
+            (base().max_attempts(0), "max_attempts"),
+            (
+                base().retention_interval(Duration::ZERO),
+                "retention_interval",
+            ),
+        ];
+        for (config, setting) in cases {
+            let msg = refused(config);
+            assert!(msg.starts_with(setting), "{setting}: {msg}");
+        }
+        assert!(base().build_transports().is_ok());
+    }
+
+    #[test]
+    fn a_request_timeout_that_overflows_twice_is_refused_not_a_panic() {
+        let http = HttpConfig::new().request_timeout(Duration::MAX);
+        let config = RelayConfig::new()
+            .destination(Destination::http("d", "http://127.0.0.1:9/").http_config(http));
+        let msg = refused(config);
+        assert!(
+            msg.contains("request_timeout") || msg.contains("twice"),
+            "{msg}"
+        );
     }
 }

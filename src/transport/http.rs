@@ -166,6 +166,16 @@ impl HttpTransport {
         url.parse::<ureq::http::Uri>().map_err(|e| {
             Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e}"))
         })?;
+        for (setting, value) in [
+            ("connect_timeout", config.connect_timeout),
+            ("request_timeout", config.request_timeout),
+        ] {
+            if value < Duration::from_millis(1) || value > Duration::from_secs(3600) {
+                return Err(Error::InvalidConfig(format!(
+                    "{setting} of {value:?} is out of range: from 1ms to 1h"
+                )));
+            }
+        }
         // Every part of a request that comes from the configuration is checked here, so a
         // request that cannot be built is an error from `start()`, never a dead letter.
         for (name, value) in &config.headers {
