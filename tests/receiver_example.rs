@@ -130,4 +130,32 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
         count(&received_db, "SELECT COUNT(*) FROM received_events"),
         20
     );
+
+    // A head with too many headers, and a body over the limit, are refused unread.
+    let mut crowded = agent.post(&receiver.url);
+    for n in 0..200 {
+        crowded = crowded.header(format!("x-filler-{n}"), "1");
+    }
+    let response = crowded.send("{}").unwrap();
+    assert_eq!(response.status().as_u16(), 431);
+    // The server answers 413 and closes before the client has written the whole body, so
+    // the client sees the answer or, if it was still writing, the connection reset.
+    match agent
+        .post(&receiver.url)
+        .send(vec![b' '; 5 << 20].as_slice())
+    {
+        Ok(response) => assert_eq!(response.status().as_u16(), 413),
+        Err(ureq::Error::Io(e)) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+            "{e}"
+        ),
+        Err(e) => panic!("{e}"),
+    }
+    assert_eq!(
+        count(&received_db, "SELECT COUNT(*) FROM received_events"),
+        20
+    );
 }

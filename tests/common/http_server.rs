@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 
 /// Bodies larger than this are refused with 413 unless the server is told otherwise.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+/// Headers per request, at most; a request with more is refused (431) and its connection
+/// closed, so a sender cannot make the server hold or parse unbounded heads.
+pub const MAX_HEADERS: usize = 100;
+/// The longest request or header line, in bytes.
+pub const MAX_LINE: u64 = 16 * 1024;
 
 /// One request as it arrived.
 #[derive(Debug, Clone)]
@@ -179,27 +184,51 @@ fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, handler: Handler, m
 /// A request's method, path and headers.
 type Head = (String, String, Vec<(String, String)>);
 
+/// Why a request's head was not read.
+enum BadHead {
+    /// The connection ended or broke: nothing to answer.
+    Gone,
+    /// Too many headers, or a line too long: answer 431 and close.
+    TooLarge,
+}
+
+/// Reads one line of at most `MAX_LINE` bytes.
+fn read_line(reader: &mut BufReader<TcpStream>, line: &mut String) -> Result<(), BadHead> {
+    line.clear();
+    let n = reader
+        .by_ref()
+        .take(MAX_LINE)
+        .read_line(line)
+        .map_err(|_| BadHead::Gone)?;
+    match n {
+        0 => Err(BadHead::Gone),
+        _ if !line.ends_with('\n') => Err(BadHead::TooLarge),
+        _ => Ok(()),
+    }
+}
+
 /// Reads one request's head; the body is left to the caller.
-fn read_head(reader: &mut BufReader<TcpStream>) -> Option<Head> {
+fn read_head(reader: &mut BufReader<TcpStream>) -> Result<Head, BadHead> {
     let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
+    read_line(reader, &mut line)?;
     let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+    let method = parts.next().ok_or(BadHead::Gone)?.to_string();
+    let path = parts.next().ok_or(BadHead::Gone)?.to_string();
     let mut headers = Vec::new();
     loop {
-        line.clear();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
+        read_line(reader, &mut line)?;
         let l = line.trim_end();
         if l.is_empty() {
             break;
+        }
+        if headers.len() == MAX_HEADERS {
+            return Err(BadHead::TooLarge);
         }
         if let Some((k, v)) = l.split_once(':') {
             headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
-    Some((method, path, headers))
+    Ok((method, path, headers))
 }
 
 fn serve_connection(
@@ -234,8 +263,14 @@ fn serve_connection(
         let _ = reader
             .get_ref()
             .set_read_timeout(Some(Duration::from_secs(5)));
-        let Some((method, path, headers)) = read_head(&mut reader) else {
-            return;
+        let (method, path, headers) = match read_head(&mut reader) {
+            Ok(head) => head,
+            Err(BadHead::Gone) => return,
+            Err(BadHead::TooLarge) => {
+                let text = format!("at most {MAX_HEADERS} headers of {MAX_LINE} bytes");
+                let _ = write_response(&mut writer, &Response::status(431).body(text), true);
+                return;
+            }
         };
         let length: usize = headers
             .iter()
