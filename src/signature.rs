@@ -295,7 +295,7 @@ impl Verifier {
             };
             let tag = CtOutput::<HmacSha256>::new(tag.into());
             // CtOutput compares in constant time.
-            if expected.iter().any(|e| *e == tag) {
+            if expected.contains(&tag) {
                 return Ok(());
             }
         }
