@@ -106,10 +106,12 @@
 //! 2. An event whose transaction rolled back is never delivered.
 //! 3. Events that share a partition key arrive in commit order: only the oldest undelivered
 //!    event of a key can be claimed. A dead-lettered event stops blocking its key, so one
-//!    poison event parks only itself.
-//! 4. An event leaves the pending set only by being delivered or dead-lettered with its
-//!    last error kept (or, for types the user marked lossy, by a storage limit or a newer
-//!    event with the same coalescing key).
+//!    poison event parks only itself. An event that replaces another by coalescing takes
+//!    its own place in the order (the newest), not the replaced event's.
+//! 4. An event leaves the pending set only by being delivered, dead-lettered with its last
+//!    error kept, replaced by a newer event with the same coalescing key, or dropped by a
+//!    storage limit when its type is one the user marked `DropOldest`; the last two are
+//!    counted in [`admin::Stats`] and never touch an event a relay is delivering.
 //! 5. Duplicates happen only when a relay's lease expires while its delivery was in flight
 //!    (it crashed, was paused, or shut down with a request still hanging). Receivers
 //!    de-duplicate on the event id.
@@ -226,7 +228,10 @@
 //!   `webhook-signature` carries one `v1,` entry per secret, so secrets rotate without a
 //!   gap. Secrets never appear in logs, `Debug` output or errors.
 //! - A batch (`application/cloudevents-batch+json`, a JSON array of at most N events and M
-//!   bytes) is delivered or retried as a whole; its `webhook-id` is a stable `batch_…` id.
+//!   bytes) is delivered or retried as a whole. Its `webhook-id` (`batch_…`) is derived from
+//!   the events it holds: the same batch sent again carries the same id, but a batch formed
+//!   anew (after a lease expired, say) may group the events differently and gets another
+//!   one. Receivers de-duplicate batched events by each event's own `id`.
 //! - The official CloudEvents Rust SDK parses every request the relay sends (a test checks
 //!   it). [`wire`] builds the same bodies for other code.
 //!

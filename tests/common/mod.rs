@@ -225,19 +225,23 @@ pub fn fast(config: sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig {
         .shutdown_timeout(Duration::from_secs(5))
 }
 
-/// An example binary built by `cargo test` (built here if this test runs on its own).
+/// An example binary, built now for this test run's profile: always, so a test never runs
+/// a stale binary left from an earlier build (cargo does nothing when it is up to date).
 pub fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>: the profile folder is two up.
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--example", name])
-            .status()
-            .expect("run cargo build --example");
-        assert!(status.success());
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = std::process::Command::new(cargo);
+    build.args(["build", "--all-features", "--example", name]);
+    if release {
+        build.arg("--release");
     }
+    let status = build.status().expect("run cargo build --example");
+    assert!(status.success(), "cargo build --example {name} failed");
+    let path = profile_dir.join("examples").join(name);
+    assert!(path.exists(), "{} was not built", path.display());
     path
 }
 
