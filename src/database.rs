@@ -75,8 +75,9 @@ impl Synchronous {
 }
 
 /// The longest busy timeout any outbox of this process asked for, in milliseconds: the busy
-/// handler is a plain function, so it cannot carry a per-connection value.
-static BUSY_TIMEOUT_MS: AtomicU64 = AtomicU64::new(5_000);
+/// handler is a plain function, so it cannot carry a per-connection value. It starts at zero
+/// (not at the 5 s default), so a process whose outboxes all ask for less gets less.
+static BUSY_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Waits for SQLite's write lock in fine steps: 25 µs at first, so a lock held for a few
 /// hundred microseconds (a relay's ack) costs about that, not SQLite's default first sleep
@@ -313,6 +314,7 @@ mod tests {
 
     #[test]
     fn busy_handler_waits_in_fine_steps_then_gives_up_at_the_timeout() {
+        BUSY_TIMEOUT_MS.fetch_max(5_000, Ordering::Relaxed);
         let start = std::time::Instant::now();
         for attempt in 0..40 {
             assert!(busy_handler(attempt));

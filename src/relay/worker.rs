@@ -49,6 +49,14 @@ impl Report {
         self.decided.len()
     }
 
+    /// Drops the outcomes whose lease has ended by `now` (another relay may hold them now,
+    /// so only a new claim can deliver them); returns how many.
+    pub fn drop_expired(&mut self, now: i64) -> usize {
+        let before = self.decided.len();
+        self.decided.retain(|(e, _)| e.lease_expires_at > now);
+        before - self.decided.len()
+    }
+
     /// The index of the lane the request came from.
     pub fn lane(&self) -> usize {
         self.lane

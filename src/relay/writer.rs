@@ -35,6 +35,8 @@ const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
 /// How often an idle relay claims even without a sign of new work, to pick up leases that a
 /// crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
+/// How long the writer waits before writing again outcomes whose write failed.
+const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// How far the wall clock may drift from `Instant` between two polls before the writer calls
 /// it a jump and re-anchors due times written under the old clock.
 const CLOCK_JUMP: Duration = Duration::from_secs(2);
@@ -64,6 +66,11 @@ pub(crate) struct Writer {
     last_claim: Instant,
     /// The wall clock at `last_poll`, to notice jumps.
     last_poll_clock_ms: i64,
+    /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
+    /// and written again while their leases hold, so delivered events are not sent again.
+    unrecorded: Vec<Report>,
+    /// When the unrecorded outcomes may be tried again.
+    retry_record_at: Instant,
 }
 
 impl Writer {
@@ -100,6 +107,8 @@ impl Writer {
             last_poll: Instant::now(),
             last_claim: Instant::now(),
             last_poll_clock_ms: outbox.now_ms(),
+            unrecorded: Vec::new(),
+            retry_record_at: Instant::now(),
             outbox,
         };
         (writer, stop_tx)
@@ -116,6 +125,9 @@ impl Writer {
             self.drain_reports(&mut reports);
             if !reports.is_empty() {
                 self.gather_more(&mut reports);
+            }
+            self.take_unrecorded(&mut reports);
+            if !reports.is_empty() {
                 self.record(&mut reports);
             }
             self.poll_for_work();
@@ -304,6 +316,28 @@ impl Writer {
         Ok(())
     }
 
+    /// Adds the outcomes whose write failed before, once their pause is over, dropping those
+    /// whose lease has ended meanwhile.
+    fn take_unrecorded(&mut self, reports: &mut Vec<Report>) {
+        if self.unrecorded.is_empty() || Instant::now() < self.retry_record_at {
+            return;
+        }
+        let now = self.outbox.now_ms();
+        for mut report in self.unrecorded.drain(..) {
+            let expired = report.drop_expired(now);
+            if expired > 0 {
+                log::warn!(
+                    "relay {}: {expired} outcomes could not be written before their leases \
+                     ended; those events will be delivered again",
+                    self.relay_id
+                );
+            }
+            if report.len() > 0 {
+                reports.push(report);
+            }
+        }
+    }
+
     /// Records a batch of reports in one transaction and books them in their lanes.
     fn record(&mut self, reports: &mut Vec<Report>) {
         let now = self.outbox.now_ms();
@@ -320,15 +354,16 @@ impl Writer {
         let recorded = match self.write(&outcomes, now) {
             Ok(recorded) => recorded,
             Err(e) => {
-                // The leases stay with us until they expire; then the events are claimed
-                // again.
-                log::error!(
-                    "relay {}: could not record {} outcomes, they will be retried after the \
-                     lease: {e}",
+                // Kept and written again shortly: the leases are still ours, and dropping
+                // the outcomes would send delivered events again once they expire.
+                log::warn!(
+                    "relay {}: could not record {} outcomes, writing them again shortly: {e}",
                     self.relay_id,
                     outcomes.len()
                 );
-                reports.clear();
+                drop(outcomes);
+                self.unrecorded.append(reports);
+                self.retry_record_at = Instant::now() + RECORD_RETRY_PAUSE;
                 return;
             }
         };
@@ -417,6 +452,8 @@ impl Writer {
     /// Stops claiming, hands back events no worker started, and waits (bounded) for the rest.
     fn shut_down(mut self, mut reports: Vec<Report>) -> ShutdownReport {
         let deadline = Instant::now() + self.shutdown_timeout;
+        // One more try for outcomes whose write failed.
+        reports.append(&mut self.unrecorded);
         let now = self.outbox.now_ms();
         let mut unstarted = Vec::new();
         for (index, lane) in self.lanes.iter_mut().enumerate() {
