@@ -540,7 +540,7 @@ impl Outbox {
     ) -> Result<PruneReport> {
         let cutoff = self.now_ms().saturating_sub(older_than.as_millis() as i64);
         let report = delete_in_pages(self, Finished::DeliveredBefore(cutoff), &mut progress)?;
-        if report.deleted >= database::RECLAIM_AFTER_ROWS {
+        if report.deleted > 0 {
             database::reclaim(&*self.connection()?)?;
         }
         Ok(report)

@@ -288,14 +288,36 @@ pub(crate) fn open_pool(
     Ok((pool, path.to_path_buf()))
 }
 
-/// After pruning at least this many rows, checkpoint the WAL and hand free pages back.
-pub(crate) const RECLAIM_AFTER_ROWS: usize = 10_000;
+/// Free pages handed back to the file system per step: each step is its own short write
+/// (4 MiB of 4 KiB pages moves in milliseconds), so app writers wait for one step at most.
+pub(crate) const RECLAIM_STEP_PAGES: i64 = 1024;
 
-/// Checkpoints the WAL without waiting for readers and hands free pages back to the file
-/// system (on files created with incremental auto-vacuum, as this crate creates them).
+/// Hands free pages back to the file system, one bounded step: moves up to
+/// [`RECLAIM_STEP_PAGES`] pages off the freelist (files created by this crate use
+/// incremental auto-vacuum). Returns how many free pages are left.
+pub(crate) fn reclaim_step(conn: &Connection) -> Result<i64> {
+    // Each row the pragma returns is one page freed: it must be stepped to the end, which
+    // a plain `execute` would not do (it would free a single page).
+    let mut stmt =
+        conn.prepare_cached(&format!("PRAGMA incremental_vacuum({RECLAIM_STEP_PAGES})"))?;
+    let mut rows = stmt.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?)
+}
+
+/// Hands every free page back in bounded steps, then checkpoints the WAL (PASSIVE, never
+/// waiting) so the database file itself shrinks.
 pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
+    let mut left = conn.query_row("PRAGMA freelist_count", [], |r| r.get::<_, i64>(0))?;
+    while left > 0 {
+        let before = left;
+        left = reclaim_step(conn)?;
+        // A file without auto-vacuum (made by another tool) frees nothing: stop.
+        if left >= before {
+            break;
+        }
+    }
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-    conn.execute_batch("PRAGMA incremental_vacuum")?;
     Ok(())
 }
 

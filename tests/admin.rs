@@ -455,3 +455,53 @@ fn totals_start_exact_when_a_limit_is_first_set_on_an_existing_file() {
     assert!(matches!(full, Err(Error::OutboxFull { .. })));
     assert_totals_exact(&limited);
 }
+
+/// The database file's size once its WAL is checkpointed into it.
+fn file_bytes(outbox: &Outbox) -> u64 {
+    outbox.checkpoint().unwrap();
+    std::fs::metadata(outbox.path()).unwrap().len()
+}
+
+/// 5,000 delivered events of 2 KB each: about 10 MB of history.
+fn fill_delivered_history(outbox: &Outbox) {
+    let data = json!("x".repeat(2_000));
+    outbox
+        .transaction(|tx| {
+            for _ in 0..5_000 {
+                outbox.enqueue(tx, Event::new("reading", data.clone()))?;
+            }
+            tx.execute("UPDATE outbox_events SET delivered_at = 0", [])?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn pruning_gives_the_space_back_to_the_file_system() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("shrink.db")).unwrap();
+    fill_delivered_history(&outbox);
+    let before = file_bytes(&outbox);
+    let report = outbox.prune_delivered(Duration::ZERO).unwrap();
+    assert_eq!(report.deleted, 5_000);
+    let after = file_bytes(&outbox);
+    assert!(after < before / 10, "{before} bytes, then {after}");
+}
+
+#[test]
+fn the_relays_retention_gives_the_space_back_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("retention-shrink.db")).unwrap();
+    fill_delivered_history(&outbox);
+    let before = file_bytes(&outbox);
+    let receiver = common::TestReceiver::ok();
+    let relay = outbox
+        .relay(common::fast(RelayConfig::http(receiver.url())).retention(Some(Duration::ZERO)))
+        .start()
+        .unwrap();
+    let shrunk = common::wait_until(common::PATIENCE, || {
+        std::fs::metadata(outbox.path()).unwrap().len() < before / 10
+    });
+    relay.shutdown();
+    assert!(shrunk, "{before} bytes, then {}", file_bytes(&outbox));
+}

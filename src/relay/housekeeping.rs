@@ -38,6 +38,10 @@ pub(crate) struct Housekeeping {
     /// When retention last started, and rows pruned in the current run (if one is going on).
     last_retention: Option<Instant>,
     pruning: Option<usize>,
+    /// Whether free pages are being handed back, and how many were left at the last step
+    /// (a step that frees nothing ends it).
+    reclaiming: bool,
+    last_free: Option<i64>,
     last_gauges: Option<Instant>,
 }
 
@@ -53,6 +57,8 @@ impl Housekeeping {
             restart_backoff: CHECKPOINT_INTERVAL,
             last_retention: None,
             pruning: None,
+            reclaiming: false,
+            last_free: None,
             last_gauges: None,
         }
     }
@@ -63,10 +69,33 @@ impl Housekeeping {
         self.wrote = true;
     }
 
-    /// Runs whatever is due: a page of retention, then a checkpoint.
+    /// Runs whatever is due: a page of retention or a step of reclaiming, then a checkpoint.
     pub fn tick(&mut self, conn: &mut Connection, now_ms: i64) {
-        self.retention(conn, now_ms);
+        if self.reclaiming {
+            self.reclaim_step(conn);
+        } else {
+            self.retention(conn, now_ms);
+        }
         self.checkpoint(conn);
+    }
+
+    /// Hands a bounded step of free pages back to the file system.
+    fn reclaim_step(&mut self, conn: &Connection) {
+        match database::reclaim_step(conn) {
+            Ok(left) => {
+                let progressed = self.last_free.is_none_or(|before| left < before);
+                self.reclaiming = left > 0 && progressed;
+                self.last_free = Some(left);
+            }
+            Err(e) => {
+                self.reclaiming = false;
+                log::warn!("relay {}: reclaiming space failed: {e}", self.relay_id);
+            }
+        }
+        if !self.reclaiming {
+            self.last_free = None;
+        }
+        self.wrote = true;
     }
 
     /// Checkpoints the WAL in the background. PASSIVE never waits for readers or writers.
@@ -145,11 +174,8 @@ impl Housekeeping {
                 if total > 0 {
                     log::info!("relay {}: pruned {total} delivered events", self.relay_id);
                 }
-                if total >= database::RECLAIM_AFTER_ROWS {
-                    if let Err(e) = database::reclaim(conn) {
-                        log::warn!("relay {}: reclaiming space failed: {e}", self.relay_id);
-                    }
-                }
+                // The pages the prune freed go back to the file system a step per turn.
+                self.reclaiming = total > 0;
             }
             Err(e) => {
                 self.pruning = None;
