@@ -112,3 +112,30 @@ INSERT INTO outbox_stats (id) VALUES (1);
 -- costs one more page write per commit, 12-15% of a one-event enqueue.
 ALTER TABLE outbox_stats ADD COLUMN high_water INTEGER NOT NULL DEFAULT 0;
 UPDATE outbox_stats SET high_water = (SELECT COALESCE(MAX(id), 0) FROM outbox_events);
+
+-- version 5
+
+-- Costs that must not grow with history (src/admin.rs, src/queue.rs):
+-- `show EVENT_ID` seeks by event id;
+CREATE INDEX outbox_events_event_id ON outbox_events (event_id);
+-- dead letters are found without reading delivered rows (purge, retry, stats, listing);
+CREATE INDEX outbox_events_dead
+    ON outbox_events (dead_at)
+    WHERE dead_at IS NOT NULL AND delivered_at IS NULL;
+-- delivered counts are kept, not counted: the queue adds to them when it acks and takes
+-- from them when it prunes.
+CREATE TABLE outbox_delivered_totals (
+    destination TEXT PRIMARY KEY,
+    delivered   INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO outbox_delivered_totals (destination, delivered)
+SELECT destination, COUNT(*) FROM outbox_events
+ WHERE delivered_at IS NOT NULL GROUP BY destination;
+
+-- A full outbox drops the oldest pending events of types the user marked DropOldest. The
+-- type's policy is recorded at enqueue (and again for pending rows whenever an outbox with
+-- a policy opens the file), so finding the oldest droppable rows is a walk of this index.
+ALTER TABLE outbox_events ADD COLUMN droppable INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX outbox_events_droppable
+    ON outbox_events (id)
+    WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL;

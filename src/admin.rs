@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rusqlite::Row;
@@ -172,6 +173,50 @@ fn lossy_int(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<i64>> {
     })
 }
 
+/// The stats of destination `name`, empty until filled in.
+fn destination_slot(
+    by_name: &mut BTreeMap<String, DestinationStats>,
+    name: String,
+) -> &mut DestinationStats {
+    by_name
+        .entry(name.clone())
+        .or_insert_with(|| DestinationStats {
+            name,
+            pending: 0,
+            delivered: 0,
+            dead: 0,
+            oldest_pending_age_ms: None,
+            disabled: None,
+        })
+}
+
+/// Pending rows per destination, with the oldest commit time (the pending index).
+pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
+    "SELECT destination, COUNT(*), MIN(created_at) FROM outbox_events WHERE ",
+    crate::queue::pending!(""),
+    " GROUP BY destination"
+);
+/// Dead rows per destination (the dead index).
+pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
+    "SELECT destination, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
+    crate::queue::dead!(),
+    " GROUP BY destination"
+);
+/// Delivered rows per destination, as the queue keeps them.
+pub(crate) const DELIVERED_BY_DESTINATION: &str =
+    "SELECT destination, delivered FROM outbox_delivered_totals WHERE delivered > 0";
+/// Attempts of pending and dead rows (both through their indexes).
+pub(crate) const ATTEMPTS_OF_UNDELIVERED: &str = concat!(
+    "SELECT attempts, COUNT(*) FROM (
+         SELECT attempts FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
+    crate::queue::pending!(""),
+    " UNION ALL
+         SELECT attempts FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
+    crate::queue::dead!(),
+    ")
+      GROUP BY attempts ORDER BY attempts"
+);
+
 /// Counts for one destination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -301,27 +346,37 @@ impl Outbox {
         let conn = self.connection()?;
         let now = self.now_ms();
         let disabled = disabled::reasons(&conn)?;
-        let mut destinations: Vec<DestinationStats> = conn
-            .prepare(&format!(
-                "SELECT destination,
-                        COUNT(*) FILTER (WHERE {PENDING}),
-                        COUNT(*) FILTER (WHERE delivered_at IS NOT NULL),
-                        COUNT(*) FILTER (WHERE {DEAD}),
-                        MIN(created_at) FILTER (WHERE {PENDING})
-                   FROM outbox_events GROUP BY destination ORDER BY destination"
-            ))?
-            .query_map([], |r| {
-                let oldest: Option<i64> = r.get(4)?;
-                Ok(DestinationStats {
-                    name: r.get(0)?,
-                    pending: r.get(1)?,
-                    delivered: r.get(2)?,
-                    dead: r.get(3)?,
-                    oldest_pending_age_ms: oldest.map(|t| (now - t).max(0)),
-                    disabled: None,
-                })
-            })?
+        // Each count comes from where it costs what it returns: pending rows through the
+        // pending index, dead ones through the dead index, delivered ones from the totals
+        // the queue keeps. Nothing here reads delivered history.
+        let mut by_name = BTreeMap::new();
+        let pending: Vec<(String, i64, Option<i64>)> = conn
+            .prepare_cached(PENDING_BY_DESTINATION)?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?;
+        for (name, n, oldest) in pending {
+            let d = destination_slot(&mut by_name, name);
+            d.pending = n;
+            d.oldest_pending_age_ms = oldest.map(|t| (now - t).max(0));
+        }
+        for (sql, dead) in [
+            (DEAD_BY_DESTINATION, true),
+            (DELIVERED_BY_DESTINATION, false),
+        ] {
+            let rows: Vec<(String, i64)> = conn
+                .prepare_cached(sql)?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (name, n) in rows {
+                let d = destination_slot(&mut by_name, name);
+                if dead {
+                    d.dead = n;
+                } else {
+                    d.delivered = n;
+                }
+            }
+        }
+        let mut destinations: Vec<DestinationStats> = by_name.into_values().collect();
         for d in &mut destinations {
             d.disabled = disabled.get(&d.name).cloned();
         }
@@ -358,10 +413,7 @@ impl Outbox {
             |r| r.get(0),
         )?;
         let attempts_histogram = conn
-            .prepare(
-                "SELECT attempts, COUNT(*) FROM outbox_events WHERE delivered_at IS NULL
-                  GROUP BY attempts ORDER BY attempts",
-            )?
+            .prepare_cached(ATTEMPTS_OF_UNDELIVERED)?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
         let (page_count, page_size): (i64, i64) = conn.query_row(

@@ -127,6 +127,33 @@ impl StorageLimits {
         self.max_pending.is_some() || self.max_pending_bytes.is_some()
     }
 
+    /// Whether events of `event_type` may be dropped to make room.
+    pub fn is_droppable(&self, event_type: &str) -> bool {
+        self.lossy
+            .iter()
+            .any(|p| crate::destination::type_matches(p, event_type))
+    }
+
+    /// Records this outbox's policies on the pending rows (enqueued under other settings, or
+    /// before the flag existed), so the drop order follows the policy in force.
+    pub fn mark_pending(&self, conn: &mut rusqlite::Connection) -> Result<()> {
+        let (predicate, values) = if self.lossy.is_empty() {
+            ("(0)".to_string(), Vec::new())
+        } else {
+            self.lossy_predicate()
+        };
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute(
+            &format!(
+                "UPDATE outbox_events SET droppable = {predicate}
+                  WHERE {PENDING} AND droppable IS NOT {predicate}"
+            ),
+            rusqlite::params_from_iter(values.iter()),
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// The SQL condition selecting droppable types, and its parameters.
     fn lossy_predicate(&self) -> (String, Vec<String>) {
         let mut terms = Vec::new();
@@ -163,8 +190,14 @@ impl StorageLimits {
         add_bytes: i64,
         now: i64,
     ) -> Result<usize> {
+        // Read through a write: a first read in the caller's deferred transaction would make
+        // the later writes fail with SQLITE_BUSY_SNAPSHOT when another connection commits in
+        // between; a write waits for the lock instead.
         let (count, bytes): (i64, i64) = tx
-            .prepare_cached("SELECT pending_count, pending_bytes FROM outbox_stats WHERE id = 1")?
+            .prepare_cached(
+                "UPDATE outbox_stats SET pending_count = pending_count WHERE id = 1
+                 RETURNING pending_count, pending_bytes",
+            )?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         let over_count = self.max_pending.map_or(0, |m| count + add_count - m).max(0);
         let over_bytes = self
@@ -195,10 +228,7 @@ impl StorageLimits {
             return Err(full());
         }
         // Oldest first, skipping events a relay is delivering right now.
-        let (droppable, values) = self.lossy_predicate();
         let need = RoomNeeded {
-            droppable: &droppable,
-            values: &values,
             rows: over_count,
             bytes: over_bytes,
             now,

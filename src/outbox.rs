@@ -223,6 +223,7 @@ impl OutboxBuilder {
         if self.limits.is_set() {
             let mut conn = pool.get()?;
             crate::limits::ensure_totals(&mut conn)?;
+            self.limits.mark_pending(&mut conn)?;
         }
         Ok(Outbox {
             inner: Arc::new(Inner {
@@ -361,6 +362,7 @@ impl Outbox {
             partition_key: event.partition_key.as_deref(),
             payload,
             coalesce_key: event.coalesce_key.as_deref(),
+            droppable: self.inner.limits.is_droppable(&event.event_type),
             now,
         };
         let inserted_any = queue::insert(tx, &row, destinations, |destination| {

@@ -37,7 +37,7 @@
 //! lease expired (it was paused, or slow) cannot overwrite the outcome of the relay that
 //! claimed the row after it.
 
-use rusqlite::{params, params_from_iter, Connection, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 
 use crate::error::Result;
 use crate::transport::OutboundEvent;
@@ -105,6 +105,7 @@ macro_rules! dead {
         "dead_at IS NOT NULL AND delivered_at IS NULL"
     };
 }
+pub(crate) use dead;
 
 /// The condition "pending", for queries that read (stats, gauges, listings).
 pub(crate) const PENDING: &str = pending!("");
@@ -184,6 +185,8 @@ pub(crate) struct NewRow<'a> {
     pub partition_key: Option<&'a str>,
     pub payload: &'a str,
     pub coalesce_key: Option<&'a str>,
+    /// Whether a storage limit may drop it (its type's policy is DropOldest).
+    pub droppable: bool,
     pub now: i64,
 }
 
@@ -204,13 +207,14 @@ pub(crate) fn insert(
     // top were deleted; then just above the highest id ever given (see `remember_high_water`).
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
-             source, subject, partition_key, payload, created_at, available_at, coalesce_key)
+             source, subject, partition_key, payload, created_at, available_at, coalesce_key,
+             droppable)
          VALUES ((SELECT high_water + 1 FROM outbox_stats
                    WHERE id = 1
                      AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
         due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10)
+        ", ?10, ?11)
          ON CONFLICT DO NOTHING"
     ))?;
     let mut any = false;
@@ -228,6 +232,7 @@ pub(crate) fn insert(
             row.payload,
             row.now,
             row.coalesce_key,
+            row.droppable,
         ])?;
         if n == 1 {
             any = true;
@@ -300,38 +305,33 @@ pub(crate) fn coalesce(
     Ok(replaced)
 }
 
-/// Which rows a storage limit may drop, and how much room it needs.
-pub(crate) struct RoomNeeded<'a> {
-    /// An SQL condition on `event_type` selecting the droppable types, with `?N` parameters.
-    pub droppable: &'a str,
-    /// The condition's parameters, in order.
-    pub values: &'a [String],
+/// How much room a storage limit needs.
+pub(crate) struct RoomNeeded {
     pub rows: i64,
     pub bytes: i64,
     pub now: i64,
 }
 
+/// The pending, unleased rows a storage limit may drop, oldest first (`?1` is now).
+const DROPPABLE_OLDEST_SQL: &str = concat!(
+    "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_droppable
+      WHERE droppable = 1 AND ",
+    pending!(""),
+    " AND ",
+    lease_free!("", "?1"),
+    " ORDER BY id"
+);
+
 /// Deletes the oldest pending, unleased droppable rows until `need` is met; returns how many,
 /// or `None` (and deletes nothing) if all of them together are not enough.
-pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded<'_>) -> Result<Option<usize>> {
-    let now_param = need.values.len() + 1;
-    // The pending index keeps this proportional to the pending rows, which the limit bounds.
-    let sql = format!(
-        "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_pending
-          WHERE {PENDING} AND {} AND (lease_expires_at IS NULL OR lease_expires_at <= ?{now_param})
-          ORDER BY id",
-        need.droppable
-    );
+pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded) -> Result<Option<usize>> {
+    // A walk of the droppable index in id order that stops once there is room: its cost is
+    // the rows it drops (plus any leased ones it steps over), not the backlog.
     let mut victims = Vec::new();
     let (mut rows_freed, mut bytes_freed) = (0i64, 0i64);
     {
-        let mut stmt = tx.prepare_cached(&sql)?;
-        let params = need
-            .values
-            .iter()
-            .map(|v| rusqlite::types::Value::Text(v.clone()))
-            .chain(std::iter::once(rusqlite::types::Value::Integer(need.now)));
-        let mut rows = stmt.query(params_from_iter(params))?;
+        let mut stmt = tx.prepare_cached(DROPPABLE_OLDEST_SQL)?;
+        let mut rows = stmt.query([need.now])?;
         while rows_freed < need.rows || bytes_freed < need.bytes {
             let Some(row) = rows.next()? else { break };
             victims.push(row.get::<_, i64>(0)?);
@@ -550,7 +550,32 @@ pub(crate) fn ack(
             }
         }
     }
+    // One claim is for one destination, so this is one statement per ack in practice.
+    let mut by_destination: Vec<(&str, i64)> = Vec::new();
+    for event in events.iter().filter(|e| acked.contains(&e.id)) {
+        match by_destination
+            .iter_mut()
+            .find(|(d, _)| *d == event.destination)
+        {
+            Some((_, n)) => *n += 1,
+            None => by_destination.push((&event.destination, 1)),
+        }
+    }
+    for (destination, n) in by_destination {
+        add_delivered(conn, destination, n)?;
+    }
     Ok(acked)
+}
+
+/// Keeps `outbox_delivered_totals`, so stats never count delivered history. (Rows marked
+/// delivered by hand are not counted; their pruning cannot take a total below zero.)
+fn add_delivered(conn: &Connection, destination: &str, n: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO outbox_delivered_totals (destination, delivered) VALUES (?1, MAX(0, ?2))
+         ON CONFLICT (destination) DO UPDATE SET delivered = MAX(0, delivered + ?2)",
+    )?
+    .execute(params![destination, n])?;
+    Ok(())
 }
 
 /// Records `write_back` for `event` if, and only if, its claim still holds the lease; a row
@@ -723,7 +748,8 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
         Finished::DeliveredBefore(cutoff) => (
             "DELETE FROM outbox_events WHERE id IN (
                  SELECT id FROM outbox_events
-                  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)",
+                  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)
+             RETURNING destination, delivered_at IS NOT NULL",
             cutoff,
         ),
         Finished::DeadSince(cutoff) => (
@@ -731,18 +757,31 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                 "DELETE FROM outbox_events WHERE id IN (
                      SELECT id FROM outbox_events WHERE ",
                 dead!(),
-                " AND dead_at <= ?1 LIMIT ?2)"
+                " AND dead_at <= ?1 LIMIT ?2) RETURNING destination, 0"
             ),
             cutoff,
         ),
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     remember_high_water(&tx)?;
-    let deleted = tx
+    let gone: Vec<(String, bool)> = tx
         .prepare_cached(sql)?
-        .execute(params![cutoff, DELETE_PAGE_ROWS as i64])?;
+        .query_map(params![cutoff, DELETE_PAGE_ROWS as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut pruned: Vec<(&str, i64)> = Vec::new();
+    for (destination, _) in gone.iter().filter(|(_, delivered)| *delivered) {
+        match pruned.iter_mut().find(|(d, _)| d == destination) {
+            Some((_, n)) => *n += 1,
+            None => pruned.push((destination, 1)),
+        }
+    }
+    for (destination, n) in pruned {
+        add_delivered(&tx, destination, -n)?;
+    }
     tx.commit()?;
-    Ok(deleted)
+    Ok(gone.len())
 }
 
 #[cfg(test)]
@@ -811,6 +850,7 @@ mod tests {
                 partition_key: None,
                 payload: "{}",
                 coalesce_key: Some(key),
+                droppable: false,
                 now: 0,
             };
             assert!(insert(&tx, &row, &["default"], |_| {}).unwrap());
@@ -1138,6 +1178,23 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(available, vec![7, PARKED]);
+    }
+
+    /// A full outbox finds its victims by walking the droppable index in id order and
+    /// stopping: no scan of the backlog, no sort.
+    #[test]
+    fn dropping_to_make_room_walks_the_droppable_index_without_sorting() {
+        let (_d, conn) = db();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {DROPPABLE_OLDEST_SQL}"))
+            .unwrap()
+            .query_map([0], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let text = plan.join("\n");
+        assert!(text.contains("outbox_events_droppable"), "{text}");
+        assert!(!text.contains("TEMP B-TREE"), "{text}");
     }
 
     /// The claim must not scan the table or sort all pending rows: its cost would then grow

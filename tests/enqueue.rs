@@ -438,3 +438,36 @@ fn a_full_outbox_leaves_the_replaced_event_and_the_callers_writes_in_place() {
     );
     assert_eq!(order_count(&outbox), 1, "the caller's own write committed");
 }
+
+#[test]
+fn an_enqueue_under_a_storage_limit_opening_a_deferred_transaction_waits_for_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending(100)
+        .open(dir.path().join("deferred-limit.db"))
+        .unwrap();
+    // Another writer holds the lock and commits a change while this enqueue starts.
+    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
+    let path = outbox.path().to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        tx.execute_batch("CREATE TABLE other_app (x); INSERT INTO other_app VALUES (1);")
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let tx = own.transaction().unwrap(); // DEFERRED
+    outbox
+        .enqueue(&tx, Event::new("t", json!(1)))
+        .expect("the limit check writes first, so it waits instead of failing");
+    tx.commit().unwrap();
+    holder.join().unwrap();
+    assert_eq!(rows(&outbox).len(), 1);
+}
