@@ -222,6 +222,107 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
     lines
 }
 
+/// What the operator's calls cost beside a million delivered rows, against the same calls
+/// on a file without history: each must cost what it returns.
+fn admin_beside_history(dir: &std::path::Path) -> Vec<Line> {
+    use sqlite_outbox::admin::{DeadFilter, HealthThresholds, State};
+    // 1k pending, 20 dead, and `history` delivered rows (counted as the relay counts them).
+    let build = |history: usize| {
+        let outbox = Outbox::open(dir.join(format!("admin-{history}.db"))).unwrap();
+        let conn = outbox.connection().unwrap();
+        fill_delivered(&conn, history);
+        conn.execute(
+            "INSERT INTO outbox_delivered_totals VALUES ('default', ?1)",
+            [history as i64],
+        )
+        .unwrap();
+        fill_pending(&outbox, 1_000);
+        let kill = "UPDATE outbox_events SET dead_at = 1, last_error = 'HTTP 400'
+                     WHERE id IN (SELECT id FROM outbox_events INDEXED BY outbox_events_pending
+                                   WHERE delivered_at IS NULL AND dead_at IS NULL
+                                   ORDER BY id LIMIT 20)";
+        conn.execute(kill, []).unwrap();
+        drop(conn);
+        (outbox, kill)
+    };
+    let median = |mut f: Box<dyn FnMut() + '_>| {
+        let mut samples: Vec<Duration> = (0..21)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect();
+        quantile(&mut samples, 0.5)
+    };
+    let measure = |outbox: &Outbox, kill: &str| {
+        let some_id: String = outbox
+            .connection()
+            .unwrap()
+            .query_row(
+                "SELECT event_id FROM outbox_events WHERE id = (SELECT MAX(id) / 2 FROM outbox_events)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let conn = outbox.connection().unwrap();
+        vec![
+            ("stats", median(Box::new(|| drop(outbox.stats().unwrap())))),
+            (
+                "health",
+                median(Box::new(|| {
+                    drop(outbox.health(HealthThresholds::default()).unwrap())
+                })),
+            ),
+            (
+                "show EVENT_ID",
+                median(Box::new(|| drop(outbox.show(&some_id).unwrap()))),
+            ),
+            (
+                "list --state dead",
+                median(Box::new(|| {
+                    drop(outbox.list(Some(State::Dead), 50).unwrap())
+                })),
+            ),
+            (
+                "retry --all-dead (20)",
+                median(Box::new(|| {
+                    outbox.retry_dead(&DeadFilter::default()).unwrap();
+                    conn.execute(kill, []).unwrap();
+                })),
+            ),
+            (
+                "purge-dead (20)",
+                median(Box::new(|| {
+                    outbox.purge_dead(None).unwrap();
+                    conn.execute(
+                        "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 20)
+                         INSERT INTO outbox_events (event_id, event_type, payload, created_at,
+                                                    available_at, dead_at)
+                         SELECT printf('d%d', i), 't', '1', 1, 1, 1 FROM k",
+                        [],
+                    )
+                    .unwrap();
+                })),
+            ),
+        ]
+    };
+    let (small, small_kill) = build(0);
+    let (large, large_kill) = build(1_000_000);
+    let without = measure(&small, small_kill);
+    let with = measure(&large, large_kill);
+    with.into_iter()
+        .zip(without)
+        .map(|((what, full), (_, empty))| Line {
+            what: format!("{what} beside 1M delivered"),
+            outbox: ms(full),
+            baseline: format!("{} (no history)", ms(empty)),
+            ratio: format!("{:.2}×", full.as_secs_f64() / empty.as_secs_f64()),
+            target: "≤ 10 ms",
+        })
+        .collect()
+}
+
 fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let n = 30_000;
     let sample = bench_support::sample_event(&order_data(1));
@@ -440,6 +541,10 @@ fn main() {
         eprintln!("latency…");
         lines.extend(commit_to_receipt(dir));
         lines.extend(commit_latency_while_draining(dir, &receiver));
+    }
+    if run("admin") {
+        eprintln!("admin…");
+        lines.extend(admin_beside_history(dir));
     }
     if run("memory") {
         eprintln!("memory…");

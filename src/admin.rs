@@ -173,6 +173,25 @@ fn lossy_int(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<i64>> {
     })
 }
 
+/// The listing of `state`: each walks the index of its state (pending and dead rows sorted
+/// in memory, as there are few; delivered and all rows newest first, stopping at the limit).
+fn list_sql(state: Option<State>) -> String {
+    let (index, condition, order) = match state {
+        Some(State::Pending) => ("INDEXED BY outbox_events_pending", PENDING, "id"),
+        Some(State::Delivered) => (
+            "INDEXED BY outbox_events_delivered",
+            "delivered_at IS NOT NULL",
+            "delivered_at DESC, id DESC",
+        ),
+        Some(State::Dead) => ("INDEXED BY outbox_events_dead", DEAD, "id DESC"),
+        None => ("", "1", "id DESC"),
+    };
+    format!(
+        "SELECT {RECORD_COLUMNS} FROM outbox_events {index}
+          WHERE {condition} ORDER BY {order} LIMIT ?1"
+    )
+}
+
 /// The stats of destination `name`, empty until filled in.
 fn destination_slot(
     by_name: &mut BTreeMap<String, DestinationStats>,
@@ -192,7 +211,8 @@ fn destination_slot(
 
 /// Pending rows per destination, with the oldest commit time (the pending index).
 pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
-    "SELECT destination, COUNT(*), MIN(created_at) FROM outbox_events WHERE ",
+    "SELECT destination, COUNT(*), MIN(created_at) FROM outbox_events
+       INDEXED BY outbox_events_pending WHERE ",
     crate::queue::pending!(""),
     " GROUP BY destination"
 );
@@ -400,14 +420,15 @@ impl Outbox {
         let pending_bytes: i64 = conn.query_row(
             &format!(
                 "SELECT COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
-                  WHERE {PENDING}"
+                   INDEXED BY outbox_events_pending WHERE {PENDING}"
             ),
             [],
             |r| r.get(0),
         )?;
         let in_flight: i64 = conn.query_row(
             &format!(
-                "SELECT COUNT(*) FROM outbox_events WHERE {PENDING} AND lease_expires_at > ?1"
+                "SELECT COUNT(*) FROM outbox_events INDEXED BY outbox_events_pending
+                  WHERE {PENDING} AND lease_expires_at > ?1"
             ),
             [now],
             |r| r.get(0),
@@ -451,7 +472,10 @@ impl Outbox {
         let conn = self.connection()?;
         Ok(match destination {
             None => conn.query_row(
-                &format!("SELECT COUNT(*) FROM outbox_events WHERE {PENDING}"),
+                &format!(
+                    "SELECT COUNT(*) FROM outbox_events INDEXED BY outbox_events_pending
+                      WHERE {PENDING}"
+                ),
                 [],
                 |r| r.get(0),
             )?,
@@ -470,16 +494,8 @@ impl Outbox {
     ///
     /// SQLite errors.
     pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<EventRecord>> {
-        let (condition, order) = match state {
-            Some(State::Pending) => (PENDING, "id"),
-            Some(State::Delivered) => ("delivered_at IS NOT NULL", "delivered_at DESC, id DESC"),
-            Some(State::Dead) => (DEAD, "id DESC"),
-            None => ("1", "id DESC"),
-        };
         let conn = self.connection()?;
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {RECORD_COLUMNS} FROM outbox_events WHERE {condition} ORDER BY {order} LIMIT ?1"
-        ))?;
+        let mut stmt = conn.prepare(&list_sql(state))?;
         let rows = stmt.query_map([limit as i64], record)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -492,7 +508,8 @@ impl Outbox {
     pub fn show(&self, event_id: &str) -> Result<Vec<EventRecord>> {
         let conn = self.connection()?;
         let mut stmt = conn.prepare(&format!(
-            "SELECT {RECORD_COLUMNS} FROM outbox_events WHERE event_id = ?1 ORDER BY id"
+            "SELECT {RECORD_COLUMNS} FROM outbox_events INDEXED BY outbox_events_event_id
+              WHERE event_id = ?1 ORDER BY id"
         ))?;
         let rows = stmt.query_map([event_id], record)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

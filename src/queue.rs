@@ -724,7 +724,7 @@ pub(crate) fn dead_rows(
 ) -> Result<Vec<(i64, String)>> {
     Ok(tx
         .prepare(concat!(
-            "SELECT id, event_type FROM outbox_events WHERE ",
+            "SELECT id, event_type FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
             dead!(),
             " AND created_at >= ?1 AND created_at < ?2"
         ))?
@@ -747,7 +747,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
     let (sql, cutoff) = match which {
         Finished::DeliveredBefore(cutoff) => (
             "DELETE FROM outbox_events WHERE id IN (
-                 SELECT id FROM outbox_events
+                 SELECT id FROM outbox_events INDEXED BY outbox_events_delivered
                   WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)
              RETURNING destination, delivered_at IS NOT NULL",
             cutoff,
@@ -755,7 +755,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
         Finished::DeadSince(cutoff) => (
             concat!(
                 "DELETE FROM outbox_events WHERE id IN (
-                     SELECT id FROM outbox_events WHERE ",
+                     SELECT id FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
                 dead!(),
                 " AND dead_at <= ?1 LIMIT ?2) RETURNING destination, 0"
             ),

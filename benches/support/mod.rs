@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     partition_key TEXT, payload TEXT NOT NULL, created_at INTEGER NOT NULL,
     available_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, lease_owner TEXT,
     lease_expires_at INTEGER, last_attempted_at INTEGER, last_error TEXT,
-    delivered_at INTEGER, dead_at INTEGER, coalesce_key TEXT);
+    delivered_at INTEGER, dead_at INTEGER, coalesce_key TEXT,
+    droppable INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS outbox_events_pending ON outbox_events (destination, available_at, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL;
 CREATE INDEX IF NOT EXISTS outbox_events_pending_by_key ON outbox_events (partition_key, destination, id)
@@ -82,6 +83,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_idempotency ON outbox_events (de
 CREATE INDEX IF NOT EXISTS outbox_events_pending_by_coalesce_key
     ON outbox_events (event_type, coalesce_key, destination)
     WHERE coalesce_key IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_events_event_id ON outbox_events (event_id);
+CREATE INDEX IF NOT EXISTS outbox_events_dead ON outbox_events (dead_at)
+    WHERE dead_at IS NOT NULL AND delivered_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_events_droppable ON outbox_events (id)
+    WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL;
 ";
 
 pub const BUSINESS_TABLE: &str =
