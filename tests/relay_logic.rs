@@ -163,3 +163,63 @@ fn an_unreachable_destination_never_dead_letters_however_long_it_lasts() {
     assert_eq!(most.load(Ordering::SeqCst), 1);
     assert!(rows(&outbox).iter().all(|r| !r.dead && r.attempts == 0));
 }
+
+/// A clock that panics once, on the `n`th reading from the relay's writer thread.
+#[derive(Clone)]
+struct PanicsInTheWriter {
+    readings: Arc<AtomicUsize>,
+    at: usize,
+}
+
+impl sqlite_outbox::clock::Clock for PanicsInTheWriter {
+    fn now_ms(&self) -> i64 {
+        if std::thread::current().name() == Some("outbox-relay")
+            && self.readings.fetch_add(1, Ordering::SeqCst) + 1 == self.at
+        {
+            panic!("a bug in the writer");
+        }
+        sqlite_outbox::clock::SystemClock.now_ms()
+    }
+}
+
+#[test]
+fn a_panic_in_the_writer_is_caught_reported_and_the_writer_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = PanicsInTheWriter {
+        readings: Arc::new(AtomicUsize::new(0)),
+        at: 30,
+    };
+    let outbox = Outbox::builder()
+        .clock(clock)
+        .open(dir.path().join("writer-panic.db"))
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let relay = outbox
+        .relay(quick(RelayConfig::transport(
+            move |_: &[OutboundEvent]| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Attempt::Answered {
+                    status: 204,
+                    retry_after: None,
+                    detail: String::new(),
+                }
+            },
+        )))
+        .start()
+        .unwrap();
+    // Events keep coming while the writer panics and starts again.
+    for _ in 0..20 {
+        one_event(&outbox);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let delivered = wait_until(PATIENCE, || {
+        rows(&outbox).iter().filter(|r| r.delivered).count() == 20
+    });
+    assert!(relay.is_running());
+    let stats = relay.stats();
+    let report = relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+    assert_eq!(stats.writer_restarts, 1);
+    assert_eq!(report.writer_restarts, 1);
+}

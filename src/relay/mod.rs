@@ -177,6 +177,14 @@ impl RelayHandle {
         &self.relay_id
     }
 
+    /// Whether the relay's writer thread is running (it ends only at shutdown: a panic in it
+    /// is caught and the writer started again, counted in [`RelayStats::writer_restarts`]).
+    pub fn is_running(&self) -> bool {
+        self.writer
+            .as_ref()
+            .is_some_and(|w| !w.handle.is_finished())
+    }
+
     /// What the relay has done so far.
     pub fn stats(&self) -> RelayStats {
         let offset = self.transports.iter().find_map(|t| t.clock_offset_ms());

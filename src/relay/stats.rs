@@ -12,6 +12,7 @@ pub(crate) struct Counters {
     dead: AtomicU64,
     released: AtomicU64,
     lease_lost: AtomicU64,
+    writer_restarts: AtomicU64,
 }
 
 impl Counters {
@@ -24,6 +25,11 @@ impl Counters {
             WriteBack::Release { .. } => &self.released,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a restart of the writer after it panicked.
+    pub fn record_writer_restart(&self) {
+        self.writer_restarts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one outcome discarded because another claim had taken the lease over.
@@ -40,6 +46,7 @@ impl Counters {
             dead: self.dead.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             lease_lost: self.lease_lost.load(Ordering::Relaxed),
+            writer_restarts: self.writer_restarts.load(Ordering::Relaxed),
         }
     }
 }
@@ -58,6 +65,9 @@ pub struct RelayStats {
     pub released: u64,
     /// Outcomes discarded because another relay had taken the lease over.
     pub lease_lost: u64,
+    /// Times the writer thread panicked and was started again (each is logged as an error):
+    /// anything above zero is a bug worth reporting.
+    pub writer_restarts: u64,
     /// How far a receiver's clock is from this machine's (receiver minus local, in ms),
     /// estimated from the `Date` headers of its answers; requests are signed with the
     /// corrected time once it passes 30 s. `None` until an answer carried a `Date`.
@@ -78,16 +88,24 @@ pub struct ShutdownReport {
     /// Threads still blocked at the deadline (in a request that had not timed out yet),
     /// left to end on their own.
     pub detached_threads: usize,
+    /// Times the writer panicked and was started again while the relay ran.
+    pub writer_restarts: u64,
 }
 
 impl ShutdownReport {
     /// A report of a writer that ended in time; its thread counts are the handle's to add.
-    pub(crate) fn new(released: usize, finished: usize, abandoned: usize) -> ShutdownReport {
+    pub(crate) fn new(
+        released: usize,
+        finished: usize,
+        abandoned: usize,
+        writer_restarts: u64,
+    ) -> ShutdownReport {
         ShutdownReport {
             released,
             finished,
             abandoned,
             detached_threads: 0,
+            writer_restarts,
         }
     }
 

@@ -15,6 +15,7 @@ use crate::relay::config::RelayConfig;
 use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
+use crate::relay::writer::panic_message;
 use crate::transport::{OutboundEvent, Transport};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
@@ -139,11 +140,7 @@ impl Worker {
                 )
             }
             Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
+                let msg = panic_message(&*panic);
                 let first = events.first().map_or("", |e| e.event_id.as_str());
                 log::error!("event {first}: transport panicked: {msg}");
                 let now = self.clock.now_ms();

@@ -5,6 +5,7 @@
 //! happen. Owning every write in one thread means the relay never fights itself for
 //! SQLite's single write lock.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,9 @@ const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
 /// How often an idle relay claims even without a sign of new work, to pick up leases that a
 /// crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
+/// The first pause before a writer that panicked starts again, and the longest.
+const WRITER_RESTART_PAUSE: Duration = Duration::from_millis(100);
+const WRITER_RESTART_PAUSE_CAP: Duration = Duration::from_secs(30);
 /// How long the writer waits before writing again outcomes whose write failed.
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// How far the wall clock may drift from `Instant` between two polls before the writer calls
@@ -115,20 +119,51 @@ impl Writer {
     }
 
     /// Runs until stopped, then shuts down (bounded) and reports.
+    ///
+    /// A panic in the loop (a bug, or a panicking clock) is caught: it is logged, counted in
+    /// [`RelayStats::writer_restarts`](crate::RelayStats::writer_restarts), and the loop
+    /// starts again after a pause that doubles up to 30 s. Outcomes it held are lost; their
+    /// leases expire and the events are delivered again.
     pub fn run(mut self) -> ShutdownReport {
+        let mut pause = WRITER_RESTART_PAUSE;
+        let mut reports = Vec::new();
+        loop {
+            let turn = catch_unwind(AssertUnwindSafe(|| self.run_loop(&mut reports)));
+            let Err(panic) = turn else { break };
+            let message = panic_message(&*panic);
+            log::error!(
+                "relay {}: the writer panicked ({message}); restarting it in {pause:?}",
+                self.relay_id
+            );
+            self.counters.record_writer_restart();
+            reports.clear();
+            // Wait out the pause unless the relay is being stopped.
+            if !matches!(
+                self.stop.recv_timeout(pause),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout)
+            ) {
+                self.stopping = true;
+                break;
+            }
+            pause = (pause * 2).min(WRITER_RESTART_PAUSE_CAP);
+        }
+        self.shut_down(reports)
+    }
+
+    /// The writer's loop, until the relay is stopped.
+    fn run_loop(&mut self, reports: &mut Vec<Report>) {
         self.data_version = self.data_version().unwrap_or(0);
         self.load_disabled();
         // Rows may carry due times from a boot whose clock was ahead.
         self.reanchor();
-        let mut reports = Vec::new();
         while !self.stopping {
-            self.drain_reports(&mut reports);
+            self.drain_reports(reports);
             if !reports.is_empty() {
-                self.gather_more(&mut reports);
+                self.gather_more(reports);
             }
-            self.take_unrecorded(&mut reports);
+            self.take_unrecorded(reports);
             if !reports.is_empty() {
-                self.record(&mut reports);
+                self.record(reports);
             }
             self.poll_for_work();
             self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
@@ -140,9 +175,8 @@ impl Writer {
                     log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
                 }
             }
-            self.wait(&mut reports);
+            self.wait(reports);
         }
-        self.shut_down(reports)
     }
 
     fn drain_reports(&self, into: &mut Vec<Report>) {
@@ -487,10 +521,20 @@ impl Writer {
                 self.relay_id
             );
         }
-        ShutdownReport::new(released, finished, abandoned)
+        let restarts = self.counters.snapshot(None).writer_restarts;
+        ShutdownReport::new(released, finished, abandoned, restarts)
     }
 }
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The message a panic carried, if it was a string.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
