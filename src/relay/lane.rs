@@ -4,7 +4,8 @@
 //! Each destination has its own lane, workers and in-flight limit, so one that is down or
 //! slow never holds back another.
 
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
 use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -14,6 +15,9 @@ use crate::relay::config::RelayConfig;
 use crate::relay::gate::Gate;
 use crate::transport::OutboundEvent;
 use crate::wire::encoded_size_bound;
+
+/// Retry times a lane remembers at most (8 bytes each).
+const MAX_RETRY_TIMES: usize = 100_000;
 
 /// One unit of work for a delivery worker: one request's worth of events.
 pub(crate) type Job = Vec<OutboundEvent>;
@@ -34,8 +38,9 @@ pub(crate) struct Lane {
     /// Whether a claim may find something: set by commits, answers and timers, cleared by a
     /// claim that came back short.
     claim_due: bool,
-    /// Earliest retry this relay scheduled itself (unix ms, clock time).
-    next_due_ms: Option<i64>,
+    /// Retries this relay scheduled itself (unix ms, clock time), soonest first: each wakes
+    /// the lane when it falls due. Bounded; past the bound the idle claim finds the rest.
+    retry_times: BinaryHeap<Reverse<i64>>,
     /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
     disabled: Option<String>,
 }
@@ -64,7 +69,7 @@ impl Lane {
             jobs_rx,
             in_flight: HashSet::new(),
             claim_due: true,
-            next_due_ms: None,
+            retry_times: BinaryHeap::new(),
             disabled: None,
         }
     }
@@ -167,15 +172,14 @@ impl Lane {
 
     /// Remembers a retry this relay scheduled, to claim it when it falls due.
     pub fn retry_at(&mut self, available_at: i64) {
-        self.next_due_ms = Some(
-            self.next_due_ms
-                .map_or(available_at, |d| d.min(available_at)),
-        );
+        if self.retry_times.len() < MAX_RETRY_TIMES {
+            self.retry_times.push(Reverse(available_at));
+        }
     }
 
     /// Forgets the retry times it scheduled (they were on a clock that jumped).
     pub fn forget_retry_times(&mut self) {
-        self.next_due_ms = None;
+        self.retry_times.clear();
     }
 
     /// Marks the lane worth a claim (a commit, a timer, new settings).
@@ -183,10 +187,11 @@ impl Lane {
         self.claim_due = true;
     }
 
-    /// Wakes the lane if a retry it scheduled has fallen due by `now`.
+    /// Wakes the lane if a retry it scheduled has fallen due by `now` (every retry, not
+    /// only the soonest: each one falling due is worth a claim).
     pub fn wake_if_retry_due(&mut self, now: i64) {
-        if self.next_due_ms.is_some_and(|due| due <= now) {
-            self.next_due_ms = None;
+        while self.retry_times.peek().is_some_and(|Reverse(t)| *t <= now) {
+            self.retry_times.pop();
             self.claim_due = true;
         }
     }
