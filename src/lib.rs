@@ -130,7 +130,10 @@
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
 //! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
 //! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
-//! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again |
+//! | an ack cannot be written (an app transaction holds the write lock past the busy timeout, a full disk) | the outcomes are kept and written again every 100 ms while their leases hold, so a delivered event is not sent again |
+//! | the writer thread panics (a bug) | caught and logged; the writer starts again after a pause doubling up to 30 s; counted in [`RelayStats::writer_restarts`] and [`ShutdownReport::writer_restarts`] |
+//! | a setting is out of range (a lease of centuries, a zero poll interval or backoff, a header with a newline, a malformed secret) | [`Relay::start`] refuses it with [`Error::InvalidConfig`] naming the setting; nothing is ever dead-lettered for it |
+//! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again; every start adds a random id to its lease owners, so two relays given one name never share an owner |
 //! | a stale relay comes back | every write-back is fenced by the claim's lease owner: an outcome for a lease that was taken over is discarded ([`RelayStats::lease_lost`]) |
 //! | `shutdown()` or drop | stops claiming, hands back claimed events no worker started, waits up to `shutdown_timeout` (10 s) for in-flight requests, joins every thread that ended; returns even if the receiver hangs |
 //!
@@ -223,7 +226,9 @@
 //! ```
 //!
 //! - `id` is the event id; `partitionkey` and `sequence` (commit order, zero-padded so it
-//!   sorts as a string) appear on events with a partition key.
+//!   sorts as a string) appear on events with a partition key. `sequence` strictly
+//!   increases for the life of the file, whatever is pruned, purged or replaced; `source` is
+//!   fixed when the event is enqueued, so every relay sends one id under one source.
 //! - `webhook-timestamp` is the time of *this* attempt: a retry days later is signed afresh.
 //!   `webhook-signature` carries one `v1,` entry per secret, so secrets rotate without a
 //!   gap. Secrets never appear in logs, `Debug` output or errors.
