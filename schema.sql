@@ -136,6 +136,11 @@ SELECT destination, COUNT(*) FROM outbox_events
 -- type's policy is recorded at enqueue (and again for pending rows whenever an outbox with
 -- a policy opens the file), so finding the oldest droppable rows is a walk of this index.
 ALTER TABLE outbox_events ADD COLUMN droppable INTEGER NOT NULL DEFAULT 0;
+
+-- When the current lease was taken (unix ms, the claiming relay's clock). A lease taken
+-- later than now (by more than a few seconds of skew) was taken while the clock was ahead:
+-- it counts as expired, whatever its length (src/queue.rs).
+ALTER TABLE outbox_events ADD COLUMN leased_at INTEGER;
 CREATE INDEX outbox_events_droppable
     ON outbox_events (id)
     WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL;

@@ -166,8 +166,8 @@
 //!   from the receiver's clock is not a verdict on the event: it is retried with the
 //!   corrected time (spending an attempt), never dead-lettered with the backlog after it.
 //! - **Jumps.** A destination's offline backoff and 429 pause run on `Instant`, so a jump
-//!   neither stretches nor cuts them. A lease that ends further ahead than one lease from
-//!   now was taken while the clock was ahead: it counts as expired. A due time written while
+//!   neither stretches nor cuts them. A lease taken more than 5 s later than now was taken
+//!   while the clock was ahead: it counts as expired. A due time written while
 //!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
 //!   sees the wall clock move more than 2 s away from `Instant` between two polls.

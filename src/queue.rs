@@ -123,8 +123,8 @@ pub(crate) const PARKED: i64 = i64::MAX;
 /// long for the lock.
 pub(crate) const DELETE_PAGE_ROWS: usize = 500;
 
-/// A lease that is free at `$now`, or that ends after `$latest` (now plus one lease): taken
-/// while the clock was ahead.
+/// A lease that is free at `$now`, or that was taken after `$latest` (now plus a few
+/// seconds of skew): taken while the clock was ahead.
 macro_rules! lease_claimable {
     ($t:literal, $now:literal, $latest:literal) => {
         concat!(
@@ -136,12 +136,18 @@ macro_rules! lease_claimable {
             $now,
             " OR ",
             $t,
-            "lease_expires_at > ",
+            "leased_at > ",
             $latest,
             ")"
         )
     };
 }
+
+/// How much later than now a lease may have been taken before it counts as taken under a
+/// clock that was ahead: relays that read the clock a moment before another took the
+/// write lock, or processes whose clocks differ by a little, must not steal each other's
+/// fresh leases (whatever lease length each uses).
+pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 
 /// Claims due rows of one destination with one `UPDATE … RETURNING`.
 ///
@@ -155,13 +161,13 @@ macro_rules! lease_claimable {
 /// keeps (a test pins the query plan).
 pub(crate) const CLAIM_SQL: &str = concat!(
     "UPDATE outbox_events
-        SET lease_owner = ?1, lease_expires_at = ?2
+        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
       WHERE id IN (
          SELECT e.id FROM outbox_events AS e
           WHERE ",
     pending!("e."),
     " AND e.available_at <= ?3 AND e.destination = ?4 AND ",
-    lease_claimable!("e.", "?3", "?2"),
+    lease_claimable!("e.", "?3", "?7"),
     " AND (e.partition_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM outbox_events AS k
                   WHERE k.partition_key = e.partition_key AND k.destination = e.destination
@@ -399,11 +405,12 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
     let rows = stmt.query_map(
         params![
             req.owner,
-            req.now + req.lease_ms,
+            req.now.saturating_add(req.lease_ms),
             req.now,
             req.destination,
             req.limit,
-            req.default_source
+            req.default_source,
+            req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
         ],
         |r| {
             // The row id is an INTEGER PRIMARY KEY: always readable.
@@ -1206,7 +1213,7 @@ mod tests {
             .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM_SQL}"))
             .unwrap();
         let plan: Vec<String> = stmt
-            .query_map(params!["o", 0, 0, "default", 10, "/s"], |r| r.get(3))
+            .query_map(params!["o", 0, 0, "default", 10, "/s", 5_000], |r| r.get(3))
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();

@@ -123,7 +123,8 @@ fn a_lease_left_by_a_relay_whose_clock_was_a_day_ahead_is_taken_over() {
         .connection()
         .unwrap()
         .execute(
-            "UPDATE outbox_events SET lease_owner = 'crashed-relay', lease_expires_at = ?1",
+            "UPDATE outbox_events SET lease_owner = 'crashed-relay', lease_expires_at = ?1 + 60000,
+                                      leased_at = ?1",
             [SystemClock.now_ms() + DAY_MS],
         )
         .unwrap();

@@ -121,6 +121,20 @@ fn two_relays_on_one_file_deliver_every_event_and_none_twice() {
         *per_id.entry(r.event_id).or_default() += 1;
     }
     assert_eq!(per_id.len(), 400);
+    let twice: Vec<_> = per_id.iter().filter(|(_, &n)| n > 1).collect();
+    if !twice.is_empty() {
+        let conn = outbox_a.connection().unwrap();
+        for (id, _) in &twice {
+            let info: (i64, i64, Option<String>) = conn
+                .query_row(
+                    "SELECT id, attempts, last_error FROM outbox_events WHERE event_id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .unwrap();
+            eprintln!("twice: {id} {info:?}");
+        }
+    }
     assert!(per_id.values().all(|&n| n == 1), "an event arrived twice");
 }
 
