@@ -118,6 +118,9 @@ impl Housekeeping {
         });
         match passive {
             Ok((frames, _)) if frames > WAL_RESTART_FRAMES => self.reset_wal(conn),
+            // Writers reuse a fully checkpointed WAL from its start, so its frame count drops
+            // while the file keeps the size a long reader let it grow to: truncate it too.
+            Ok(_) if wal_file_bytes(conn) > WAL_RESTART_FRAMES * 4096 => self.reset_wal(conn),
             Ok(_) => {}
             Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
         }
@@ -125,6 +128,9 @@ impl Housekeeping {
 
     /// Resets the WAL if no reader is in the way; otherwise backs off.
     fn reset_wal(&mut self, conn: &Connection) {
+        // Come back next turn even if nothing else is written: until the reset succeeds
+        // (the reader leaves, the pause ends) there is still a WAL to truncate.
+        self.wrote = true;
         if Instant::now() < self.next_restart {
             return;
         }
@@ -134,7 +140,10 @@ impl Housekeeping {
             })
         });
         match busy {
-            Ok(0) => self.restart_backoff = CHECKPOINT_INTERVAL,
+            Ok(0) => {
+                self.restart_backoff = CHECKPOINT_INTERVAL;
+                self.wrote = false;
+            }
             Ok(_) | Err(_) => {
                 self.next_restart = Instant::now() + self.restart_backoff;
                 self.restart_backoff = (self.restart_backoff * 2).min(WAL_RESTART_BACKOFF_CAP);
@@ -145,9 +154,6 @@ impl Housekeeping {
                 );
             }
         }
-        // Come back next turn even if nothing else is written: while the reader stays the
-        // WAL cannot be reset, and the first try after it leaves truncates it.
-        self.wrote = true;
     }
 
     /// Prunes delivered events past the retention, one small page per loop turn so claims
@@ -197,6 +203,14 @@ impl Housekeeping {
             }
         }
     }
+}
+
+/// The size of `conn`'s WAL file (0 if it cannot be read).
+fn wal_file_bytes(conn: &Connection) -> i64 {
+    let Some(path) = conn.path().filter(|p| !p.is_empty()) else {
+        return 0;
+    };
+    std::fs::metadata(format!("{path}-wal")).map_or(0, |m| m.len() as i64)
 }
 
 fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
