@@ -129,11 +129,7 @@ macro_rules! lease_claimable {
     ($t:literal, $now:literal, $latest:literal) => {
         concat!(
             "(",
-            $t,
-            "lease_expires_at IS NULL OR ",
-            $t,
-            "lease_expires_at <= ",
-            $now,
+            lease_free!($t, $now),
             " OR ",
             $t,
             "leased_at > ",

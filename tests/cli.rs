@@ -14,14 +14,7 @@ use sqlite_outbox::receive::{Secret, Verifier};
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 fn outbox(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOX_DB")
-        .env_remove("OUTBOX_SECRET")
-        .output()
-        .expect("run outbox")
+    common::outbox_cli(db, args)
 }
 
 fn outbox_stdin(db: &Path, args: &[&str], input: &[u8]) -> Output {

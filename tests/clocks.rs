@@ -153,16 +153,8 @@ fn a_device_ten_minutes_off_the_receivers_clock_corrects_from_its_date_header_an
     let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
     let receiver = TestReceiver::start(0, move |r| {
         let its_now = std::time::SystemTime::now() + skew;
-        let secs = its_now
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        let headers: Vec<(String, String)> = r
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let status = match verify_request(&verifier, &headers, &r.raw, secs) {
+        let secs = unix_secs(its_now);
+        let status = match verify_request(&verifier, &r.header_pairs(), &r.raw, secs) {
             Ok(_) => 204,
             Err(_) => 401,
         };

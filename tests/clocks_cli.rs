@@ -7,9 +7,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use common::{Reply, TestReceiver};
+use common::{unix_secs, Reply, TestReceiver};
 use sqlite_outbox::receive::{verify_request, Secret, Verifier};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -33,14 +33,7 @@ fn faketime_available() -> bool {
 }
 
 fn outbox(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOX_DB")
-        .env_remove("OUTBOX_SECRET")
-        .output()
-        .unwrap()
+    common::outbox_cli(db, args)
 }
 
 fn relay_with_clock_off_by(offset: &str) {
@@ -71,16 +64,12 @@ fn relay_with_clock_off_by(offset: &str) {
     assert!(enqueue.wait().unwrap().success());
     let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
     let receiver = TestReceiver::start(0, move |r| {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        let headers: Vec<(String, String)> = r
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        match verify_request(&verifier, &headers, &r.raw, now) {
+        match verify_request(
+            &verifier,
+            &r.header_pairs(),
+            &r.raw,
+            unix_secs(SystemTime::now()),
+        ) {
             Ok(_) => Reply::Status(204),
             Err(_) => Reply::Status(401),
         }
@@ -115,22 +104,9 @@ fn relay_with_clock_off_by(offset: &str) {
         .received()
         .into_iter()
         .filter(|r| {
-            let headers: Vec<(String, String)> = r
-                .headers
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as i64;
-            Verifier::new([Secret::parse(SECRET).unwrap()])
-                .verify(
-                    headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                    &r.raw,
-                    now,
-                )
-                .is_ok()
+            let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
+            let now = unix_secs(SystemTime::now());
+            verify_request(&verifier, &r.header_pairs(), &r.raw, now).is_ok()
         })
         .map(|r| r.event_id)
         .collect();

@@ -25,6 +25,34 @@ pub struct Received {
     pub earlier: usize,
 }
 
+impl Received {
+    /// The headers as name-value pairs, as `verify_request` takes them.
+    pub fn header_pairs(&self) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+/// The unix time in seconds at `at`.
+pub fn unix_secs(at: std::time::SystemTime) -> i64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Runs the `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
+pub fn outbox_cli(db: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("OUTBOX_DB")
+        .env_remove("OUTBOX_SECRET")
+        .output()
+        .expect("run outbox")
+}
+
 /// How the receiver answers one request.
 #[derive(Debug, Clone)]
 pub enum Reply {
