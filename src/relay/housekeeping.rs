@@ -18,6 +18,12 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 /// the writes: 16 MiB of 4 KiB pages.
 const WAL_RESTART_FRAMES: i64 = 4096;
 
+/// WAL file size past which a reset also truncates the file: four times what the frame
+/// bound lets it reach in normal operation, so only a WAL a long reader let grow is cut
+/// (truncating on every reset would make each one re-grow the file, and cost the app's
+/// commits their latency).
+const WAL_TRUNCATE_BYTES: i64 = 4 * WAL_RESTART_FRAMES * 4096;
+
 /// Longest pause between tries to reset the WAL while a reader keeps it busy.
 const WAL_RESTART_BACKOFF_CAP: Duration = Duration::from_secs(5);
 
@@ -102,7 +108,8 @@ impl Housekeeping {
     ///
     /// Under writes that never pause, a PASSIVE checkpoint never catches up with the end of
     /// the WAL, so the WAL is never reset and grows; past a bound the writer resets it
-    /// (TRUNCATE, which also gives the file's space back). A reset must wait for every
+    /// (RESTART; TRUNCATE, which also gives the file's space back, once a long reader let the
+    /// file grow past 64 MiB). A reset must wait for every
     /// reader to leave the old snapshot and holds new writers back while it waits, so it is
     /// tried without the busy handler: if a reader (a backup, a report query) is in the way
     /// it fails at once, and is tried again after a growing pause.
@@ -116,18 +123,22 @@ impl Housekeeping {
         let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
             Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
         });
+        let oversized = || wal_file_bytes(conn) > WAL_TRUNCATE_BYTES;
         match passive {
-            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => self.reset_wal(conn),
+            Ok((frames, _)) if frames > WAL_RESTART_FRAMES => {
+                let mode = if oversized() { "TRUNCATE" } else { "RESTART" };
+                self.reset_wal(conn, mode)
+            }
             // Writers reuse a fully checkpointed WAL from its start, so its frame count drops
-            // while the file keeps the size a long reader let it grow to: truncate it too.
-            Ok(_) if wal_file_bytes(conn) > WAL_RESTART_FRAMES * 4096 => self.reset_wal(conn),
+            // while the file keeps the size a long reader let it grow to: cut it.
+            Ok(_) if oversized() => self.reset_wal(conn, "TRUNCATE"),
             Ok(_) => {}
             Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
         }
     }
 
     /// Resets the WAL if no reader is in the way; otherwise backs off.
-    fn reset_wal(&mut self, conn: &Connection) {
+    fn reset_wal(&mut self, conn: &Connection, mode: &str) {
         // Come back next turn even if nothing else is written: until the reset succeeds
         // (the reader leaves, the pause ends) there is still a WAL to truncate.
         self.wrote = true;
@@ -135,7 +146,7 @@ impl Housekeeping {
             return;
         }
         let busy = database::without_busy_wait(conn, |c| {
-            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            c.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
                 r.get::<_, i64>(0)
             })
         });
