@@ -546,16 +546,18 @@ pub(crate) fn ack(
         )?
         .query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    // A set: an ack covers up to a few hundred rows, and each is looked up below.
+    let held: std::collections::HashSet<i64> = acked.iter().copied().collect();
     for event in events {
         if let Some(key) = &event.partition_key {
-            if acked.contains(&event.id) {
+            if held.contains(&event.id) {
                 unpark_next(conn, key, &event.destination, now)?;
             }
         }
     }
     // One claim is for one destination, so this is one statement per ack in practice.
     let mut by_destination: Vec<(&str, i64)> = Vec::new();
-    for event in events.iter().filter(|e| acked.contains(&e.id)) {
+    for event in events.iter().filter(|e| held.contains(&e.id)) {
         match by_destination
             .iter_mut()
             .find(|(d, _)| *d == event.destination)
@@ -655,7 +657,8 @@ pub(crate) fn record(
             .position(|(e, w)| **w != WriteBack::Delivered || e.lease_owner != *owner)
             .map_or(outcomes.len(), |n| i + n);
         let events: Vec<&OutboundEvent> = outcomes[i..end].iter().map(|(e, _)| *e).collect();
-        let acked = ack(conn, owner, &events, now)?;
+        let acked: std::collections::HashSet<i64> =
+            ack(conn, owner, &events, now)?.into_iter().collect();
         for (slot, event) in recorded[i..end].iter_mut().zip(&events) {
             *slot = acked.contains(&event.id);
         }
