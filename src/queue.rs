@@ -37,6 +37,8 @@
 //! lease expired (it was paused, or slow) cannot overwrite the outcome of the relay that
 //! claimed the row after it.
 
+use std::collections::HashSet;
+
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 
 use crate::error::Result;
@@ -530,13 +532,14 @@ pub(crate) fn ack(
     owner: &str,
     events: &[&OutboundEvent],
     now: i64,
-) -> Result<Vec<i64>> {
+) -> Result<HashSet<i64>> {
     let list = events
         .iter()
         .map(|e| e.id.to_string())
         .collect::<Vec<_>>()
         .join(",");
-    let acked: Vec<i64> = conn
+    // A set: an ack covers up to a few hundred rows, and each is looked up below.
+    let acked: HashSet<i64> = conn
         .prepare_cached(
             "UPDATE outbox_events
                 SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
@@ -546,18 +549,16 @@ pub(crate) fn ack(
         )?
         .query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    // A set: an ack covers up to a few hundred rows, and each is looked up below.
-    let held: std::collections::HashSet<i64> = acked.iter().copied().collect();
     for event in events {
         if let Some(key) = &event.partition_key {
-            if held.contains(&event.id) {
+            if acked.contains(&event.id) {
                 unpark_next(conn, key, &event.destination, now)?;
             }
         }
     }
     // One claim is for one destination, so this is one statement per ack in practice.
     let mut by_destination: Vec<(&str, i64)> = Vec::new();
-    for event in events.iter().filter(|e| held.contains(&e.id)) {
+    for event in events.iter().filter(|e| acked.contains(&e.id)) {
         match by_destination
             .iter_mut()
             .find(|(d, _)| *d == event.destination)
@@ -657,8 +658,7 @@ pub(crate) fn record(
             .position(|(e, w)| **w != WriteBack::Delivered || e.lease_owner != *owner)
             .map_or(outcomes.len(), |n| i + n);
         let events: Vec<&OutboundEvent> = outcomes[i..end].iter().map(|(e, _)| *e).collect();
-        let acked: std::collections::HashSet<i64> =
-            ack(conn, owner, &events, now)?.into_iter().collect();
+        let acked = ack(conn, owner, &events, now)?;
         for (slot, event) in recorded[i..end].iter_mut().zip(&events) {
             *slot = acked.contains(&event.id);
         }
@@ -1088,7 +1088,7 @@ mod tests {
         )
         .unwrap();
         let refs: Vec<&OutboundEvent> = got.iter().collect();
-        assert_eq!(ack(&conn, "mine", &refs, 5).unwrap(), vec![a]);
+        assert_eq!(ack(&conn, "mine", &refs, 5).unwrap(), HashSet::from([a]));
         let owner: String = conn
             .query_row(
                 "SELECT lease_owner FROM outbox_events WHERE id = ?1",

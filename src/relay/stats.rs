@@ -32,6 +32,11 @@ impl Counters {
         self.writer_restarts.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Restarts of the writer so far.
+    pub fn writer_restarts(&self) -> u64 {
+        self.writer_restarts.load(Ordering::Relaxed)
+    }
+
     /// Counts one outcome discarded because another claim had taken the lease over.
     pub fn record_lease_lost(&self) {
         self.lease_lost.fetch_add(1, Ordering::Relaxed);

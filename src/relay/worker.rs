@@ -7,6 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -16,7 +17,7 @@ use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::writer::panic_message;
-use crate::transport::{OutboundEvent, Transport};
+use crate::transport::{Attempt, OutboundEvent, Transport};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
 #[derive(Debug)]
@@ -34,7 +35,20 @@ impl Report {
     }
 
     fn decide(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
-        let backoff = policy.draw_backoff(&events);
+        // Only a failure waits out a backoff: a delivered request skips the draw (a pass over
+        // its events) on the hot path.
+        let delivered = matches!(
+            tried,
+            Tried::Attempted(Attempt::Answered {
+                status: 200..=299,
+                ..
+            })
+        );
+        let backoff = if delivered {
+            Duration::ZERO
+        } else {
+            policy.draw_backoff(&events)
+        };
         let decided = events
             .into_iter()
             .map(|event| {

@@ -521,7 +521,7 @@ impl Writer {
                 self.relay_id
             );
         }
-        let restarts = self.counters.snapshot(None).writer_restarts;
+        let restarts = self.counters.writer_restarts();
         ShutdownReport::new(released, finished, abandoned, restarts)
     }
 }
