@@ -97,19 +97,6 @@ fn busy_handler(attempt: i32) -> bool {
     true
 }
 
-/// Runs `f` with `conn`'s busy handler switched off, so a lock it cannot get fails at once
-/// with `SQLITE_BUSY` instead of waiting (and, for a WAL restart, holding writers back while
-/// it waits).
-pub(crate) fn without_busy_wait<T>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    conn.busy_handler(None)?;
-    let result = f(conn);
-    conn.busy_handler(Some(busy_handler))?;
-    result
-}
-
 /// Settings applied to every connection the outbox opens.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectionSettings {
@@ -286,6 +273,17 @@ pub(crate) fn open_pool(
         .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
         .build(manager)?;
     Ok((pool, path.to_path_buf()))
+}
+
+/// Opens a connection to an outbox file that [`open_pool`] already opened (and migrated),
+/// outside the pool, with the same settings.
+pub(crate) fn open_unpooled(path: &Path, settings: &ConnectionSettings) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    settings.apply(&conn)?;
+    Ok(conn)
 }
 
 /// Free pages handed back to the file system per step: each step is its own short write

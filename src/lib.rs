@@ -145,10 +145,12 @@
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
 //! costs the claim nothing either (`src/queue.rs` draws the row's state machine). Acks are
 //! gathered (up to 200 per transaction, waiting at most 1 ms for more), claims wait until a
-//! whole batch fits, and the writer checkpoints the WAL in the background (PASSIVE, and past
-//! 16 MiB a TRUNCATE that never busy-waits: while another process holds a read transaction,
-//! a backup or a report query, the reset is skipped and retried after a growing pause, so
-//! the app's commits never wait behind it), so the app's own commits do not pay for
+//! whole batch fits, and a thread of the relay's own checkpoints the WAL in the background
+//! on its own connection (PASSIVE, which takes no lock a writer needs, so neither claims nor
+//! the app's commits wait for the copy; and past 16 MiB a RESTART, or a TRUNCATE once the
+//! file passed 64 MiB, that never busy-waits: while another process holds a read
+//! transaction, a backup or a report query, the reset is skipped and retried after a growing
+//! pause, so the app's commits never wait behind it), so the app's own commits do not pay for
 //! checkpoints. A writer waiting for
 //! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
 //!
@@ -322,9 +324,11 @@
 //! # About threads
 //!
 //! [`Outbox`] is `Send + Sync` and cheap to clone. A relay runs one writer thread
-//! (`outbox-relay`, the only one that writes to SQLite) and, per destination, a configurable
-//! number of delivery threads (`outbox-<destination>-<n>`) that only do HTTP; all are joined
-//! by [`RelayHandle::shutdown`] or on drop, within a bounded time. Every blocking call has a
+//! (`outbox-relay`, the only one that writes rows), one checkpointer (`outbox-checkpoint`,
+//! which only copies the WAL back into the file, on a connection outside the pool) and, per
+//! destination, a configurable number of delivery threads (`outbox-<destination>-<n>`) that
+//! only do HTTP; all are joined by [`RelayHandle::shutdown`] or on drop, within a bounded
+//! time (`tests/threads.rs`). Every blocking call has a
 //! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
 //! timeout).
 //!

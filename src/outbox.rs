@@ -43,6 +43,7 @@ pub struct Outbox {
 struct Inner {
     pool: Pool,
     path: PathBuf,
+    settings: ConnectionSettings,
     clock: Arc<dyn Clock>,
     payload_limit: usize,
     default_source: String,
@@ -229,6 +230,7 @@ impl OutboxBuilder {
             inner: Arc::new(Inner {
                 pool,
                 path,
+                settings,
                 clock: self.clock,
                 payload_limit: self.payload_limit,
                 default_source: self.default_source,
@@ -421,6 +423,12 @@ impl Outbox {
     /// [`Error::Pool`] when no connection frees up within the busy timeout.
     pub fn connection(&self) -> Result<PooledConnection> {
         PooledConnection::get(&self.inner.pool)
+    }
+
+    /// Opens a connection of its own, outside the pool (it counts against no pool limit),
+    /// with the outbox's PRAGMAs: for a relay's background checkpoints.
+    pub(crate) fn unpooled_connection(&self) -> Result<rusqlite::Connection> {
+        database::open_unpooled(&self.inner.path, &self.inner.settings)
     }
 
     /// The current time on the outbox's clock, in unix milliseconds.

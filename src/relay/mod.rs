@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Who owns which thread: [`RelayHandle`] owns every thread of a relay. The writer thread
-//! (`outbox-relay`, [`writer`]) owns the relay's one SQLite connection and every lane
-//! ([`lane`]); each destination's workers (`outbox-<destination>-<n>`, [`worker`]) own
+//! (`outbox-relay`, [`writer`]) owns the relay's one writing SQLite connection and every
+//! lane ([`lane`]); the checkpointer (`outbox-checkpoint`, [`checkpointer`]) owns a second
+//! connection that only checkpoints the WAL; each destination's workers (`outbox-<destination>-<n>`, [`worker`]) own
 //! nothing but their transport handle and a clone of their lane's gate ([`gate`]). Workers
 //! never touch SQLite and the writer never waits on the network, so a slow receiver cannot
 //! hold the database's write lock and a busy database cannot stall a request.
@@ -18,6 +19,7 @@
 //! started, records what finishes before the deadline, and returns its report. The handle
 //! then joins every thread that has ended by the deadline and counts the rest as detached.
 
+mod checkpointer;
 pub(crate) mod config;
 pub(crate) mod decide;
 pub(crate) mod gate;
@@ -38,6 +40,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use crate::error::Result;
 use crate::outbox::Outbox;
 use crate::transport::Transport;
+use checkpointer::Checkpointer;
 use config::RelayConfig;
 use lane::Lane;
 use stats::{Counters, RelayStats, ShutdownReport};
@@ -99,6 +102,7 @@ impl Relay {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let conn = outbox.connection()?;
+        let checkpoint_conn = outbox.unpooled_connection()?;
         let (reports_tx, reports_rx) = unbounded::<Report>();
         let counters = Arc::new(Counters::default());
 
@@ -137,11 +141,16 @@ impl Relay {
             counters.clone(),
         );
         let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
+        let (checkpoint_stop_tx, checkpoint_stop) = bounded::<()>(0);
+        let checkpointer = Checkpointer::new(checkpoint_conn, &relay_id, checkpoint_stop);
+        let checkpointer =
+            Watched::spawn("outbox-checkpoint".to_string(), move || checkpointer.run())?;
         log::info!("relay {relay_id}: started");
         Ok(RelayHandle {
             relay_id,
             stop_tx: Some(stop_tx),
             writer: Some(writer),
+            checkpointer: Some((checkpoint_stop_tx, checkpointer)),
             workers,
             shutdown_timeout,
             counters,
@@ -155,6 +164,8 @@ pub struct RelayHandle {
     relay_id: String,
     stop_tx: Option<Sender<()>>,
     writer: Option<Watched<ShutdownReport>>,
+    /// The checkpointer thread and the sender whose drop stops it.
+    checkpointer: Option<(Sender<()>, Watched<()>)>,
     workers: Vec<Watched<()>>,
     shutdown_timeout: Duration,
     counters: Arc<Counters>,
@@ -220,6 +231,14 @@ impl RelayHandle {
         let worker_deadline = Instant::now().min(deadline) + Duration::from_millis(200);
         for worker in self.workers.drain(..) {
             if worker.join_by(worker_deadline).is_none() {
+                report.detached_threads += 1;
+            }
+        }
+        // The checkpointer stops between checkpoints; one under way copies at most the
+        // WAL's bounded size.
+        if let Some((stop, checkpointer)) = self.checkpointer.take() {
+            drop(stop);
+            if checkpointer.join_by(worker_deadline).is_none() {
                 report.detached_threads += 1;
             }
         }

@@ -248,7 +248,6 @@ impl Writer {
         match self.data_version() {
             Ok(v) if v != self.data_version => {
                 self.data_version = v;
-                self.housekeeping.note_write();
                 self.load_disabled();
                 self.lanes.iter_mut().for_each(Lane::wake);
             }
@@ -475,7 +474,6 @@ impl Writer {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let recorded = queue::record(&tx, outcomes, now)?;
         tx.commit()?;
-        self.housekeeping.note_write();
         Ok(recorded)
     }
 
