@@ -66,7 +66,7 @@ pub enum Synchronous {
 }
 
 impl Synchronous {
-    fn pragma_value(self) -> &'static str {
+    pub(crate) fn pragma_value(self) -> &'static str {
         match self {
             Synchronous::Normal => "NORMAL",
             Synchronous::Full => "FULL",

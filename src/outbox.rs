@@ -431,6 +431,11 @@ impl Outbox {
         database::open_unpooled(&self.inner.path, &self.inner.settings)
     }
 
+    /// The `synchronous` setting of the outbox's connections.
+    pub(crate) fn synchronous(&self) -> Synchronous {
+        self.inner.settings.synchronous
+    }
+
     /// The current time on the outbox's clock, in unix milliseconds.
     pub fn now_ms(&self) -> i64 {
         self.inner.clock.now_ms()

@@ -395,6 +395,13 @@ pub(crate) struct Claimed {
     pub unreadable: Vec<Unreadable>,
 }
 
+impl Claimed {
+    /// Whether the claim took no row at all (and so wrote nothing).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.unreadable.is_empty()
+    }
+}
+
 /// Runs the claim. Rows are decoded one by one, so one unreadable row costs only itself:
 /// it is dead-lettered (fenced by this claim's lease) with the decoding error kept, and the
 /// rest of the batch goes out.

@@ -102,7 +102,35 @@ fn bad_files_and_bad_input_give_clear_messages_and_exit_2() {
     let o = outbox(&db, &["enqueue", "--type", ""]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("event type is empty"), "{}", stderr(&o));
+    let o = outbox(&db, &["--synchronous", "sometimes", "stats"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("possible values: normal, full"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(stats_json(&db)["pending"], 0);
+}
+
+#[test]
+fn synchronous_is_taken_from_the_flag_or_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let o = outbox(&db, &["--synchronous", "full", "enqueue", "--type", "t"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--db", db.to_str().unwrap(), "enqueue", "--type", "t"])
+        .env("OUTBOX_SYNCHRONOUS", "FULL")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--db", db.to_str().unwrap(), "stats"])
+        .env("OUTBOX_SYNCHRONOUS", "off")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stats_json(&db)["pending"], 2);
 }
 
 #[test]

@@ -17,6 +17,7 @@ use crate::disabled;
 use crate::error::Result;
 use crate::outbox::Outbox;
 use crate::queue::{self, ClaimRequest, WriteBack};
+use crate::relay::barrier::Barrier;
 use crate::relay::config::RelayConfig;
 use crate::relay::decide::{GateChange, Policy};
 use crate::relay::housekeeping::Housekeeping;
@@ -60,6 +61,7 @@ pub(crate) struct Writer {
     wake: Receiver<()>,
     counters: Arc<Counters>,
     housekeeping: Housekeeping,
+    barrier: Barrier,
     /// Random per start: two relays given the same name (or one restarted, whose claim
     /// counter starts again at 1) never share a lease owner, so fencing holds.
     start_id: String,
@@ -104,6 +106,7 @@ impl Writer {
             wake,
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
+            barrier: Barrier::new(outbox.synchronous()),
             start_id: format!("{:016x}", fastrand::u64(..)),
             claim_seq: 0,
             stopping: false,
@@ -313,17 +316,18 @@ impl Writer {
         let limit = lane.claim_limit();
         self.claim_seq += 1;
         let owner = format!("{}:{}:{}", self.relay_id, self.start_id, self.claim_seq);
-        let claimed = queue::claim(
-            &self.conn,
-            &ClaimRequest {
-                destination: lane.name(),
-                default_source: self.outbox.default_source(),
-                owner: &owner,
-                now,
-                lease_ms: self.lease_ms,
-                limit: limit as i64,
-            },
-        )?;
+        let request = ClaimRequest {
+            destination: lane.name(),
+            default_source: self.outbox.default_source(),
+            owner: &owner,
+            now,
+            lease_ms: self.lease_ms,
+            limit: limit as i64,
+        };
+        // Nothing is sent before its commit is on disk (see `barrier`).
+        let claimed = self
+            .barrier
+            .claim(&mut self.conn, |conn| queue::claim(conn, &request))?;
         self.last_claim = Instant::now();
         for row in &claimed.unreadable {
             self.counters.record(&WriteBack::Dead {

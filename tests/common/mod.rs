@@ -49,6 +49,7 @@ pub fn outbox_cli(db: &std::path::Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("OUTBOX_DB")
         .env_remove("OUTBOX_SECRET")
+        .env_remove("OUTBOX_SYNCHRONOUS")
         .output()
         .expect("run outbox")
 }

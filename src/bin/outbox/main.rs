@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use sqlite_outbox::{Error, Outbox};
+use clap::{Parser, Subcommand, ValueEnum};
+use sqlite_outbox::{Error, Outbox, OutboxBuilder, Synchronous};
 
 use failure::{bad_input, Failure, Outcome};
 
@@ -28,6 +28,18 @@ struct Cli {
     /// The database file.
     #[arg(long, env = "OUTBOX_DB", global = true)]
     db: Option<PathBuf>,
+    /// How hard SQLite works to keep this command's commits on power loss: `normal` (the
+    /// default) or `full`; give the app's own setting. A relay never sends an event before
+    /// its commit is on disk, whichever is chosen.
+    #[arg(
+        long,
+        env = "OUTBOX_SYNCHRONOUS",
+        global = true,
+        value_enum,
+        ignore_case = true,
+        default_value = "normal"
+    )]
+    synchronous: SynchronousArg,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,6 +70,22 @@ enum Command {
     Enable(repair::EnableArgs),
 }
 
+/// The `--synchronous` values.
+#[derive(Clone, Copy, ValueEnum)]
+enum SynchronousArg {
+    Normal,
+    Full,
+}
+
+impl From<SynchronousArg> for Synchronous {
+    fn from(arg: SynchronousArg) -> Synchronous {
+        match arg {
+            SynchronousArg::Normal => Synchronous::Normal,
+            SynchronousArg::Full => Synchronous::Full,
+        }
+    }
+}
+
 /// Parses durations like `30s`, `15m`, `7d` for any flag that takes one.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
@@ -80,8 +108,9 @@ fn run(cli: Cli) -> Outcome {
     let Some(db) = cli.db else {
         return Err(bad_input("--db PATH (or OUTBOX_DB) is required"));
     };
+    let builder = Outbox::builder().synchronous(cli.synchronous.into());
     if let Command::Init = cli.command {
-        let outbox = Outbox::open(&db)?;
+        let outbox = builder.open(&db)?;
         println!(
             "initialized {} (schema version {})",
             outbox.path().display(),
@@ -89,7 +118,7 @@ fn run(cli: Cli) -> Outcome {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let outbox = open_existing(&db)?;
+    let outbox = open_existing(builder, &db)?;
     match cli.command {
         Command::Init => unreachable!("handled above"),
         Command::Enqueue(args) => enqueue::run(&outbox, args),
@@ -106,8 +135,8 @@ fn run(cli: Cli) -> Outcome {
 }
 
 /// Opens a database that must already exist and hold an outbox, without creating anything.
-fn open_existing(db: &std::path::Path) -> Result<Outbox, Failure> {
-    Outbox::open_existing(db).map_err(|e| match e {
+fn open_existing(builder: OutboxBuilder, db: &std::path::Path) -> Result<Outbox, Failure> {
+    builder.open_existing(db).map_err(|e| match e {
         Error::NotFound { .. } => bad_input(format!(
             "{} does not exist (create it with: outbox --db {} init)",
             db.display(),
