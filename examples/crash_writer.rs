@@ -6,7 +6,8 @@
 //! cargo run --example crash_writer -- DB_PATH FIRST_SEQ [COUNT [PAUSE_MICROS]]
 //! ```
 //!
-//! `OUTBOX_SYNCHRONOUS=FULL` opens the database with `synchronous=FULL` (default NORMAL).
+//! `OUTBOX_SYNCHRONOUS=full` (any case) opens the database with `synchronous=FULL` (default
+//! NORMAL), as the `outbox` CLI reads the same variable.
 
 use std::io::Write;
 
@@ -21,8 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let first: i64 = args.next().ok_or("FIRST_SEQ missing")?.parse()?;
     let count: i64 = args.next().map_or(Ok(i64::MAX), |c| c.parse())?;
     let pause = std::time::Duration::from_micros(args.next().map_or(Ok(0), |p| p.parse())?);
-    let synchronous = match std::env::var("OUTBOX_SYNCHRONOUS").as_deref() {
-        Ok("FULL") => Synchronous::Full,
+    let synchronous = match std::env::var("OUTBOX_SYNCHRONOUS") {
+        Ok(s) if s.eq_ignore_ascii_case("full") => Synchronous::Full,
         _ => Synchronous::Normal,
     };
     let outbox = Outbox::builder().synchronous(synchronous).open(&db)?;
