@@ -402,13 +402,16 @@ fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
     }
 }
 
-fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
-    let outbox = Outbox::open(dir.join("latency.db")).unwrap();
+/// Commit-to-receipt latencies of 1,000 single commits, each waited for, through an idle
+/// relay (with the durability barrier on, or off to show its cost).
+fn receipt_latencies(dir: &std::path::Path, barrier: bool, round: usize) -> Vec<Duration> {
+    let outbox = Outbox::open(dir.join(format!("latency-{barrier}-{round}.db"))).unwrap();
     let receiver = CountingReceiver::start();
-    let relay = outbox
-        .relay(RelayConfig::http(&receiver.url).workers(2))
-        .start()
-        .unwrap();
+    let mut config = RelayConfig::http(&receiver.url).workers(2);
+    if !barrier {
+        config = bench_support::without_durability_barrier(config);
+    }
+    let relay = outbox.relay(config).start().unwrap();
     let mut samples = Vec::new();
     for i in 0..1_000 {
         let before = receiver.count();
@@ -420,15 +423,28 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
         samples.push(t.elapsed());
     }
     relay.shutdown();
-    let p50 = quantile(&mut samples, 0.5);
-    let p99 = quantile(&mut samples, 0.99);
+    samples
+}
+
+fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        with.extend(receipt_latencies(dir, true, round));
+        without.extend(receipt_latencies(dir, false, round));
+    }
+    let p50 = quantile(&mut with, 0.5);
+    let p99 = quantile(&mut with, 0.99);
+    let bare_p50 = quantile(&mut without, 0.5);
     vec![
         Line {
             what: "commit → receipt, idle relay, p50".into(),
             outbox: ms(p50),
-            baseline: "".into(),
-            ratio: "".into(),
-            target: "≤ 1 ms",
+            baseline: format!("{} (barrier off)", ms(bare_p50)),
+            ratio: format!(
+                "+{:.3} ms",
+                (p50.as_secs_f64() - bare_p50.as_secs_f64()) * 1e3
+            ),
+            target: "≤ 1 ms, barrier ≤ +0.3 ms",
         },
         Line {
             what: "commit → receipt, idle relay, p99".into(),
@@ -438,6 +454,33 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
             target: "≤ 10 ms",
         },
     ]
+}
+
+/// What the durability barrier costs a drain of a backlog committed just before (the worst
+/// case: the first claim syncs the whole backlog's WAL), barrier on against off.
+fn barrier_drain(dir: &std::path::Path, receiver: &CountingReceiver) -> Line {
+    let n = 30_000;
+    let round = std::cell::Cell::new(0);
+    let drain = |barrier: bool| {
+        round.set(round.get() + 1);
+        let path = dir.join(format!("barrier-{}.db", round.get()));
+        let took = timed_drain_with(&path, receiver, n, 4, Some(100), |config| {
+            if barrier {
+                config
+            } else {
+                bench_support::without_durability_barrier(config)
+            }
+        });
+        rate(n, took)
+    };
+    let (on, off) = alternate(3, || drain(true), || drain(false));
+    Line {
+        what: "relay, 100 events/request, 4 workers, barrier on / off".into(),
+        outbox: format!("{} events", per_s(on)),
+        baseline: format!("{} (barrier off)", per_s(off)),
+        ratio: format!("{:.2}×", on / off),
+        target: "≥ 0.9×",
+    }
 }
 
 /// Runs in a child process: drains the backlog at `path` to `url`, prints peak RSS in KiB.
@@ -536,6 +579,7 @@ fn main() {
     if run("relay") {
         eprintln!("relay…");
         lines.extend(relay_http(dir, &receiver));
+        lines.push(barrier_drain(dir, &receiver));
     }
     if run("latency") {
         eprintln!("latency…");

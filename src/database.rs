@@ -57,7 +57,9 @@ impl fmt::Debug for PooledConnection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Synchronous {
     /// `synchronous=NORMAL`: the WAL is synced at checkpoints only. Fast; after a power loss
-    /// or OS crash the last commits before it may be rolled back (never corrupted).
+    /// or OS crash the last commits before it may be rolled back, each transaction whole
+    /// (never corrupted). A relay never sends an event of a commit that is not on disk yet,
+    /// so a rolled-back commit's event is never delivered.
     #[default]
     Normal,
     /// `synchronous=FULL`: the WAL is synced on every commit. A commit that returned survives

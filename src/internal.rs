@@ -4,6 +4,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::Result;
 use crate::queue::{self, ClaimRequest};
+use crate::relay::config::RelayConfig;
 use crate::transport::OutboundEvent;
 
 /// Claims up to `limit` due events of `destination` as the relay does.
@@ -39,6 +40,14 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     let acked = queue::ack(&tx, &first.lease_owner, &refs, now)?.len();
     tx.commit()?;
     Ok(acked)
+}
+
+/// `config` with the durability barrier off, so a bench can show what the barrier costs in
+/// the same run. Never for real use: an event could then be sent before its commit is on
+/// disk, and a power loss would leave the receiver with an event the device lost.
+pub fn without_durability_barrier(mut config: RelayConfig) -> RelayConfig {
+    config.durability_barrier = false;
+    config
 }
 
 /// An outbound event like those the benches enqueue, to build bare request bodies from.

@@ -298,6 +298,19 @@ pub fn timed_drain(
     workers: usize,
     batch: Option<usize>,
 ) -> Duration {
+    timed_drain_with(path, receiver, n, workers, batch, |config| config)
+}
+
+/// As [`timed_drain`], with `adjust` applied to the relay's configuration (the barrier-cost
+/// comparison turns the durability barrier off with it).
+pub fn timed_drain_with(
+    path: &std::path::Path,
+    receiver: &CountingReceiver,
+    n: usize,
+    workers: usize,
+    batch: Option<usize>,
+    adjust: impl FnOnce(sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig,
+) -> Duration {
     let outbox = sqlite_outbox::Outbox::open(path).unwrap();
     fill_pending(&outbox, n);
     let mut destination = sqlite_outbox::Destination::http("default", &receiver.url);
@@ -307,11 +320,11 @@ pub fn timed_drain(
     let start_count = receiver.count();
     let start = Instant::now();
     let relay = outbox
-        .relay(
+        .relay(adjust(
             sqlite_outbox::RelayConfig::new()
                 .destination(destination)
                 .workers(workers),
-        )
+        ))
         .start()
         .unwrap();
     assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));

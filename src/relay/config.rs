@@ -30,6 +30,9 @@ pub struct RelayConfig {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) retention: Option<Duration>,
     pub(crate) retention_interval: Duration,
+    /// Whether claims wait for their events' commits to be on disk (always, but for the
+    /// benches that measure what that costs: [`crate::internal::without_durability_barrier`]).
+    pub(crate) durability_barrier: bool,
 }
 
 impl fmt::Debug for RelayConfig {
@@ -95,6 +98,7 @@ impl RelayConfig {
             shutdown_timeout: Duration::from_secs(10),
             retention: Some(Self::DEFAULT_RETENTION),
             retention_interval: Duration::from_secs(3600),
+            durability_barrier: true,
         }
     }
 

@@ -106,7 +106,7 @@ impl Writer {
             wake,
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
-            barrier: Barrier::new(outbox.synchronous()),
+            barrier: Barrier::new(outbox.synchronous(), config.durability_barrier),
             start_id: format!("{:016x}", fastrand::u64(..)),
             claim_seq: 0,
             stopping: false,
