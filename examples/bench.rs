@@ -456,15 +456,17 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
     ]
 }
 
-/// What the durability barrier costs a drain of a backlog committed just before (the worst
-/// case: the first claim syncs the whole backlog's WAL), barrier on against off.
-fn barrier_drain(dir: &std::path::Path, receiver: &CountingReceiver) -> Line {
+/// What the durability barrier costs a drain, barrier on against off: of a backlog committed
+/// just before (the worst case: the first claim syncs the whole backlog's WAL, which without
+/// the barrier the background checkpoint would sync instead), and of a backlog already on
+/// disk, as one that built up while the device was offline is.
+fn barrier_drain(dir: &std::path::Path, receiver: &CountingReceiver, on_disk: bool) -> Line {
     let n = 30_000;
     let round = std::cell::Cell::new(0);
     let drain = |barrier: bool| {
         round.set(round.get() + 1);
-        let path = dir.join(format!("barrier-{}.db", round.get()));
-        let took = timed_drain_with(&path, receiver, n, 4, Some(100), |config| {
+        let path = dir.join(format!("barrier-{on_disk}-{}.db", round.get()));
+        let took = timed_drain_with(&path, receiver, n, 4, Some(100), on_disk, |config| {
             if barrier {
                 config
             } else {
@@ -473,9 +475,14 @@ fn barrier_drain(dir: &std::path::Path, receiver: &CountingReceiver) -> Line {
         });
         rate(n, took)
     };
-    let (on, off) = alternate(3, || drain(true), || drain(false));
+    let (on, off) = alternate(5, || drain(true), || drain(false));
+    let backlog = if on_disk {
+        "backlog on disk"
+    } else {
+        "backlog just committed"
+    };
     Line {
-        what: "relay, 100 events/request, 4 workers, barrier on / off".into(),
+        what: format!("relay, 100 events/request, 4 workers, {backlog}: barrier on / off"),
         outbox: format!("{} events", per_s(on)),
         baseline: format!("{} (barrier off)", per_s(off)),
         ratio: format!("{:.2}×", on / off),
@@ -579,7 +586,8 @@ fn main() {
     if run("relay") {
         eprintln!("relay…");
         lines.extend(relay_http(dir, &receiver));
-        lines.push(barrier_drain(dir, &receiver));
+        lines.push(barrier_drain(dir, &receiver, false));
+        lines.push(barrier_drain(dir, &receiver, true));
     }
     if run("latency") {
         eprintln!("latency…");

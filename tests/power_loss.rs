@@ -204,33 +204,32 @@ fn power_cuts(synchronous: &str) -> Tally {
             "a rolled-back transaction's event is on the device"
         );
         // No ghost: the receiver holds nothing the device does not.
-        for received in receiver.received() {
-            for id in &received.ids {
-                assert!(
-                    device.events.contains_key(id),
-                    "cut {cut} ({how:?}): ghost event {id} was delivered but is not on the device"
-                );
-            }
+        for id in receiver.event_ids() {
+            assert!(
+                device.events.contains_key(&id),
+                "cut {cut} ({how:?}): ghost event {id} was delivered but is not on the device"
+            );
         }
         mounted = Some(fs);
     }
 
     // The last reboot: the relay drains everything on the device.
     let fs = mounted.take().unwrap_or_else(|| rig.mount());
+    // Five keys, one event in flight per key: allow a second per 100 events, at least 2 min.
+    let backlog = read_device(&rig.db()).events.len();
+    let timeout = format!("{}s", 120 + backlog / 100);
     let mut drain = spawn_relay(
         &rig.db(),
         &url,
         synchronous,
-        &["--until-empty", "--timeout", "120s"],
+        &["--until-empty", "--timeout", &timeout],
     );
     let status = drain.wait().unwrap();
     assert!(status.success(), "the final drain did not empty the outbox");
     let device = read_device(&rig.db());
     let mut received: HashMap<String, usize> = HashMap::new();
-    for r in receiver.received() {
-        for id in r.ids {
-            *received.entry(id).or_default() += 1;
-        }
+    for id in receiver.event_ids() {
+        *received.entry(id).or_default() += 1;
     }
     for id in device.events.keys() {
         assert!(received.contains_key(id), "event {id} was never delivered");

@@ -298,21 +298,27 @@ pub fn timed_drain(
     workers: usize,
     batch: Option<usize>,
 ) -> Duration {
-    timed_drain_with(path, receiver, n, workers, batch, |config| config)
+    timed_drain_with(path, receiver, n, workers, batch, false, |config| config)
 }
 
 /// As [`timed_drain`], with `adjust` applied to the relay's configuration (the barrier-cost
-/// comparison turns the durability barrier off with it).
+/// comparison turns the durability barrier off with it); with `backlog_on_disk`, the backlog
+/// is checkpointed into the synced database file before the relay starts, as a backlog that
+/// built up over time is.
 pub fn timed_drain_with(
     path: &std::path::Path,
     receiver: &CountingReceiver,
     n: usize,
     workers: usize,
     batch: Option<usize>,
+    backlog_on_disk: bool,
     adjust: impl FnOnce(sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig,
 ) -> Duration {
     let outbox = sqlite_outbox::Outbox::open(path).unwrap();
     fill_pending(&outbox, n);
+    if backlog_on_disk {
+        outbox.checkpoint().unwrap();
+    }
     let mut destination = sqlite_outbox::Destination::http("default", &receiver.url);
     if let Some(size) = batch {
         destination = destination.batch(size, 1 << 20);

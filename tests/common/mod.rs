@@ -72,8 +72,15 @@ pub enum Reply {
 /// answers as told.
 pub struct TestReceiver {
     pub port: u16,
-    received: Arc<Mutex<Vec<Received>>>,
+    received: Arc<Mutex<Log>>,
     server: Option<HttpServer>,
+}
+
+/// Every request received, and how many requests each event id came first in.
+#[derive(Default)]
+struct Log {
+    requests: Vec<Received>,
+    seen: std::collections::HashMap<String, usize>,
 }
 
 impl TestReceiver {
@@ -87,7 +94,7 @@ impl TestReceiver {
         port: u16,
         responder: impl Fn(&Received) -> Reply + Send + Sync + 'static,
     ) -> Self {
-        let received = Arc::new(Mutex::new(Vec::<Received>::new()));
+        let received = Arc::new(Mutex::new(Log::default()));
         let log = received.clone();
         let server = HttpServer::bind(("127.0.0.1", port), move |request| {
             let rec = record(&log, request);
@@ -115,11 +122,17 @@ impl TestReceiver {
     }
 
     pub fn received(&self) -> Vec<Received> {
-        self.received.lock().unwrap().clone()
+        self.received.lock().unwrap().requests.clone()
+    }
+
+    /// The id of every event received, once per receipt (batches counted event by event).
+    pub fn event_ids(&self) -> Vec<String> {
+        let log = self.received.lock().unwrap();
+        log.requests.iter().flat_map(|r| r.ids.clone()).collect()
     }
 
     pub fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
+        self.received.lock().unwrap().requests.len()
     }
 
     /// Events received, counting every event of a batch.
@@ -127,6 +140,7 @@ impl TestReceiver {
         self.received
             .lock()
             .unwrap()
+            .requests
             .iter()
             .map(|r| r.ids.len())
             .sum()
@@ -141,7 +155,7 @@ impl TestReceiver {
 }
 
 /// Records one request, noting how many requests for its event id came before.
-fn record(log: &Mutex<Vec<Received>>, request: &Request) -> Received {
+fn record(log: &Mutex<Log>, request: &Request) -> Received {
     let body: serde_json::Value =
         serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
     let ids: Vec<String> = match &body {
@@ -152,8 +166,10 @@ fn record(log: &Mutex<Vec<Received>>, request: &Request) -> Received {
         other => vec![other["id"].as_str().unwrap_or_default().to_string()],
     };
     let event_id = ids.first().cloned().unwrap_or_default();
-    let mut all = log.lock().unwrap();
-    let earlier = all.iter().filter(|r| r.event_id == event_id).count();
+    let mut log = log.lock().unwrap();
+    let seen = log.seen.entry(event_id.clone()).or_default();
+    let earlier = *seen;
+    *seen += 1;
     let rec = Received {
         event_id,
         ids,
@@ -162,7 +178,7 @@ fn record(log: &Mutex<Vec<Received>>, request: &Request) -> Received {
         headers: request.headers.iter().cloned().collect(),
         earlier,
     };
-    all.push(rec.clone());
+    log.requests.push(rec.clone());
     rec
 }
 
