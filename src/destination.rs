@@ -26,6 +26,11 @@ enum Target {
         secrets: Vec<String>,
     },
     Custom(Arc<dyn Transport>),
+    #[cfg(feature = "mqtt")]
+    Mqtt {
+        url: String,
+        config: crate::transport::MqttConfig,
+    },
 }
 
 /// One named place a relay delivers to, with its own attempts, backoff and workers.
@@ -62,6 +67,8 @@ impl fmt::Debug for Destination {
                 .field("http", config)
                 .field("secrets", &secrets.len()),
             Target::Custom(_) => d.field("transport", &"<custom>"),
+            #[cfg(feature = "mqtt")]
+            Target::Mqtt { url, config } => d.field("url", url).field("mqtt", config),
         };
         d.field("batch", &self.batch)
             .field("workers", &self.workers)
@@ -98,6 +105,31 @@ impl Destination {
             batch: None,
             workers: None,
         }
+    }
+
+    /// A destination named `name` publishing to the MQTT broker at `url`
+    /// (`mqtt://host:port`), QoS 1, one PUBLISH per event (feature `mqtt`). Settings:
+    /// [`mqtt_config`](Self::mqtt_config).
+    #[cfg(feature = "mqtt")]
+    pub fn mqtt(name: impl Into<String>, url: impl Into<String>) -> Destination {
+        Destination {
+            name: name.into(),
+            target: Target::Mqtt {
+                url: url.into(),
+                config: crate::transport::MqttConfig::default(),
+            },
+            batch: None,
+            workers: None,
+        }
+    }
+
+    /// Sets the MQTT settings of an MQTT destination (ignored by others).
+    #[cfg(feature = "mqtt")]
+    pub fn mqtt_config(mut self, config: crate::transport::MqttConfig) -> Destination {
+        if let Target::Mqtt { config: c, .. } = &mut self.target {
+            *c = config;
+        }
+        self
     }
 
     /// The destination's name.
@@ -147,6 +179,8 @@ impl Destination {
         match &self.target {
             Target::Http { config, .. } => Some(config.request_timeout_value()),
             Target::Custom(_) => None,
+            #[cfg(feature = "mqtt")]
+            Target::Mqtt { config, .. } => Some(config.ack_timeout),
         }
     }
 
@@ -173,6 +207,19 @@ impl Destination {
         }
         match &self.target {
             Target::Custom(t) => Ok(t.clone()),
+            #[cfg(feature = "mqtt")]
+            Target::Mqtt { url, config } => {
+                if self.batch.is_some() {
+                    return Err(Error::InvalidConfig(format!(
+                        "destination {}: MQTT has no batches (one PUBLISH per event); remove \
+                         batch()",
+                        self.name
+                    )));
+                }
+                Ok(Arc::new(crate::transport::MqttTransport::new(
+                    &self.name, url, config,
+                )?))
+            }
             Target::Http {
                 url,
                 config,

@@ -23,10 +23,14 @@
 
 mod clock_offset;
 mod http;
+#[cfg(feature = "mqtt")]
+mod mqtt;
 
 use std::time::Duration;
 
 pub use http::{HttpConfig, HttpTransport};
+#[cfg(feature = "mqtt")]
+pub use mqtt::{MqttConfig, MqttTransport};
 
 /// One claimed event on its way to a destination.
 ///

@@ -1,0 +1,178 @@
+//! Topic templates: `outbox/{type}`, `devices/{source}/{type}`, … rendered per event.
+
+use crate::error::{Error, Result};
+use crate::transport::OutboundEvent;
+
+/// The longest topic MQTT allows, in bytes (a two-byte length prefix).
+pub(crate) const MAX_TOPIC_BYTES: usize = 65_535;
+
+/// The placeholders a template may use.
+const PLACEHOLDERS: [&str; 5] = ["type", "key", "source", "subject", "destination"];
+
+/// One piece of a parsed template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Field(&'static str),
+}
+
+/// A checked topic template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TopicTemplate {
+    parts: Vec<Part>,
+}
+
+impl TopicTemplate {
+    /// Parses and checks `template`: known placeholders only, no wildcard, no empty level.
+    pub fn parse(template: &str) -> Result<TopicTemplate> {
+        let bad = |why: String| Error::InvalidConfig(format!("MQTT topic {template:?}: {why}"));
+        if template.is_empty() {
+            return Err(bad("is empty".into()));
+        }
+        if template.contains(['+', '#']) {
+            return Err(bad(
+                "a topic to publish to cannot hold the wildcards + or #".into(),
+            ));
+        }
+        if template.contains('\0') {
+            return Err(bad("holds a NUL character".into()));
+        }
+        if template.split('/').any(str::is_empty) {
+            return Err(bad(
+                "has an empty level (a leading, trailing or double /)".into()
+            ));
+        }
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Text(rest[..open].to_string()));
+            }
+            let Some(close) = rest[open..].find('}') else {
+                return Err(bad("has a { without its }".into()));
+            };
+            let name = &rest[open + 1..open + close];
+            let Some(field) = PLACEHOLDERS.iter().find(|p| **p == name) else {
+                return Err(bad(format!(
+                    "unknown placeholder {{{name}}}; known: {{type}}, {{key}}, {{source}}, \
+                     {{subject}}, {{destination}}"
+                )));
+            };
+            parts.push(Part::Field(field));
+            rest = &rest[open + close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(bad("has a } without its {".into()));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Text(rest.to_string()));
+        }
+        Ok(TopicTemplate { parts })
+    }
+
+    /// The topic for `event`, or why it has none (a missing key or subject, a value with a
+    /// wildcard, a topic too long): the event cannot be published.
+    pub fn render(&self, event: &OutboundEvent) -> std::result::Result<String, String> {
+        let mut topic = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => topic.push_str(text),
+                Part::Field(field) => {
+                    let value = match *field {
+                        "type" => Some(event.event_type.as_str()),
+                        "key" => event.partition_key.as_deref(),
+                        "source" => Some(event.source.as_str()),
+                        "subject" => event.subject.as_deref(),
+                        _ => Some(event.destination.as_str()),
+                    };
+                    let Some(value) = value.filter(|v| !v.is_empty()) else {
+                        return Err(format!(
+                            "the topic needs {{{field}}}, which this event has not"
+                        ));
+                    };
+                    if value.contains(['+', '#', '\0']) {
+                        return Err(format!(
+                            "{{{field}}} = {value:?} holds a character a topic cannot (+, #, NUL)"
+                        ));
+                    }
+                    topic.push_str(value);
+                }
+            }
+        }
+        if topic.split('/').any(str::is_empty) {
+            return Err(format!("the topic {topic:?} has an empty level"));
+        }
+        if topic.len() > MAX_TOPIC_BYTES {
+            return Err(format!(
+                "the topic is {} bytes; MQTT allows {MAX_TOPIC_BYTES}",
+                topic.len()
+            ));
+        }
+        Ok(topic)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event() -> OutboundEvent {
+        OutboundEvent {
+            id: 1,
+            event_id: "e1".into(),
+            destination: "broker".into(),
+            event_type: "reading.taken".into(),
+            source: "sensor-7".into(),
+            subject: None,
+            partition_key: Some("room-1".into()),
+            idempotency_key: None,
+            payload: "{}".into(),
+            created_at: 0,
+            attempts: 0,
+            lease_owner: "o".into(),
+            lease_expires_at: 0,
+        }
+    }
+
+    #[test]
+    fn placeholders_are_filled_from_the_event() {
+        let t = TopicTemplate::parse("devices/{source}/{type}/{key}").unwrap();
+        assert_eq!(
+            t.render(&event()).unwrap(),
+            "devices/sensor-7/reading.taken/room-1"
+        );
+        let t = TopicTemplate::parse("outbox/{destination}").unwrap();
+        assert_eq!(t.render(&event()).unwrap(), "outbox/broker");
+    }
+
+    #[test]
+    fn a_bad_template_is_refused_with_the_reason() {
+        for (template, why) in [
+            ("", "is empty"),
+            ("a/+/b", "wildcards"),
+            ("a/#", "wildcards"),
+            ("a//b", "empty level"),
+            ("/a", "empty level"),
+            ("a/{nope}", "unknown placeholder {nope}"),
+            ("a/{type", "without its }"),
+            ("a/type}", "without its {"),
+        ] {
+            let e = TopicTemplate::parse(template).unwrap_err().to_string();
+            assert!(e.contains(why), "{template:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_event_without_a_value_the_topic_needs_cannot_be_published() {
+        let t = TopicTemplate::parse("by-subject/{subject}").unwrap();
+        let e = t.render(&event()).unwrap_err();
+        assert!(e.contains("{subject}"), "{e}");
+        let mut wild = event();
+        wild.partition_key = Some("a+b".into());
+        let e = TopicTemplate::parse("k/{key}")
+            .unwrap()
+            .render(&wild)
+            .unwrap_err();
+        assert!(e.contains("+, #"), "{e}");
+    }
+}
