@@ -185,3 +185,68 @@ fn an_event_too_large_for_the_packet_limit_is_dead_lettered_with_its_size() {
     );
     assert_eq!(rows.iter().filter(|r| r.delivered).count(), 1);
 }
+
+#[test]
+fn the_cli_relay_publishes_to_an_mqtt_url_and_refuses_http_only_flags() {
+    let broker = Mosquitto::start_with(Some(Auth {
+        user: "device-1",
+        password: "s3cret",
+        acl: &["topic readwrite devices/#"],
+    }));
+    let subscriber = Subscriber::start(broker.port, "devices/#", Some(("device-1", "s3cret")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cli.db");
+    let outbox = Outbox::open(&db).unwrap();
+    enqueue_keyed(&outbox, 50, 3);
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let url = broker.url();
+    let o = common::outbox_cli(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &url,
+            "--topic",
+            "devices/{source}/{type}",
+            "--username",
+            "device-1",
+            "--password-file",
+            password.to_str().unwrap(),
+            "--until-empty",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(wait_until(Duration::from_secs(10), || subscriber.count() >= 50));
+    assert!(subscriber
+        .messages()
+        .iter()
+        .all(|m| m.topic == "devices/sqlite-outbox/reading.taken"));
+    assert!(common::rows(&outbox).iter().all(|r| r.delivered));
+    for (args, why) in [
+        (
+            vec!["--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+            "sign nothing",
+        ),
+        (vec!["--batch", "10"], "one message per event"),
+        (vec!["--topic", "a/#"], "wildcards"),
+    ] {
+        let mut all = vec!["relay", "--url", &url, "--until-empty"];
+        all.extend(args);
+        let o = common::outbox_cli(&db, &all);
+        assert_eq!(o.status.code(), Some(2), "{all:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(why),
+            "{all:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = common::outbox_cli(
+        &db,
+        &["relay", "--url", "http://127.0.0.1:1/x", "--username", "u"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("for mqtt:// URLs"));
+}

@@ -6,18 +6,32 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use sqlite_outbox::transport::HttpConfig;
+use sqlite_outbox::transport::{HttpConfig, MqttConfig};
 use sqlite_outbox::{Destination, Outbox, RelayConfig};
 
-use crate::failure::{bad_input, failed, Outcome};
+use crate::failure::{bad_input, failed, Failure, Outcome};
 use crate::parse_duration;
 
 // The command's help text is the doc comment of its variant in main.rs.
 #[derive(Args)]
 pub struct RelayArgs {
-    /// Where to POST events.
+    /// Where to deliver: an http(s):// URL to POST events to, or mqtt://host:port to publish
+    /// them to an MQTT broker (QoS 1, one message per event).
     #[arg(long)]
     url: String,
+    /// MQTT only: the topic template, with {type}, {key}, {source}, {subject} and
+    /// {destination} placeholders.
+    #[arg(long, default_value = "outbox/{type}")]
+    topic: String,
+    /// MQTT only: a fixed client id (default: outbox- and a random suffix per start).
+    #[arg(long)]
+    client_id: Option<String>,
+    /// MQTT only: the user name to connect with (the password comes from --password-file).
+    #[arg(long)]
+    username: Option<String>,
+    /// MQTT only: a file holding the password (its first line), out of sight of ps.
+    #[arg(long)]
+    password_file: Option<std::path::PathBuf>,
     /// whsec_… signing secret; repeat for rotation. Visible to `ps`: prefer --secret-file or
     /// OUTBOX_SECRET.
     #[arg(long, env = "OUTBOX_SECRET", hide_env_values = true)]
@@ -50,33 +64,11 @@ pub struct RelayArgs {
 
 pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     let lease = Duration::from_secs(args.lease_secs);
-    // Leave room in the lease for the request to finish.
-    let http = HttpConfig::new().request_timeout(Duration::from_secs(15).min(lease / 2));
-    let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
-    for s in &args.secret {
-        destination = destination.secret(s);
-    }
-    if let Some(path) = &args.secret_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?;
-        let secrets: Vec<&str> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        if secrets.is_empty() {
-            return Err(bad_input(format!(
-                "--secret-file {} holds no secret",
-                path.display()
-            )));
-        }
-        for s in secrets {
-            destination = destination.secret(s);
-        }
-    }
-    if let Some(n) = args.batch {
-        destination = destination.batch(n, 1 << 20);
-    }
+    let destination = if args.url.starts_with("mqtt://") || args.url.starts_with("mqtts://") {
+        mqtt_destination(&args, lease)?
+    } else {
+        http_destination(&args, lease)?
+    };
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
     ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());
@@ -133,4 +125,84 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
         report.abandoned
     );
     Ok(code)
+}
+
+/// The destination for an http(s) URL, with its secrets and batching.
+fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
+    let mqtt_only = [
+        ("--client-id", args.client_id.is_some()),
+        ("--username", args.username.is_some()),
+        ("--password-file", args.password_file.is_some()),
+        ("--topic", args.topic != "outbox/{type}"),
+    ];
+    if let Some((flag, _)) = mqtt_only.iter().find(|(_, given)| *given) {
+        return Err(bad_input(format!(
+            "{flag} is for mqtt:// URLs; {} is not one",
+            args.url
+        )));
+    }
+    // Leave room in the lease for the request to finish.
+    let http = HttpConfig::new().request_timeout(Duration::from_secs(15).min(lease / 2));
+    let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
+    for s in &args.secret {
+        destination = destination.secret(s);
+    }
+    if let Some(path) = &args.secret_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?;
+        let secrets: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        if secrets.is_empty() {
+            return Err(bad_input(format!(
+                "--secret-file {} holds no secret",
+                path.display()
+            )));
+        }
+        for s in secrets {
+            destination = destination.secret(s);
+        }
+    }
+    if let Some(n) = args.batch {
+        destination = destination.batch(n, 1 << 20);
+    }
+    Ok(destination)
+}
+
+/// The destination for an mqtt:// URL. Signing secrets and batches are refused: an MQTT
+/// message carries no signature header, and MQTT has no batches.
+fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
+    if !args.secret.is_empty() || args.secret_file.is_some() {
+        return Err(bad_input(
+            "--secret and --secret-file sign HTTP requests; with an mqtt:// URL they would sign \
+             nothing",
+        ));
+    }
+    if args.batch.is_some() {
+        return Err(bad_input(
+            "--batch is for HTTP; MQTT publishes one message per event",
+        ));
+    }
+    let mut config = MqttConfig::new()
+        .topic(&args.topic)
+        .ack_timeout(Duration::from_secs(15).min(lease / 2));
+    if let Some(id) = &args.client_id {
+        config = config.client_id(id);
+    }
+    match (&args.username, &args.password_file) {
+        (Some(user), Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad_input(format!("--password-file {}: {e}", path.display())))?;
+            let password = text.lines().next().unwrap_or("").trim_end();
+            config = config.credentials(user, password);
+        }
+        (Some(user), None) => config = config.credentials(user, ""),
+        (None, Some(_)) => {
+            return Err(bad_input("--password-file needs --username"));
+        }
+        (None, None) => {}
+    }
+    Ok(Destination::mqtt(&args.destination, &args.url).mqtt_config(config))
 }

@@ -74,7 +74,8 @@ impl MqttConfig {
     /// The topic template: text with `{type}`, `{key}`, `{source}`, `{subject}` and
     /// `{destination}` placeholders. A template with a wildcard, an empty level or an
     /// unknown placeholder is refused at start; an event missing a value its topic needs
-    /// (no key, no subject) is dead-lettered with that reason.
+    /// (no key, no subject) is dead-lettered with that reason. A value's leading and trailing
+    /// `/` are dropped, so the source `/sqlite-outbox` fills `{source}` as `sqlite-outbox`.
     pub fn topic(mut self, template: impl Into<String>) -> Self {
         self.topic = template.into();
         self

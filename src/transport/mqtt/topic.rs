@@ -85,6 +85,9 @@ impl TopicTemplate {
                         "subject" => event.subject.as_deref(),
                         _ => Some(event.destination.as_str()),
                     };
+                    // A source is often a URI reference like `/sqlite-outbox`: its outer
+                    // slashes would make empty levels, so they are dropped.
+                    let value = value.map(|v| v.trim_matches('/'));
                     let Some(value) = value.filter(|v| !v.is_empty()) else {
                         return Err(format!(
                             "the topic needs {{{field}}}, which this event has not"
@@ -98,9 +101,6 @@ impl TopicTemplate {
                     topic.push_str(value);
                 }
             }
-        }
-        if topic.split('/').any(str::is_empty) {
-            return Err(format!("the topic {topic:?} has an empty level"));
         }
         if topic.len() > MAX_TOPIC_BYTES {
             return Err(format!(
@@ -143,6 +143,14 @@ mod tests {
         );
         let t = TopicTemplate::parse("outbox/{destination}").unwrap();
         assert_eq!(t.render(&event()).unwrap(), "outbox/broker");
+        // A URI-reference source loses its outer slashes, not its inner ones.
+        let mut e = event();
+        e.source = "/plant/sensor-7/".into();
+        let t = TopicTemplate::parse("devices/{source}/{type}").unwrap();
+        assert_eq!(
+            t.render(&e).unwrap(),
+            "devices/plant/sensor-7/reading.taken"
+        );
     }
 
     #[test]
