@@ -212,6 +212,54 @@
 //! an event that matches none is refused with [`Error::NoRoute`] rather than kept where
 //! nobody delivers it.
 //!
+//! # MQTT brokers
+//!
+//! With the `mqtt` feature (on in the CLI build), a destination can be an MQTT broker:
+//!
+//! ```no_run
+//! # #[cfg(feature = "mqtt")] {
+//! use sqlite_outbox::transport::MqttConfig;
+//! use sqlite_outbox::{Destination, RelayConfig};
+//! let config = RelayConfig::new().destination(
+//!     Destination::mqtt("broker", "mqtt://127.0.0.1:1883").mqtt_config(
+//!         MqttConfig::new()
+//!             .topic("devices/{source}/{type}")
+//!             .client_id("device-0042")
+//!             .credentials("device-0042", "secret from a file"),
+//!     ),
+//! );
+//! # let _ = config; }
+//! ```
+//!
+//! - Each event is one PUBLISH at QoS 1 of the same CloudEvents JSON envelope an HTTP
+//!   receiver gets (the binding's structured mode, the only one MQTT 3.1.1 has); the event is
+//!   delivered when the broker's PUBACK for *that* publish arrives, and only then.
+//! - The topic comes from a template with `{type}`, `{key}`, `{source}`, `{subject}` and
+//!   `{destination}`, `outbox/{type}` by default; a template with a wildcard, an empty level
+//!   or an unknown placeholder is refused by [`Relay::start`], and an event missing a value
+//!   its topic needs is dead-lettered with that reason. Values lose their outer `/`.
+//! - The outbox, not the broker, keeps what is not acknowledged: the session is clean, and a
+//!   broker that cannot be reached, refuses the connection (wrong credentials) or drops it
+//!   is the same destination-wide offline backoff as for HTTP: no attempt spent, every
+//!   unacknowledged publish pending again and published again after the reconnect.
+//! - Per-key order holds as for HTTP (one event of a key in flight). Each delivery worker
+//!   has one publish in flight, so `workers` is the in-flight window.
+//! - An event whose PUBLISH would exceed [`MqttConfig::max_packet_bytes`](transport::MqttConfig::max_packet_bytes) (256 KiB by
+//!   default; keep it at or below the broker's limit) is dead-lettered with its size.
+//! - Not yet: TLS (`mqtts://`), MQTT 5 (reason codes, binary mode with user properties).
+//!   With MQTT 3.1.1 a broker that drops a message by ACL or size still sends its PUBACK
+//!   (Mosquitto does), so keep ACLs and limits in line with what the relay publishes.
+//!
+//! `tests/mqtt.rs` runs each of these against a real Mosquitto broker started by the test.
+//! A message as a subscriber receives it, on topic `devices/sqlite-outbox/reading.taken`:
+//!
+//! ```text
+//! {"data":{"i":0},"datacontenttype":"application/json",
+//!  "id":"01a22d25-ad71-74ae-a341-a4bb8d30e424","partitionkey":"k0",
+//!  "sequence":"00000000000000000001","source":"/sqlite-outbox","specversion":"1.0",
+//!  "time":"2026-11-30T15:49:33.681Z","type":"reading.taken"}
+//! ```
+//!
 //! # What goes on the wire
 //!
 //! One CloudEvents 1.0 request per event (structured mode), or per batch when a destination
@@ -361,7 +409,8 @@
 //!
 //! # Features
 //!
-//! - `cli` (default): the `outbox` command-line tool.
+//! - `cli` (default): the `outbox` command-line tool (with `mqtt`).
+//! - `mqtt`: [`Destination::mqtt`], delivery to MQTT brokers through rumqttc.
 //! - `metrics`: counters, gauges and a latency histogram through the `metrics` facade.
 
 #![forbid(unsafe_code)]
