@@ -9,6 +9,9 @@
 
 #[path = "../benches/support/mod.rs"]
 mod support;
+#[cfg(feature = "mqtt")]
+#[path = "../benches/support/mqtt.rs"]
+mod support_mqtt;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -456,6 +459,72 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
     ]
 }
 
+/// Events per second to a Mosquitto broker on 127.0.0.1, against a bare rumqttc QoS 1 loop
+/// with the same in-flight window (one publish per delivery worker: 4), in the same run.
+#[cfg(feature = "mqtt")]
+fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
+    use sqlite_outbox::transport::MqttConfig;
+    let Some(broker) = support_mqtt::Broker::start() else {
+        eprintln!("mosquitto is not installed: no MQTT rows");
+        return Vec::new();
+    };
+    let n = 10_000;
+    let workers = 4;
+    let window = workers;
+    let sample = bench_support::sample_event(&order_data(1));
+    let payload = sqlite_outbox::wire::structured_body(&sample).unwrap();
+    let round = std::cell::Cell::new(0);
+    let (o, b) = alternate(
+        3,
+        || {
+            round.set(round.get() + 1);
+            let outbox = Outbox::open(dir.join(format!("mqtt-{}.db", round.get()))).unwrap();
+            fill_pending(&outbox, n);
+            let started = Instant::now();
+            let relay = outbox
+                .relay(
+                    RelayConfig::new()
+                        .destination(
+                            Destination::mqtt(
+                                "default",
+                                format!("mqtt://127.0.0.1:{}", broker.port),
+                            )
+                            .mqtt_config(MqttConfig::new().topic("bench/outbox/{type}")),
+                        )
+                        .workers(workers),
+                )
+                .start()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while relay.stats().delivered < n as u64 {
+                assert!(Instant::now() < deadline, "the MQTT drain stalled");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let took = started.elapsed();
+            relay.shutdown();
+            rate(n, took)
+        },
+        || {
+            rate(
+                n,
+                support_mqtt::bare_publish(broker.port, &payload, n, window as u16),
+            )
+        },
+    );
+    vec![Line {
+        what: format!("relay to Mosquitto, QoS 1, {window} in flight ({workers} workers)"),
+        outbox: format!("{} events", per_s(o)),
+        baseline: format!("{} (bare rumqttc)", per_s(b)),
+        ratio: format!("{:.2}×", o / b),
+        target: "≥ 0.7×",
+    }]
+}
+
+#[cfg(not(feature = "mqtt"))]
+fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
+    Vec::new()
+}
+
 /// What the durability barrier costs a drain, barrier on against off: of a backlog committed
 /// just before (the worst case: the first claim syncs the whole backlog's WAL, which without
 /// the barrier the background checkpoint would sync instead), and of a backlog already on
@@ -588,6 +657,10 @@ fn main() {
         lines.extend(relay_http(dir, &receiver));
         lines.push(barrier_drain(dir, &receiver, false));
         lines.push(barrier_drain(dir, &receiver, true));
+    }
+    if run("mqtt") {
+        eprintln!("mqtt…");
+        lines.extend(relay_mqtt(dir));
     }
     if run("latency") {
         eprintln!("latency…");
