@@ -80,10 +80,10 @@ pub fn bare_publish(port: u16, payload: &[u8], n: usize, window: u16) -> Duratio
         .spawn(move || {
             for event in connection.iter() {
                 match event {
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        if counted.fetch_add(1, Ordering::Relaxed) + 1 == n as u64 {
-                            return;
-                        }
+                    Ok(Event::Incoming(Packet::PubAck(_)))
+                        if counted.fetch_add(1, Ordering::Relaxed) + 1 == n as u64 =>
+                    {
+                        return;
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_) => return,
                     _ => {}
