@@ -158,7 +158,9 @@ impl Destination {
 
     /// Sends batches (`application/cloudevents-batch+json`) of at most `max_events` events
     /// and `max_bytes` bytes. A batch succeeds or is retried as a whole. Off by default, as
-    /// the CloudEvents spec asks: use it only if the receiver accepts batches.
+    /// the CloudEvents spec asks: use it only if the receiver accepts batches. For an MQTT
+    /// destination, each worker publishes up to `max_events` messages back to back (one per
+    /// event, each with its own outcome) before it awaits their PUBACKs.
     pub fn batch(mut self, max_events: usize, max_bytes: usize) -> Destination {
         self.batch = Some(Batching {
             max_events,
@@ -208,18 +210,9 @@ impl Destination {
         match &self.target {
             Target::Custom(t) => Ok(t.clone()),
             #[cfg(feature = "mqtt")]
-            Target::Mqtt { url, config } => {
-                if self.batch.is_some() {
-                    return Err(Error::InvalidConfig(format!(
-                        "destination {}: MQTT has no batches (one PUBLISH per event); remove \
-                         batch()",
-                        self.name
-                    )));
-                }
-                Ok(Arc::new(crate::transport::MqttTransport::new(
-                    &self.name, url, config,
-                )?))
-            }
+            Target::Mqtt { url, config } => Ok(Arc::new(crate::transport::MqttTransport::new(
+                &self.name, url, config,
+            )?)),
             Target::Http {
                 url,
                 config,

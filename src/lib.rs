@@ -243,7 +243,12 @@
 //!   is the same destination-wide offline backoff as for HTTP: no attempt spent, every
 //!   unacknowledged publish pending again and published again after the reconnect.
 //! - Per-key order holds as for HTTP (one event of a key in flight). Each delivery worker
-//!   has one publish in flight, so `workers` is the in-flight window.
+//!   has one publish in flight, or with [`Destination::batch`]`(n, …)` publishes `n` back to
+//!   back and then awaits their PUBACKs, so the in-flight window is `workers × n`; each event
+//!   keeps its own outcome (an oversize one is dead-lettered alone). Mosquitto sends its
+//!   PUBACKs with Nagle's algorithm on unless `set_tcp_nodelay true` is in its config; a
+//!   publisher that awaits a batch's PUBACKs then stalls on TCP's delayed ACK (about 40 ms
+//!   per batch, measured), so set it.
 //! - An event whose PUBLISH would exceed [`MqttConfig::max_packet_bytes`](transport::MqttConfig::max_packet_bytes) (256 KiB by
 //!   default; keep it at or below the broker's limit) is dead-lettered with its size.
 //! - Not yet: TLS (`mqtts://`), MQTT 5 (reason codes, binary mode with user properties).

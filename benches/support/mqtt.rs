@@ -32,7 +32,7 @@ impl Broker {
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,
-            format!("user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"),
+            format!("user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"),
         )
         .ok()?;
         let child = Command::new(program)

@@ -26,6 +26,8 @@ pub(crate) struct Report {
     lane: usize,
     /// Every event of the request with what to do about it.
     decided: Vec<(OutboundEvent, Decision)>,
+    /// What the request's answers tell about the destination.
+    gate: Option<GateChange>,
 }
 
 impl Report {
@@ -55,8 +57,52 @@ impl Report {
                 let decision = decide(tried, event.attempts, backoff, policy, now);
                 (event, decision)
             })
-            .collect();
-        Report { lane, decided }
+            .collect::<Vec<_>>();
+        let gate = decided.first().map(|(_, d)| d.gate.clone());
+        Report {
+            lane,
+            decided,
+            gate,
+        }
+    }
+
+    /// Decides each event by its own outcome. One request's events usually share one (a
+    /// whole HTTP batch, an MQTT connection lost): then they are decided together, as one
+    /// backoff draw.
+    fn decide_each(
+        lane: usize,
+        events: Job,
+        attempts: &[Attempt],
+        policy: &Policy,
+        now: i64,
+    ) -> Report {
+        let lost = Attempt::Failed {
+            reason: "the transport reported no outcome for this event".into(),
+        };
+        let first = attempts.first().unwrap_or(&lost);
+        if attempts.len() == events.len() && attempts.iter().all(|a| a == first) {
+            return Report::decide(lane, events, &Tried::Attempted(first), policy, now);
+        }
+        let mut decided = Vec::with_capacity(events.len());
+        for (i, event) in events.into_iter().enumerate() {
+            let attempt = attempts.get(i).unwrap_or(&lost);
+            let one = Report::decide(lane, vec![event], &Tried::Attempted(attempt), policy, now);
+            decided.extend(one.decided);
+        }
+        // The destination's gate follows the answer that says most about it: no answer, a
+        // pause or a 410 from any event; else the first event's.
+        let says_more = |g: &GateChange| !matches!(g, GateChange::Unchanged | GateChange::Answered);
+        let gate = decided
+            .iter()
+            .map(|(_, d)| &d.gate)
+            .find(|g| says_more(g))
+            .or(decided.first().map(|(_, d)| &d.gate))
+            .cloned();
+        Report {
+            lane,
+            decided,
+            gate,
+        }
     }
 
     /// How many events the report covers.
@@ -84,7 +130,7 @@ impl Report {
 
     /// What the request's answer tells about the destination (the same for all its events).
     pub fn gate_change(&self) -> Option<&GateChange> {
-        self.decided.first().map(|(_, d)| &d.gate)
+        self.gate.as_ref()
     }
 }
 
@@ -142,16 +188,10 @@ impl Worker {
         if self.gate.is_closed() || lease_short {
             return Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
         }
-        let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send(&events))) {
-            Ok(attempt) => {
+        let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send_each(&events))) {
+            Ok(attempts) => {
                 let now = self.clock.now_ms();
-                Report::decide(
-                    self.lane,
-                    events,
-                    &Tried::Attempted(&attempt),
-                    &self.policy,
-                    now,
-                )
+                Report::decide_each(self.lane, events, &attempts, &self.policy, now)
             }
             Err(panic) => {
                 let msg = panic_message(&*panic);
@@ -165,5 +205,69 @@ impl Worker {
             self.gate.apply(change);
         }
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64) -> OutboundEvent {
+        let mut e = crate::internal::sample_event(&serde_json::json!({"n": id}));
+        e.id = id;
+        e
+    }
+
+    #[test]
+    fn each_event_of_a_request_is_decided_by_its_own_outcome() {
+        let policy = Policy::new(&RelayConfig::new());
+        let delivered = Attempt::Answered {
+            status: 200,
+            retry_after: None,
+            detail: String::new(),
+        };
+        let too_big = Attempt::Unsendable {
+            reason: "too big".into(),
+        };
+        let report = Report::decide_each(
+            0,
+            vec![event(1), event(2), event(3)],
+            &[delivered.clone(), too_big, delivered],
+            &policy,
+            1_000,
+        );
+        let write_backs: Vec<_> = report
+            .decided()
+            .iter()
+            .map(|(e, d)| (e.id, d.write_back.clone()))
+            .collect();
+        assert_eq!(write_backs[0], (1, crate::queue::WriteBack::Delivered));
+        assert!(matches!(
+            write_backs[1],
+            (2, crate::queue::WriteBack::Dead { .. })
+        ));
+        assert_eq!(write_backs[2], (3, crate::queue::WriteBack::Delivered));
+        assert_eq!(report.gate_change(), Some(&GateChange::Answered));
+    }
+
+    #[test]
+    fn a_destination_wide_outcome_of_any_event_sets_the_gate() {
+        let policy = Policy::new(&RelayConfig::new());
+        let delivered = Attempt::Answered {
+            status: 200,
+            retry_after: None,
+            detail: String::new(),
+        };
+        let lost = Attempt::Unreachable {
+            reason: "connection lost".into(),
+        };
+        let report = Report::decide_each(
+            0,
+            vec![event(1), event(2)],
+            &[delivered, lost],
+            &policy,
+            1_000,
+        );
+        assert_eq!(report.gate_change(), Some(&GateChange::Unreachable));
     }
 }

@@ -109,6 +109,15 @@ pub trait Transport: Send + Sync + 'static {
     /// Delivers `events` once and reports the outcome.
     fn send(&self, events: &[OutboundEvent]) -> Attempt;
 
+    /// Delivers `events` once and reports one outcome per event, in order. The default
+    /// sends them as one request ([`send`](Self::send)) whose outcome is every event's;
+    /// a transport that sends each event on its own (MQTT: one PUBLISH each) overrides it,
+    /// so one event that fails costs the others nothing.
+    fn send_each(&self, events: &[OutboundEvent]) -> Vec<Attempt> {
+        let attempt = self.send(events);
+        vec![attempt; events.len()]
+    }
+
     /// How far the receiver's clock is from this machine's (receiver minus local, in
     /// milliseconds), if the transport can tell. Shown in
     /// [`RelayStats::clock_offset_ms`](crate::RelayStats::clock_offset_ms).

@@ -37,7 +37,7 @@ impl Mosquitto {
         let port = crate::common::closed_port();
         let mut conf = format!(
             "user root\nlistener {port} 127.0.0.1\npersistence true\npersistence_location {}/\n\
-             autosave_interval 1\nautosave_on_changes true\nlog_dest stderr\n",
+             autosave_interval 1\nautosave_on_changes true\nset_tcp_nodelay true\nlog_dest stderr\n",
             dir.path().display()
         );
         match auth {

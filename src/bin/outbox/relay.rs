@@ -39,7 +39,8 @@ pub struct RelayArgs {
     /// A file of whsec_… secrets, one per line (read once at start).
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
-    /// Send batches of up to N events per request.
+    /// Send batches of up to N events per request (MQTT: publish N messages back to back
+    /// per worker, then await their PUBACKs).
     #[arg(long)]
     batch: Option<usize>,
     /// Concurrent requests.
@@ -171,18 +172,13 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     Ok(destination)
 }
 
-/// The destination for an mqtt:// URL. Signing secrets and batches are refused: an MQTT
-/// message carries no signature header, and MQTT has no batches.
+/// The destination for an mqtt:// URL. Signing secrets are refused: an MQTT message carries
+/// no signature header.
 fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
     if !args.secret.is_empty() || args.secret_file.is_some() {
         return Err(bad_input(
             "--secret and --secret-file sign HTTP requests; with an mqtt:// URL they would sign \
              nothing",
-        ));
-    }
-    if args.batch.is_some() {
-        return Err(bad_input(
-            "--batch is for HTTP; MQTT publishes one message per event",
         ));
     }
     let mut config = MqttConfig::new()
@@ -204,5 +200,10 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         }
         (None, None) => {}
     }
-    Ok(Destination::mqtt(&args.destination, &args.url).mqtt_config(config))
+    let mut destination = Destination::mqtt(&args.destination, &args.url).mqtt_config(config);
+    if let Some(n) = args.batch {
+        // One message per event; a batch is published back to back (n in flight per worker).
+        destination = destination.batch(n, usize::MAX);
+    }
+    Ok(destination)
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{RecvTimeoutError, Sender};
+use crossbeam_channel::Sender;
 use rumqttc::MqttOptions;
 
 use crate::error::{Error, Result};
@@ -24,6 +24,10 @@ use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
 use session::SharedLink;
 pub(crate) use topic::TopicTemplate;
+
+/// Unacknowledged publishes one connection allows (rumqttc's packet id window; its request
+/// channel is as deep). Above the relay's own in-flight limit per destination (400).
+pub(crate) const IN_FLIGHT_LIMIT: u16 = 1024;
 
 /// Settings of an MQTT destination. Setters never fail; [`Relay::start`](crate::Relay::start)
 /// checks them.
@@ -202,6 +206,7 @@ impl MqttTransport {
         options
             .set_keep_alive(config.keep_alive)
             .set_clean_session(true)
+            .set_inflight(IN_FLIGHT_LIMIT)
             .set_max_packet_size(64 * 1024, config.max_packet_bytes);
         if let Some((user, password)) = &config.credentials {
             options.set_credentials(user.clone(), password.clone());
@@ -225,61 +230,63 @@ impl MqttTransport {
         })
     }
 
-    /// Publishes one event and waits for its PUBACK.
-    fn publish_one(&self, event: &OutboundEvent) -> Attempt {
-        let topic = match self.topic.render(event) {
-            Ok(topic) => topic,
-            Err(reason) => return Attempt::Unsendable { reason },
-        };
-        let payload = match wire::structured_body(event) {
-            Ok(body) => body,
-            Err(e) => {
-                return Attempt::Unsendable {
-                    reason: e.to_string(),
-                }
-            }
-        };
+    /// Hands event `index` of a request to the connection as that slot of `ticket`, or
+    /// says why it cannot be published.
+    fn start_publish(
+        &self,
+        event: &OutboundEvent,
+        ticket: &Arc<session::Ticket>,
+        index: usize,
+    ) -> std::result::Result<(), Attempt> {
+        let topic = self
+            .topic
+            .render(event)
+            .map_err(|reason| Attempt::Unsendable { reason })?;
+        let payload = wire::structured_body(event).map_err(|e| Attempt::Unsendable {
+            reason: e.to_string(),
+        })?;
         // Fixed header (at most 5 bytes), topic length (2), topic, packet id (2), payload.
         let packet = 5 + 2 + topic.len() + 2 + payload.len();
         if packet > self.max_packet_bytes {
-            return Attempt::Unsendable {
+            return Err(Attempt::Unsendable {
                 reason: format!(
                     "the PUBLISH would be {packet} bytes; the destination allows {} \
                      (MqttConfig::max_packet_bytes)",
                     self.max_packet_bytes
                 ),
-            };
+            });
         }
-        let answer = match session::publish(&self.link, topic, payload) {
-            Ok(answer) => answer,
-            Err(attempt) => return attempt,
-        };
-        match answer.recv_timeout(self.ack_timeout) {
-            Ok(attempt) => attempt,
-            Err(RecvTimeoutError::Timeout) => Attempt::Failed {
-                reason: format!("no PUBACK within {:?}", self.ack_timeout),
-            },
-            Err(RecvTimeoutError::Disconnected) => Attempt::Unreachable {
-                reason: "the MQTT connection closed".into(),
-            },
-        }
+        session::publish(&self.link, topic, payload, ticket, index)
     }
 }
 
 impl Transport for MqttTransport {
-    /// MQTT has no batches: each event is its own PUBLISH; a batch is published in order and
-    /// its outcome is the first that is not a delivery.
+    /// The outcome of the first event that was not delivered, else a delivery.
     fn send(&self, events: &[OutboundEvent]) -> Attempt {
-        let mut last = Attempt::Unsendable {
-            reason: "nothing to send".into(),
-        };
-        for event in events {
-            last = self.publish_one(event);
-            if !matches!(last, Attempt::Answered { status: 200, .. }) {
-                return last;
+        let outcomes = self.send_each(events);
+        let first_failure = outcomes
+            .iter()
+            .position(|a| !matches!(a, Attempt::Answered { status: 200, .. }));
+        let index = first_failure.unwrap_or(0);
+        outcomes
+            .into_iter()
+            .nth(index)
+            .unwrap_or(Attempt::Unsendable {
+                reason: "nothing to send".into(),
+            })
+    }
+
+    /// Each event is its own PUBLISH, and has its own outcome. A batch (a destination with
+    /// `batch(n, …)`) is published back to back, so up to `n` messages per worker are in
+    /// flight, and then their PUBACKs are awaited together.
+    fn send_each(&self, events: &[OutboundEvent]) -> Vec<Attempt> {
+        let ticket = session::Ticket::new(events.len());
+        for (index, event) in events.iter().enumerate() {
+            if let Err(attempt) = self.start_publish(event, &ticket, index) {
+                ticket.settle(index, attempt);
             }
         }
-        last
+        ticket.wait(self.ack_timeout)
     }
 }
 

@@ -14,10 +14,10 @@
 //! one, so nothing rumqttc kept is ever replayed behind the relay's back.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use rumqttc::{Client, ConnectionError, Event, MqttOptions, Outgoing, Packet, QoS};
 
 use crate::transport::Attempt;
@@ -26,15 +26,82 @@ use crate::transport::Attempt;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const RECONNECT_PAUSE_CAP: Duration = Duration::from_secs(5);
 
+/// What a sender waits on for the publishes of one request, one slot per event: each slot
+/// is filled by that publish's PUBACK or by the connection's failure. One blocking wait per
+/// request, on a condition variable: a channel per publish made the waiting workers spin
+/// on two cores.
+pub(crate) struct Ticket {
+    state: Mutex<TicketState>,
+    settled: Condvar,
+}
+
+struct TicketState {
+    waiting: usize,
+    outcomes: Vec<Option<Attempt>>,
+}
+
+impl Ticket {
+    /// A ticket for `publishes` publishes, each of which must be settled or skipped.
+    pub fn new(publishes: usize) -> Arc<Ticket> {
+        Arc::new(Ticket {
+            state: Mutex::new(TicketState {
+                waiting: publishes,
+                outcomes: vec![None; publishes],
+            }),
+            settled: Condvar::new(),
+        })
+    }
+
+    /// Records the outcome of publish `index` (the first one recorded stands).
+    pub fn settle(&self, index: usize, outcome: Attempt) {
+        let mut state = lock_ok(&self.state);
+        if let Some(slot @ None) = state.outcomes.get_mut(index) {
+            *slot = Some(outcome);
+            state.waiting = state.waiting.saturating_sub(1);
+            if state.waiting == 0 {
+                self.settled.notify_all();
+            }
+        }
+    }
+
+    /// Waits until every publish is settled, or `timeout`: one outcome per publish, a
+    /// publish without its PUBACK by then counting as a failed attempt.
+    pub fn wait(&self, timeout: Duration) -> Vec<Attempt> {
+        let state = lock_ok(&self.state);
+        let (mut state, _) = self
+            .settled
+            .wait_timeout_while(state, timeout, |s| s.waiting > 0)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        state
+            .outcomes
+            .iter_mut()
+            .map(|slot| {
+                slot.take().unwrap_or_else(|| Attempt::Failed {
+                    reason: format!("no PUBACK within {timeout:?}"),
+                })
+            })
+            .collect()
+    }
+}
+
+fn delivered() -> Attempt {
+    Attempt::Answered {
+        status: 200,
+        retry_after: None,
+        detail: "PUBACK".into(),
+    }
+}
+
 /// What the connection thread and the publishers share.
 #[derive(Default)]
 pub(crate) struct Link {
     /// The client of the current connection, until it fails.
     client: Option<Client>,
-    /// Publishes handed to the client that have no packet id yet, oldest first.
-    unnumbered: VecDeque<Sender<Attempt>>,
+    /// Publishes handed to the client that have no packet id yet, oldest first: the ticket
+    /// and the publish's slot in it.
+    unnumbered: VecDeque<(Arc<Ticket>, usize)>,
     /// Publishes sent and waiting for their PUBACK, by packet id.
-    in_flight: HashMap<u16, Sender<Attempt>>,
+    in_flight: HashMap<u16, (Arc<Ticket>, usize)>,
     /// The last connection error, for "unreachable" answers while reconnecting.
     last_error: Option<String>,
 }
@@ -53,13 +120,15 @@ pub(crate) fn lock_ok<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Hands one QoS 1 publish to the current connection; the answer comes on the returned
-/// channel (delivered on PUBACK, unreachable on a connection error).
+/// Hands one QoS 1 publish to the current connection; its PUBACK (or the connection's
+/// failure) settles slot `index` of `ticket`.
 pub(crate) fn publish(
     link: &Mutex<Link>,
     topic: String,
     payload: Vec<u8>,
-) -> std::result::Result<Receiver<Attempt>, Attempt> {
+    ticket: &Arc<Ticket>,
+    index: usize,
+) -> std::result::Result<(), Attempt> {
     let mut link = lock(link);
     let Some(client) = link.client.as_ref() else {
         let reason = link
@@ -68,15 +137,14 @@ pub(crate) fn publish(
             .unwrap_or_else(|| "not connected to the broker".into());
         return Err(Attempt::Unreachable { reason });
     };
-    let (tx, rx) = crossbeam_channel::bounded(1);
     // `try_publish`: never block while holding the lock the connection thread needs.
     if let Err(e) = client.try_publish(topic, QoS::AtLeastOnce, false, payload) {
         return Err(Attempt::Unreachable {
             reason: format!("the MQTT client refused the publish: {e}"),
         });
     }
-    link.unnumbered.push_back(tx);
-    Ok(rx)
+    link.unnumbered.push_back((Arc::clone(ticket), index));
+    Ok(())
 }
 
 /// The connection thread's body: connects, reads events, answers publishes, and reconnects
@@ -84,7 +152,15 @@ pub(crate) fn publish(
 pub(crate) fn run(options: MqttOptions, link: SharedLink, stop: Receiver<()>, broker: String) {
     let mut pause = RECONNECT_PAUSE;
     loop {
-        let (client, mut connection) = Client::new(options.clone(), 64);
+        // The request channel holds every publish the window allows, so `try_publish` only
+        // fails when the connection is gone.
+        let (client, mut connection) =
+            Client::new(options.clone(), usize::from(super::IN_FLIGHT_LIMIT));
+        // Publishes are small and the broker's PUBACK is awaited: Nagle's algorithm would
+        // hold them back behind delayed ACKs.
+        let mut network = connection.eventloop.network_options();
+        network.set_tcp_nodelay(true);
+        connection.eventloop.set_network_options(network);
         lock(&link).client = Some(client);
         let error = loop {
             if !matches!(stop.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
@@ -104,12 +180,9 @@ pub(crate) fn run(options: MqttOptions, link: SharedLink, stop: Receiver<()>, br
                     }
                 }
                 Ok(Ok(Event::Incoming(Packet::PubAck(ack)))) => {
-                    if let Some(waiting) = lock(&link).in_flight.remove(&ack.pkid) {
-                        let _ = waiting.send(Attempt::Answered {
-                            status: 200,
-                            retry_after: None,
-                            detail: "PUBACK".into(),
-                        });
+                    let acked = lock(&link).in_flight.remove(&ack.pkid);
+                    if let Some((ticket, index)) = acked {
+                        ticket.settle(index, delivered());
                     }
                 }
                 Ok(Ok(Event::Outgoing(Outgoing::Disconnect))) => return,
@@ -136,15 +209,18 @@ fn fail_all(link: &Mutex<Link>, reason: &str) {
     link.client = None;
     link.last_error = Some(reason.to_string());
     let link = &mut *link;
-    let waiting: Vec<Sender<Attempt>> = link
+    let waiting: Vec<(Arc<Ticket>, usize)> = link
         .unnumbered
         .drain(..)
-        .chain(link.in_flight.drain().map(|(_, w)| w))
+        .chain(link.in_flight.drain().map(|(_, t)| t))
         .collect();
-    for w in waiting {
-        let _ = w.send(Attempt::Unreachable {
-            reason: reason.to_string(),
-        });
+    for (ticket, index) in waiting {
+        ticket.settle(
+            index,
+            Attempt::Unreachable {
+                reason: reason.to_string(),
+            },
+        );
     }
 }
 
