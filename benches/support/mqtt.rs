@@ -1,3 +1,4 @@
+#![allow(dead_code)]
 //! The MQTT comparison of the bench example: the relay publishing to a Mosquitto broker on
 //! 127.0.0.1 against a bare rumqttc QoS 1 publish loop with the same in-flight window, both
 //! timed until the broker acknowledged every message.
@@ -18,17 +19,23 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Starts `mosquitto` (Debian package `mosquitto`); `None` if it is not installed.
+    /// Starts `mosquitto` (Debian package `mosquitto`) on a free port; `None` if it is not
+    /// installed.
     pub fn start() -> Option<Broker> {
-        let program = ["/usr/sbin/mosquitto", "mosquitto"]
-            .into_iter()
-            .find(|p| Command::new(p).arg("-h").output().is_ok())?;
-        let dir = tempfile::tempdir().ok()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .ok()?
             .local_addr()
             .ok()?
             .port();
+        Self::start_on(port)
+    }
+
+    /// Starts `mosquitto` on `port` of 127.0.0.1; `None` if it is not installed.
+    pub fn start_on(port: u16) -> Option<Broker> {
+        let program = ["/usr/sbin/mosquitto", "mosquitto"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("-h").output().is_ok())?;
+        let dir = tempfile::tempdir().ok()?;
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,

@@ -17,6 +17,12 @@
 //!   is treated like any file; SQLite rebuilds it from the WAL after a reboot anyway.
 //! - POSIX locks are left to the kernel (the layer does not ask to handle them), so the
 //!   processes using the mount lock each other as on a local disk.
+//!
+//! The process that serves the mount must not map its files itself (SQLite maps `-shm`): a
+//! page fault on such a mapping holds that process's memory-map lock while it waits for the
+//! server, and a server thread that allocates needs the same lock, so both wait forever
+//! (seen as a hung test). Tests run SQLite on the mount in child processes, and read the
+//! disk folder directly once it is unmounted.
 
 #![allow(dead_code)]
 
