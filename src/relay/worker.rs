@@ -218,21 +218,24 @@ mod tests {
         e
     }
 
-    #[test]
-    fn each_event_of_a_request_is_decided_by_its_own_outcome() {
-        let policy = Policy::new(&RelayConfig::new());
-        let delivered = Attempt::Answered {
+    fn delivered() -> Attempt {
+        Attempt::Answered {
             status: 200,
             retry_after: None,
             detail: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn each_event_of_a_request_is_decided_by_its_own_outcome() {
+        let policy = Policy::new(&RelayConfig::new());
         let too_big = Attempt::Unsendable {
             reason: "too big".into(),
         };
         let report = Report::decide_each(
             0,
             vec![event(1), event(2), event(3)],
-            &[delivered.clone(), too_big, delivered],
+            &[delivered(), too_big, delivered()],
             &policy,
             1_000,
         );
@@ -253,18 +256,13 @@ mod tests {
     #[test]
     fn a_destination_wide_outcome_of_any_event_sets_the_gate() {
         let policy = Policy::new(&RelayConfig::new());
-        let delivered = Attempt::Answered {
-            status: 200,
-            retry_after: None,
-            detail: String::new(),
-        };
         let lost = Attempt::Unreachable {
             reason: "connection lost".into(),
         };
         let report = Report::decide_each(
             0,
             vec![event(1), event(2)],
-            &[delivered, lost],
+            &[delivered(), lost],
             &policy,
             1_000,
         );

@@ -195,6 +195,19 @@ impl Mounted {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        // A file closed a moment ago may still be released by the kernel: the mount is busy
+        // for that moment, so try again for a while (util-linux `umount`).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while is_mounted(&self.mountpoint) && std::time::Instant::now() < deadline {
+            let unmounted = std::process::Command::new("umount")
+                .arg(&self.mountpoint)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !unmounted {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         match session.umount_and_join() {
             Ok(()) => Ok(()),
             // The session thread may end with the kernel's "connection aborted" when the
@@ -233,6 +246,14 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Answers a call that returns nothing but success or an errno.
+fn answer(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
 }
 
 fn apply(file: &File, change: &Change) -> io::Result<()> {
@@ -442,10 +463,7 @@ impl Filesystem for PowerCutFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match lock(&self.state).powered() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.state).powered())
     }
 
     fn fsync(
@@ -456,10 +474,7 @@ impl Filesystem for PowerCutFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match lock(&self.state).sync(ino) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.state).sync(ino))
     }
 
     fn fsyncdir(
@@ -471,10 +486,7 @@ impl Filesystem for PowerCutFs {
         reply: ReplyEmpty,
     ) {
         // The namespace is journaled as it changes: nothing left to sync.
-        match lock(&self.state).powered() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.state).powered())
     }
 
     fn create(
