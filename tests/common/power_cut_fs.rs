@@ -296,6 +296,16 @@ impl State {
         self.nodes.get_mut(&ino.0).ok_or(Errno::ENOENT)
     }
 
+    /// The attributes of `ino`: the root folder or a file.
+    fn attr_of(&mut self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        if ino.0 == ROOT {
+            self.powered()?;
+            return Ok(attr(ROOT, None));
+        }
+        let node = self.node(ino)?;
+        Ok(attr(ino.0, Some(node)))
+    }
+
     fn powered(&self) -> Result<(), Errno> {
         if self.powered {
             Ok(())
@@ -348,15 +358,8 @@ impl Filesystem for PowerCutFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let mut state = lock(&self.state);
-        if ino.0 == ROOT {
-            return match state.powered() {
-                Ok(()) => reply.attr(&TTL, &attr(ROOT, None)),
-                Err(e) => reply.error(e),
-            };
-        }
-        match state.node(ino) {
-            Ok(node) => reply.attr(&TTL, &attr(ino.0, Some(node))),
+        match lock(&self.state).attr_of(ino) {
+            Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -380,20 +383,17 @@ impl Filesystem for PowerCutFs {
         reply: ReplyAttr,
     ) {
         let mut state = lock(&self.state);
-        if ino.0 == ROOT {
-            return match state.powered() {
-                Ok(()) => reply.attr(&TTL, &attr(ROOT, None)),
-                Err(e) => reply.error(e),
-            };
-        }
-        match state.node(ino) {
-            Ok(node) => {
-                if let Some(len) = size {
+        if let (Some(len), true) = (size, ino.0 != ROOT) {
+            match state.node(ino) {
+                Ok(node) => {
                     node.data.resize(len as usize, 0);
                     node.unsynced.push(Change::SetLen(len));
                 }
-                reply.attr(&TTL, &attr(ino.0, Some(node)))
+                Err(e) => return reply.error(e),
             }
+        }
+        match state.attr_of(ino) {
+            Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
     }
