@@ -108,7 +108,8 @@ impl Destination {
     }
 
     /// A destination named `name` publishing to the MQTT broker at `url`
-    /// (`mqtt://host:port`), QoS 1, one PUBLISH per event (feature `mqtt`). Settings:
+    /// (`mqtt://host:port`, or `mqtts://host:port` for TLS), QoS 1, one PUBLISH per event
+    /// (feature `mqtt`). Settings:
     /// [`mqtt_config`](Self::mqtt_config).
     #[cfg(feature = "mqtt")]
     pub fn mqtt(name: impl Into<String>, url: impl Into<String>) -> Destination {

@@ -50,14 +50,43 @@ impl<'a> StructuredEvent<'a> {
             time: rfc3339_millis(event.created_at),
             datacontenttype: "application/json",
             partitionkey: event.partition_key.as_deref(),
-            // The row id is the commit order; zero-padded so it also sorts as a string.
-            sequence: event
-                .partition_key
-                .as_ref()
-                .map(|_| format!("{:020}", event.id)),
+            sequence: sequence(event),
             data,
         })
     }
+}
+
+/// The `sequence` extension of a keyed event: the row id, which is the commit order,
+/// zero-padded so that it also sorts as a string.
+fn sequence(event: &OutboundEvent) -> Option<String> {
+    event
+        .partition_key
+        .as_ref()
+        .map(|_| format!("{:020}", event.id))
+}
+
+/// The attributes of `event` other than its data, each as its CloudEvents canonical string,
+/// in the order of the structured form: for transports that carry them beside the data (MQTT 5
+/// user properties in binary mode). `datacontenttype` is left out: it travels as the
+/// transport's own content type.
+pub fn attributes(event: &OutboundEvent) -> Vec<(&'static str, String)> {
+    let mut attributes = vec![
+        ("specversion", "1.0".to_string()),
+        ("id", event.event_id.clone()),
+        ("source", event.source.clone()),
+        ("type", event.event_type.clone()),
+    ];
+    if let Some(subject) = &event.subject {
+        attributes.push(("subject", subject.clone()));
+    }
+    attributes.push(("time", rfc3339_millis(event.created_at)));
+    if let Some(key) = &event.partition_key {
+        attributes.push(("partitionkey", key.clone()));
+    }
+    if let Some(sequence) = sequence(event) {
+        attributes.push(("sequence", sequence));
+    }
+    attributes
 }
 
 /// Formats unix milliseconds as an RFC 3339 UTC timestamp.

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub use http::{HttpConfig, HttpTransport};
 #[cfg(feature = "mqtt")]
-pub use mqtt::{MqttConfig, MqttTransport};
+pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
 
 /// One claimed event on its way to a destination.
 ///

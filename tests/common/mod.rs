@@ -212,6 +212,7 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub event_id: String,
+    pub event_type: String,
     pub attempts: i64,
     pub delivered: bool,
     pub dead: bool,
@@ -224,7 +225,7 @@ pub fn rows(outbox: &sqlite_outbox::Outbox) -> Vec<Row> {
     let mut stmt = conn
         .prepare(
             "SELECT event_id, attempts, delivered_at IS NOT NULL, dead_at IS NOT NULL,
-                    last_error, available_at
+                    last_error, available_at, event_type
                FROM outbox_events ORDER BY id",
         )
         .unwrap();
@@ -236,6 +237,7 @@ pub fn rows(outbox: &sqlite_outbox::Outbox) -> Vec<Row> {
             dead: r.get(3)?,
             last_error: r.get(4)?,
             available_at: r.get(5)?,
+            event_type: r.get(6)?,
         })
     })
     .unwrap()

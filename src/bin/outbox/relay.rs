@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use sqlite_outbox::transport::{HttpConfig, MqttConfig};
+use sqlite_outbox::transport::{HttpConfig, MqttConfig, MqttVersion};
 use sqlite_outbox::{Destination, Outbox, RelayConfig};
 
 use crate::failure::{bad_input, failed, Failure, Outcome};
@@ -15,14 +15,31 @@ use crate::parse_duration;
 // The command's help text is the doc comment of its variant in main.rs.
 #[derive(Args)]
 pub struct RelayArgs {
-    /// Where to deliver: an http(s):// URL to POST events to, or mqtt://host:port to publish
-    /// them to an MQTT broker (QoS 1, one message per event).
+    /// Where to deliver: an http(s):// URL to POST events to, or mqtt://host:port
+    /// (mqtts:// for TLS) to publish them to an MQTT broker (QoS 1, one message per event).
     #[arg(long)]
     url: String,
     /// MQTT only: the topic template, with {type}, {key}, {source}, {subject} and
-    /// {destination} placeholders.
+    /// {destination} placeholders; {subject?} lets a missing value make an empty level.
     #[arg(long, default_value = "outbox/{type}")]
     topic: String,
+    /// MQTT only: the protocol version, 3 (3.1.1) or 5.
+    #[arg(long, value_parser = parse_mqtt_version)]
+    mqtt_version: Option<MqttVersion>,
+    /// MQTT 5 only: binary content mode (the data as payload, the attributes as user
+    /// properties) instead of the JSON envelope.
+    #[arg(long)]
+    mqtt_binary: bool,
+    /// mqtts:// only: a PEM file of CA certificates for the broker's certificate (default:
+    /// Mozilla's roots, built in).
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
+    /// mqtts:// only: the device's certificate chain (PEM), for mutual TLS; needs --key.
+    #[arg(long)]
+    cert: Option<std::path::PathBuf>,
+    /// mqtts:// only: the private key (PEM) of --cert.
+    #[arg(long)]
+    key: Option<std::path::PathBuf>,
     /// MQTT only: a fixed client id (default: outbox- and a random suffix per start).
     #[arg(long)]
     client_id: Option<String>,
@@ -135,6 +152,11 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         ("--username", args.username.is_some()),
         ("--password-file", args.password_file.is_some()),
         ("--topic", args.topic != "outbox/{type}"),
+        ("--mqtt-version", args.mqtt_version.is_some()),
+        ("--mqtt-binary", args.mqtt_binary),
+        ("--ca", args.ca.is_some()),
+        ("--cert", args.cert.is_some()),
+        ("--key", args.key.is_some()),
     ];
     if let Some((flag, _)) = mqtt_only.iter().find(|(_, given)| *given) {
         return Err(bad_input(format!(
@@ -200,10 +222,53 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         }
         (None, None) => {}
     }
+    let version = args.mqtt_version.unwrap_or_default();
+    if args.mqtt_binary && version != MqttVersion::V5 {
+        return Err(bad_input(
+            "--mqtt-binary needs --mqtt-version 5 (MQTT 3.1.1 has no properties for the \
+             attributes)",
+        ));
+    }
+    config = config.version(version).binary_mode(args.mqtt_binary);
+    config = tls_settings(args, config)?;
     let mut destination = Destination::mqtt(&args.destination, &args.url).mqtt_config(config);
     if let Some(n) = args.batch {
         // One message per event; a batch is published back to back (n in flight per worker).
         destination = destination.batch(n, usize::MAX);
     }
     Ok(destination)
+}
+
+/// `--ca`, `--cert` and `--key`, read once at start; only for mqtts:// URLs.
+fn tls_settings(args: &RelayArgs, mut config: MqttConfig) -> Result<MqttConfig, Failure> {
+    let given = args.ca.is_some() || args.cert.is_some() || args.key.is_some();
+    if given && !args.url.starts_with("mqtts://") {
+        return Err(bad_input(format!(
+            "--ca, --cert and --key are for TLS; {} is not an mqtts:// URL",
+            args.url
+        )));
+    }
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))
+    };
+    if let Some(path) = &args.ca {
+        config = config.ca_pem(read("--ca", path)?);
+    }
+    match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => {
+            config = config.client_identity_pem(read("--cert", cert)?, read("--key", key)?);
+        }
+        (None, None) => {}
+        _ => return Err(bad_input("--cert and --key go together (mutual TLS)")),
+    }
+    Ok(config)
+}
+
+/// `3`, `3.1.1` or `5`.
+fn parse_mqtt_version(text: &str) -> Result<MqttVersion, String> {
+    match text {
+        "3" | "3.1.1" | "4" => Ok(MqttVersion::V311),
+        "5" => Ok(MqttVersion::V5),
+        other => Err(format!("{other:?} is not an MQTT version: use 3 (3.1.1) or 5")),
+    }
 }

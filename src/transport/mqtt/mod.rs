@@ -1,14 +1,23 @@
 //! Delivery to an MQTT broker (feature `mqtt`): QoS 1, and an event is delivered when the
 //! broker's PUBACK for it arrives, and only then.
 //!
-//! Each event is one PUBLISH of its CloudEvents JSON envelope (the structured mode of the
-//! CloudEvents MQTT binding, the only one MQTT 3.1.1 has: the same body an HTTP receiver
-//! gets), to a topic rendered from a template (`outbox/{type}` by default). The broker being
-//! unreachable, refusing the connection or dropping it backs off the whole destination and
-//! spends no attempt, as for HTTP; the events stay pending in the outbox, which is why the
-//! session is clean. See [`session`] for how a publish learns of its own PUBACK.
+//! Each event is one PUBLISH, to a topic rendered from a template (`outbox/{type}` by
+//! default), in one of the two modes of the CloudEvents MQTT binding:
+//! - structured (the default, and the only one MQTT 3.1.1 has): the payload is the event's
+//!   CloudEvents JSON envelope, the same body an HTTP receiver gets; under MQTT 5 the content
+//!   type property says `application/cloudevents+json; charset=utf-8`;
+//! - binary (MQTT 5 only): the payload is the event's data as stored, the content type
+//!   property `application/json`, and every other attribute a user property of its own name
+//!   (`id`, `source`, `type`, `time`, `partitionkey`, `sequence`, …).
+//!
+//! The broker being unreachable, refusing the connection or dropping it backs off the whole
+//! destination and spends no attempt, as for HTTP; the events stay pending in the outbox,
+//! which is why the session is clean. See [`session`] for how a publish learns of its own
+//! PUBACK, and [`protocol`] for what an MQTT 5 PUBACK's reason code does.
 
+mod protocol;
 mod session;
+mod tls;
 mod topic;
 
 use std::fmt;
@@ -17,13 +26,21 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use rumqttc::MqttOptions;
 
 use crate::error::{Error, Result};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
+use protocol::{ConnectOptions, Publication};
+pub use protocol::MqttVersion;
 use session::SharedLink;
+use tls::TlsFiles;
 pub(crate) use topic::TopicTemplate;
+
+/// The content type property of a structured-mode message under MQTT 5.
+const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf-8";
+
+/// The content type property of a binary-mode message: the data is stored as JSON.
+const BINARY_CONTENT_TYPE: &str = "application/json";
 
 /// Unacknowledged publishes one connection allows (rumqttc's packet id window; its request
 /// channel is as deep). Above the relay's own in-flight limit per destination (400).
@@ -39,6 +56,9 @@ pub struct MqttConfig {
     pub(crate) keep_alive: Duration,
     pub(crate) ack_timeout: Duration,
     pub(crate) max_packet_bytes: usize,
+    pub(crate) version: MqttVersion,
+    pub(crate) binary: bool,
+    pub(crate) tls: TlsFiles,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -50,6 +70,11 @@ impl fmt::Debug for MqttConfig {
             .field("keep_alive", &self.keep_alive)
             .field("ack_timeout", &self.ack_timeout)
             .field("max_packet_bytes", &self.max_packet_bytes)
+            .field("version", &self.version)
+            .field("binary", &self.binary)
+            .field("ca_pem", &self.tls.ca_pem.is_some())
+            .field("client_identity", &self.tls.client_identity_pem.is_some())
+            .field("alpn", &self.tls.alpn)
             .finish()
     }
 }
@@ -63,14 +88,18 @@ impl Default for MqttConfig {
             keep_alive: Duration::from_secs(30),
             ack_timeout: Duration::from_secs(15),
             max_packet_bytes: 256 * 1024,
+            version: MqttVersion::V311,
+            binary: false,
+            tls: TlsFiles::default(),
         }
     }
 }
 
 impl MqttConfig {
-    /// The default settings: topic `outbox/{type}`, a client id of `outbox-` and a random
-    /// suffix per start, no credentials, 30 s keep-alive, 15 s to wait for a PUBACK, packets
-    /// up to 256 KiB.
+    /// The default settings: MQTT 3.1.1, structured mode, topic `outbox/{type}`, a client id
+    /// of `outbox-` and a random suffix per start, no credentials, 30 s keep-alive, 15 s to
+    /// wait for a PUBACK, packets up to 256 KiB; for `mqtts://`, Mozilla's root CAs and no
+    /// client certificate.
     pub fn new() -> Self {
         Self::default()
     }
@@ -78,7 +107,8 @@ impl MqttConfig {
     /// The topic template: text with `{type}`, `{key}`, `{source}`, `{subject}` and
     /// `{destination}` placeholders. A template with a wildcard, an empty level or an
     /// unknown placeholder is refused at start; an event missing a value its topic needs
-    /// (no key, no subject) is dead-lettered with that reason. A value's leading and trailing
+    /// (no key, no subject) is dead-lettered with that reason, unless the placeholder ends
+    /// with `?` (`{subject?}`), which lets a missing value make an empty level. A value's leading and trailing
     /// `/` are dropped, so the source `/sqlite-outbox` fills `{source}` as `sqlite-outbox`.
     pub fn topic(mut self, template: impl Into<String>) -> Self {
         self.topic = template.into();
@@ -117,13 +147,69 @@ impl MqttConfig {
         self
     }
 
+    /// The protocol version: MQTT 3.1.1 (the default) or MQTT 5. Under MQTT 5 a PUBACK's
+    /// reason code decides: 0x87 (not authorized), 0x90 (topic name invalid) and 0x99
+    /// (payload format invalid) dead-letter the event with the reason; any other code of
+    /// 0x80 or more (quota exceeded, …) is a failed attempt, retried after a backoff. The
+    /// broker's receive maximum bounds the in-flight window, and its maximum packet size
+    /// joins [`max_packet_bytes`](Self::max_packet_bytes) as a limit.
+    pub fn version(mut self, version: MqttVersion) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// Binary content mode (MQTT 5 only): the payload is the event's data, and its
+    /// attributes are user properties. Off: structured mode, the whole JSON envelope as the
+    /// payload.
+    pub fn binary_mode(mut self, binary: bool) -> Self {
+        self.binary = binary;
+        self
+    }
+
+    /// For `mqtts://`: the CA certificates (PEM) that may sign the broker's certificate,
+    /// instead of Mozilla's roots. For AWS IoT Core, `AmazonRootCA1.pem`.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// For `mqtts://`: the device's certificate chain and private key (PEM; PKCS#8, PKCS#1
+    /// or SEC1), for mutual TLS.
+    pub fn client_identity_pem(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        private_key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client_identity_pem = Some((certificate.into(), private_key.into()));
+        self
+    }
+
+    /// For `mqtts://`: an ALPN protocol to offer; AWS IoT Core on port 443 wants
+    /// `x-amzn-mqtt-ca`.
+    pub fn alpn(mut self, protocol: impl Into<String>) -> Self {
+        self.tls.alpn.push(protocol.into());
+        self
+    }
+
     fn check(&self, destination: &str) -> Result<TopicTemplate> {
         let bad = |why: String| Error::InvalidConfig(format!("destination {destination}: {why}"));
-        if !(Duration::from_secs(1)..=Duration::from_secs(65_535)).contains(&self.keep_alive) {
+        // rumqttc panics below these keep-alives: 1 s for MQTT 3.1.1, 5 s for MQTT 5.
+        let shortest = match self.version {
+            MqttVersion::V5 => Duration::from_secs(5),
+            _ => Duration::from_secs(1),
+        };
+        if !(shortest..=Duration::from_secs(65_535)).contains(&self.keep_alive) {
             return Err(bad(format!(
-                "MQTT keep-alive of {:?} is out of range (1 s to 65,535 s)",
-                self.keep_alive
+                "MQTT keep-alive of {:?} is out of range ({shortest:?} to 65,535 s for {:?})",
+                self.keep_alive, self.version
             )));
+        }
+        if self.binary && self.version != MqttVersion::V5 {
+            return Err(bad(
+                "binary content mode needs MQTT 5 (MQTT 3.1.1 has no properties to carry the \
+                 attributes)"
+                    .into(),
+            ));
         }
         if self.ack_timeout.is_zero() || self.ack_timeout > Duration::from_secs(3600) {
             return Err(bad(format!(
@@ -146,13 +232,21 @@ impl MqttConfig {
     }
 }
 
-/// Where an `mqtt://host:port` URL points.
-fn parse_url(url: &str) -> Result<(String, u16)> {
+/// Where an `mqtt://host:port` or `mqtts://host:port` URL points.
+#[derive(Debug, PartialEq, Eq)]
+struct BrokerAddress {
+    tls: bool,
+    host: String,
+    port: u16,
+}
+
+/// Parses a broker URL; the port defaults to 1883, or 8883 with TLS.
+fn parse_url(url: &str) -> Result<BrokerAddress> {
     let bad = |why: &str| Error::InvalidConfig(format!("MQTT URL {url:?}: {why}"));
-    let rest = match url.split_once("://") {
-        Some(("mqtt", rest)) => rest,
-        Some(("mqtts", _)) => return Err(bad("TLS (mqtts://) is not supported yet")),
-        _ => return Err(bad("must start with mqtt://")),
+    let (tls, rest) = match url.split_once("://") {
+        Some(("mqtt", rest)) => (false, rest),
+        Some(("mqtts", rest)) => (true, rest),
+        _ => return Err(bad("must start with mqtt:// or mqtts://")),
     };
     let rest = rest.trim_end_matches('/');
     if rest.contains(['/', '?', '#', '@']) {
@@ -164,13 +258,17 @@ fn parse_url(url: &str) -> Result<(String, u16)> {
             port.parse::<u16>()
                 .map_err(|_| bad("the port is not a number from 1 to 65535"))?,
         ),
-        None => (rest, 1883),
+        None => (rest, if tls { 8883 } else { 1883 }),
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() || port == 0 {
         return Err(bad("needs a host and a port from 1 to 65535"));
     }
-    Ok((host.to_string(), port))
+    Ok(BrokerAddress {
+        tls,
+        host: host.to_string(),
+        port,
+    })
 }
 
 /// Publishes events to an MQTT broker over one connection, kept by a thread of its own
@@ -179,6 +277,8 @@ pub struct MqttTransport {
     topic: TopicTemplate,
     ack_timeout: Duration,
     max_packet_bytes: usize,
+    version: MqttVersion,
+    binary: bool,
     link: SharedLink,
     stop: Mutex<Option<Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -194,26 +294,40 @@ impl fmt::Debug for MqttTransport {
 
 impl MqttTransport {
     /// Checks `config`, and starts the connection thread for the broker at `url`
-    /// (`mqtt://host:port`).
+    /// (`mqtt://host:port`, or `mqtts://host:port` for TLS).
     pub fn new(destination: &str, url: &str, config: &MqttConfig) -> Result<MqttTransport> {
         let topic = config.check(destination)?;
-        let (host, port) = parse_url(url)?;
+        let address = parse_url(url)?;
+        let bad = |why: String| Error::InvalidConfig(format!("destination {destination}: {why}"));
+        let transport = if address.tls {
+            let tls = config.tls.client_config().map_err(bad)?;
+            rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(tls)))
+        } else if config.tls.any() {
+            return Err(bad(format!(
+                "TLS settings (CA, client certificate, ALPN) are given but {url} is not TLS: \
+                 use mqtts://"
+            )));
+        } else {
+            rumqttc::Transport::tcp()
+        };
         let client_id = config
             .client_id
             .clone()
             .unwrap_or_else(|| format!("outbox-{:016x}", fastrand::u64(..)));
-        let mut options = MqttOptions::new(client_id, host.clone(), port);
-        options
-            .set_keep_alive(config.keep_alive)
-            .set_clean_session(true)
-            .set_inflight(IN_FLIGHT_LIMIT)
-            .set_max_packet_size(64 * 1024, config.max_packet_bytes);
-        if let Some((user, password)) = &config.credentials {
-            options.set_credentials(user.clone(), password.clone());
-        }
+        let broker = format!("{}:{}", address.host, address.port);
+        let options = ConnectOptions {
+            version: config.version,
+            client_id,
+            host: address.host,
+            port: address.port,
+            keep_alive: config.keep_alive,
+            credentials: config.credentials.clone(),
+            max_outgoing_packet: config.max_packet_bytes,
+            in_flight: IN_FLIGHT_LIMIT,
+            transport,
+        };
         let link = SharedLink::default();
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-        let broker = format!("{host}:{port}");
         let thread = {
             let link = Arc::clone(&link);
             std::thread::Builder::new()
@@ -224,6 +338,8 @@ impl MqttTransport {
             topic,
             ack_timeout: config.ack_timeout,
             max_packet_bytes: config.max_packet_bytes,
+            version: config.version,
+            binary: config.binary,
             link,
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
@@ -242,22 +358,73 @@ impl MqttTransport {
             .topic
             .render(event)
             .map_err(|reason| Attempt::Unsendable { reason })?;
-        let payload = wire::structured_body(event).map_err(|e| Attempt::Unsendable {
-            reason: e.to_string(),
-        })?;
-        // Fixed header (at most 5 bytes), topic length (2), topic, packet id (2), payload.
-        let packet = 5 + 2 + topic.len() + 2 + payload.len();
-        if packet > self.max_packet_bytes {
+        let publication = self.publication(event, topic)?;
+        // The broker's own limit (MQTT 5 tells it) binds as well as ours: rumqttc fails the
+        // whole connection on a packet over it.
+        let broker_limit = session::broker_max_packet(&self.link).map(|b| b as usize);
+        let limit = broker_limit.map_or(self.max_packet_bytes, |b| b.min(self.max_packet_bytes));
+        let packet = packet_size(&publication);
+        if packet > limit {
+            let whose = if broker_limit == Some(limit) {
+                "the broker allows"
+            } else {
+                "the destination allows (MqttConfig::max_packet_bytes)"
+            };
             return Err(Attempt::Unsendable {
-                reason: format!(
-                    "the PUBLISH would be {packet} bytes; the destination allows {} \
-                     (MqttConfig::max_packet_bytes)",
-                    self.max_packet_bytes
-                ),
+                reason: format!("the PUBLISH would be {packet} bytes; {whose} {limit}"),
             });
         }
-        session::publish(&self.link, topic, payload, ticket, index)
+        session::publish(&self.link, publication, ticket, index)
     }
+
+    /// The message for `event` in this destination's content mode.
+    fn publication(
+        &self,
+        event: &OutboundEvent,
+        topic: String,
+    ) -> std::result::Result<Publication, Attempt> {
+        let unsendable = |e: serde_json::Error| Attempt::Unsendable {
+            reason: format!("the stored data is not valid JSON: {e}"),
+        };
+        if self.binary {
+            serde_json::from_str::<&serde_json::value::RawValue>(&event.payload)
+                .map_err(unsendable)?;
+            return Ok(Publication {
+                topic,
+                payload: event.payload.as_bytes().to_vec(),
+                content_type: Some(BINARY_CONTENT_TYPE),
+                user_properties: wire::attributes(event)
+                    .into_iter()
+                    .map(|(name, value)| (name.to_string(), value))
+                    .collect(),
+            });
+        }
+        Ok(Publication {
+            topic,
+            payload: wire::structured_body(event).map_err(unsendable)?,
+            content_type: (self.version == MqttVersion::V5).then_some(STRUCTURED_CONTENT_TYPE),
+            user_properties: Vec::new(),
+        })
+    }
+}
+
+/// An upper bound on the PUBLISH packet's size: fixed header (at most 5 bytes), topic
+/// length (2), topic, packet id (2), properties (MQTT 5) and payload.
+fn packet_size(publication: &Publication) -> usize {
+    let properties = if publication.content_type.is_none() && publication.user_properties.is_empty()
+    {
+        0
+    } else {
+        // Property length (at most 4), then each property: identifier (1) and strings each
+        // with a two-byte length.
+        4 + publication.content_type.map_or(0, |t| 1 + 2 + t.len())
+            + publication
+                .user_properties
+                .iter()
+                .map(|(k, v)| 1 + 2 + k.len() + 2 + v.len())
+                .sum::<usize>()
+    };
+    5 + 2 + publication.topic.len() + 2 + properties + publication.payload.len()
 }
 
 impl Transport for MqttTransport {
@@ -308,17 +475,28 @@ mod tests {
 
     #[test]
     fn urls_are_parsed_or_refused_by_reason() {
+        let address = |tls, host: &str, port| BrokerAddress {
+            tls,
+            host: host.into(),
+            port,
+        };
         assert_eq!(
             parse_url("mqtt://127.0.0.1:1884").unwrap(),
-            ("127.0.0.1".into(), 1884)
+            address(false, "127.0.0.1", 1884)
         );
-        assert_eq!(parse_url("mqtt://broker").unwrap(), ("broker".into(), 1883));
+        assert_eq!(
+            parse_url("mqtt://broker").unwrap(),
+            address(false, "broker", 1883)
+        );
+        assert_eq!(
+            parse_url("mqtts://broker").unwrap(),
+            address(true, "broker", 8883)
+        );
         for (url, why) in [
-            ("http://x:1", "must start with mqtt://"),
+            ("http://x:1", "must start with mqtt:// or mqtts://"),
             ("mqtt://x:port", "not a number"),
             ("mqtt://x:0", "port from 1"),
             ("mqtt://x:1/path", "no path"),
-            ("mqtts://x:8883", "not supported yet"),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(e.contains(why), "{url}: {e}");
@@ -333,5 +511,10 @@ mod tests {
         assert!(check(MqttConfig::new().max_packet_bytes(10)).contains("max packet"));
         assert!(check(MqttConfig::new().client_id("")).contains("client id"));
         assert!(check(MqttConfig::new().topic("a/#")).contains("wildcards"));
+        assert!(check(MqttConfig::new().binary_mode(true)).contains("needs MQTT 5"));
+        let v5_short_keep_alive = MqttConfig::new()
+            .version(MqttVersion::V5)
+            .keep_alive(Duration::from_secs(2));
+        assert!(check(v5_short_keep_alive).contains("keep-alive"));
     }
 }

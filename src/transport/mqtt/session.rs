@@ -18,8 +18,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use rumqttc::{Client, ConnectionError, Event, MqttOptions, Outgoing, Packet, QoS};
 
+use super::protocol::{AckVerdict, Client, ConnectOptions, Happening, Publication};
 use crate::transport::Attempt;
 
 /// First pause after a failed connection; doubles up to [`RECONNECT_PAUSE_CAP`].
@@ -104,6 +104,8 @@ pub(crate) struct Link {
     in_flight: HashMap<u16, (Arc<Ticket>, usize)>,
     /// The last connection error, for "unreachable" answers while reconnecting.
     last_error: Option<String>,
+    /// The largest packet the broker said it takes (MQTT 5 CONNACK), for this connection.
+    broker_max_packet: Option<u32>,
 }
 
 pub(crate) type SharedLink = Arc<Mutex<Link>>;
@@ -120,12 +122,16 @@ pub(crate) fn lock_ok<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The largest packet the connected broker takes, if it said (MQTT 5).
+pub(crate) fn broker_max_packet(link: &Mutex<Link>) -> Option<u32> {
+    lock(link).broker_max_packet
+}
+
 /// Hands one QoS 1 publish to the current connection; its PUBACK (or the connection's
 /// failure) settles slot `index` of `ticket`.
 pub(crate) fn publish(
     link: &Mutex<Link>,
-    topic: String,
-    payload: Vec<u8>,
+    publication: Publication,
     ticket: &Arc<Ticket>,
     index: usize,
 ) -> std::result::Result<(), Attempt> {
@@ -138,7 +144,7 @@ pub(crate) fn publish(
         return Err(Attempt::Unreachable { reason });
     };
     // `try_publish`: never block while holding the lock the connection thread needs.
-    if let Err(e) = client.try_publish(topic, QoS::AtLeastOnce, false, payload) {
+    if let Err(e) = client.try_publish(publication) {
         return Err(Attempt::Unreachable {
             reason: format!("the MQTT client refused the publish: {e}"),
         });
@@ -149,50 +155,43 @@ pub(crate) fn publish(
 
 /// The connection thread's body: connects, reads events, answers publishes, and reconnects
 /// with a growing pause after an error, until `stop` disconnects.
-pub(crate) fn run(options: MqttOptions, link: SharedLink, stop: Receiver<()>, broker: String) {
+pub(crate) fn run(options: ConnectOptions, link: SharedLink, stop: Receiver<()>, broker: String) {
     let mut pause = RECONNECT_PAUSE;
     loop {
         // The request channel holds every publish the window allows, so `try_publish` only
         // fails when the connection is gone.
-        let (client, mut connection) =
-            Client::new(options.clone(), usize::from(super::IN_FLIGHT_LIMIT));
-        // Publishes are small and the broker's PUBACK is awaited: Nagle's algorithm would
-        // hold them back behind delayed ACKs.
-        let mut network = connection.eventloop.network_options();
-        network.set_tcp_nodelay(true);
-        connection.eventloop.set_network_options(network);
+        let (client, mut connection) = options.connect(usize::from(options.in_flight));
         lock(&link).client = Some(client);
-        let error = loop {
+        let reason = loop {
             if !matches!(stop.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
                 disconnect(&link);
                 return;
             }
-            match connection.recv() {
-                Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+            match connection.next(&broker) {
+                Happening::Connected { broker_max_packet } => {
                     pause = RECONNECT_PAUSE;
-                    lock(&link).last_error = None;
+                    let mut link = lock(&link);
+                    link.last_error = None;
+                    link.broker_max_packet = broker_max_packet;
                     log::info!("connected to MQTT broker {broker}");
                 }
-                Ok(Ok(Event::Outgoing(Outgoing::Publish(pkid)))) if pkid != 0 => {
+                Happening::Numbered(pkid) => {
                     let mut link = lock(&link);
                     if let Some(waiting) = link.unnumbered.pop_front() {
                         link.in_flight.insert(pkid, waiting);
                     }
                 }
-                Ok(Ok(Event::Incoming(Packet::PubAck(ack)))) => {
-                    let acked = lock(&link).in_flight.remove(&ack.pkid);
+                Happening::Acked { pkid, verdict } => {
+                    let acked = lock(&link).in_flight.remove(&pkid);
                     if let Some((ticket, index)) = acked {
-                        ticket.settle(index, delivered());
+                        ticket.settle(index, outcome(verdict));
                     }
                 }
-                Ok(Ok(Event::Outgoing(Outgoing::Disconnect))) => return,
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => break e,
-                // The event loop is gone: nothing more will come.
-                Err(_) => return,
+                Happening::Disconnected | Happening::Ended => return,
+                Happening::Other => {}
+                Happening::Failed(reason) => break reason,
             }
         };
-        let reason = describe(&error, &broker);
         log::warn!("{reason}; reconnecting in {pause:?}");
         fail_all(&link, &reason);
         match stop.recv_timeout(pause) {
@@ -203,10 +202,21 @@ pub(crate) fn run(options: MqttOptions, link: SharedLink, stop: Receiver<()>, br
     }
 }
 
+/// The outcome of a publish whose PUBACK came: a refusal for good dead-letters the event, a
+/// refusal for now spends an attempt and backs off.
+fn outcome(verdict: AckVerdict) -> Attempt {
+    match verdict {
+        AckVerdict::Accepted => delivered(),
+        AckVerdict::Refused(reason) => Attempt::Unsendable { reason },
+        AckVerdict::Deferred(reason) => Attempt::Failed { reason },
+    }
+}
+
 /// Drops the client and answers every waiting publish "unreachable": the outbox keeps them.
 fn fail_all(link: &Mutex<Link>, reason: &str) {
     let mut link = lock(link);
     link.client = None;
+    link.broker_max_packet = None;
     link.last_error = Some(reason.to_string());
     let link = &mut *link;
     let waiting: Vec<(Arc<Ticket>, usize)> = link
@@ -228,22 +238,13 @@ fn fail_all(link: &Mutex<Link>, reason: &str) {
 /// disconnect and the connection thread ends.
 pub(crate) fn request_disconnect(link: &Mutex<Link>) {
     if let Some(client) = lock(link).client.take() {
-        let _ = client.try_disconnect();
+        client.try_disconnect();
     }
 }
 
 fn disconnect(link: &Mutex<Link>) {
     if let Some(client) = lock(link).client.take() {
-        let _ = client.try_disconnect();
+        client.try_disconnect();
     }
     fail_all(link, "the relay is stopping");
-}
-
-fn describe(error: &ConnectionError, broker: &str) -> String {
-    match error {
-        ConnectionError::ConnectionRefused(code) => {
-            format!("MQTT broker {broker} refused the connection: {code:?}")
-        }
-        other => format!("MQTT broker {broker}: {other}"),
-    }
 }

@@ -1,4 +1,9 @@
 //! Topic templates: `outbox/{type}`, `devices/{source}/{type}`, … rendered per event.
+//!
+//! A placeholder whose value an event lacks makes the event unpublishable, since an empty
+//! level (`devices//reading`) is rarely what a subscriber's filter expects. A template opts
+//! in to empty levels per placeholder with a `?`: `outbox/{type}/{subject?}` gives
+//! `outbox/reading.taken/` to an event without a subject.
 
 use crate::error::{Error, Result};
 use crate::transport::OutboundEvent;
@@ -13,7 +18,8 @@ const PLACEHOLDERS: [&str; 5] = ["type", "key", "source", "subject", "destinatio
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Text(String),
-    Field(&'static str),
+    /// A placeholder, and whether an event may lack its value (`{subject?}`).
+    Field(&'static str, bool),
 }
 
 /// A checked topic template.
@@ -51,14 +57,18 @@ impl TopicTemplate {
             let Some(close) = rest[open..].find('}') else {
                 return Err(bad("has a { without its }".into()));
             };
-            let name = &rest[open + 1..open + close];
+            let written = &rest[open + 1..open + close];
+            let (name, optional) = match written.strip_suffix('?') {
+                Some(name) => (name, true),
+                None => (written, false),
+            };
             let Some(field) = PLACEHOLDERS.iter().find(|p| **p == name) else {
                 return Err(bad(format!(
                     "unknown placeholder {{{name}}}; known: {{type}}, {{key}}, {{source}}, \
-                     {{subject}}, {{destination}}"
+                     {{subject}}, {{destination}}, each with an optional ? to allow an empty value"
                 )));
             };
-            parts.push(Part::Field(field));
+            parts.push(Part::Field(field, optional));
             rest = &rest[open + close + 1..];
         }
         if rest.contains('}') {
@@ -77,7 +87,7 @@ impl TopicTemplate {
         for part in &self.parts {
             match part {
                 Part::Text(text) => topic.push_str(text),
-                Part::Field(field) => {
+                Part::Field(field, optional) => {
                     let value = match *field {
                         "type" => Some(event.event_type.as_str()),
                         "key" => event.partition_key.as_deref(),
@@ -89,6 +99,9 @@ impl TopicTemplate {
                     // slashes would make empty levels, so they are dropped.
                     let value = value.map(|v| v.trim_matches('/'));
                     let Some(value) = value.filter(|v| !v.is_empty()) else {
+                        if *optional {
+                            continue;
+                        }
                         return Err(format!(
                             "the topic needs {{{field}}}, which this event has not"
                         ));
@@ -182,5 +195,22 @@ mod tests {
             .render(&wild)
             .unwrap_err();
         assert!(e.contains("+, #"), "{e}");
+    }
+
+    #[test]
+    fn a_question_mark_lets_a_missing_value_make_an_empty_level() {
+        let t = TopicTemplate::parse("outbox/{type}/{subject?}").unwrap();
+        assert_eq!(t.render(&event()).unwrap(), "outbox/reading.taken/");
+        let mut with_subject = event();
+        with_subject.subject = Some("order-9".into());
+        assert_eq!(
+            t.render(&with_subject).unwrap(),
+            "outbox/reading.taken/order-9"
+        );
+        let t = TopicTemplate::parse("a/{key?}/b").unwrap();
+        let mut keyless = event();
+        keyless.partition_key = None;
+        assert_eq!(t.render(&keyless).unwrap(), "a//b");
+        assert!(TopicTemplate::parse("a/{nope?}").is_err());
     }
 }
