@@ -125,7 +125,10 @@ fn an_acl_denied_topic_is_dead_lettered_with_the_reason_and_the_rest_delivered()
         })
         .unwrap();
     let relay = outbox
-        .relay(relay_to(broker.url(), v5().credentials("device-1", "s3cret")))
+        .relay(relay_to(
+            broker.url(),
+            v5().credentials("device-1", "s3cret"),
+        ))
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || {
@@ -173,7 +176,10 @@ fn an_event_over_the_brokers_maximum_packet_size_is_dead_lettered_the_rest_deliv
     for row in rows(&outbox) {
         if row.event_type == "big" {
             let error = row.last_error.as_deref().unwrap_or("");
-            assert!(row.dead && error.contains("the broker allows 2048"), "{row:?}");
+            assert!(
+                row.dead && error.contains("the broker allows 2048"),
+                "{row:?}"
+            );
         } else {
             assert!(row.delivered && row.attempts == 1, "{row:?}");
         }

@@ -269,6 +269,8 @@ fn parse_mqtt_version(text: &str) -> Result<MqttVersion, String> {
     match text {
         "3" | "3.1.1" | "4" => Ok(MqttVersion::V311),
         "5" => Ok(MqttVersion::V5),
-        other => Err(format!("{other:?} is not an MQTT version: use 3 (3.1.1) or 5")),
+        other => Err(format!(
+            "{other:?} is not an MQTT version: use 3 (3.1.1) or 5"
+        )),
     }
 }

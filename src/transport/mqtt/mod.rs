@@ -30,8 +30,8 @@ use crossbeam_channel::Sender;
 use crate::error::{Error, Result};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
-use protocol::{ConnectOptions, Publication};
 pub use protocol::MqttVersion;
+use protocol::{ConnectOptions, Publication};
 use session::SharedLink;
 use tls::TlsFiles;
 pub(crate) use topic::TopicTemplate;
@@ -366,12 +366,12 @@ impl MqttTransport {
         let packet = packet_size(&publication);
         if packet > limit {
             let whose = if broker_limit == Some(limit) {
-                "the broker allows"
+                format!("the broker allows {limit} (its CONNACK's maximum packet size)")
             } else {
-                "the destination allows (MqttConfig::max_packet_bytes)"
+                format!("the destination allows {limit} (MqttConfig::max_packet_bytes)")
             };
             return Err(Attempt::Unsendable {
-                reason: format!("the PUBLISH would be {packet} bytes; {whose} {limit}"),
+                reason: format!("the PUBLISH would be {packet} bytes; {whose}"),
             });
         }
         session::publish(&self.link, publication, ticket, index)

@@ -101,8 +101,7 @@ impl ConnectOptions {
         network.set_tcp_nodelay(true);
         match self.version {
             MqttVersion::V311 => {
-                let mut options =
-                    rumqttc::MqttOptions::new(&self.client_id, &self.host, self.port);
+                let mut options = rumqttc::MqttOptions::new(&self.client_id, &self.host, self.port);
                 options
                     .set_keep_alive(self.keep_alive)
                     .set_clean_session(true)
@@ -246,9 +245,7 @@ fn outgoing_happening(outgoing: Outgoing) -> Happening {
 /// What an MQTT 5 PUBACK reason code means for the message (spec §3.4.2.1).
 pub(crate) fn verdict(reason: PubAckReason, said: Option<&str>) -> AckVerdict {
     let (code, name) = match reason {
-        PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
-            return AckVerdict::Accepted
-        }
+        PubAckReason::Success | PubAckReason::NoMatchingSubscribers => return AckVerdict::Accepted,
         PubAckReason::UnspecifiedError => (0x80, "unspecified error"),
         PubAckReason::ImplementationSpecificError => (0x83, "implementation-specific error"),
         PubAckReason::NotAuthorized => (0x87, "not authorized"),
@@ -275,10 +272,7 @@ mod tests {
 
     #[test]
     fn puback_reasons_split_into_accepted_refused_for_good_and_deferred() {
-        assert_eq!(
-            verdict(PubAckReason::Success, None),
-            AckVerdict::Accepted
-        );
+        assert_eq!(verdict(PubAckReason::Success, None), AckVerdict::Accepted);
         assert_eq!(
             verdict(PubAckReason::NoMatchingSubscribers, None),
             AckVerdict::Accepted
@@ -301,6 +295,9 @@ mod tests {
         let AckVerdict::Refused(text) = verdict(PubAckReason::NotAuthorized, Some("acl")) else {
             panic!("not authorized is refused for good");
         };
-        assert!(text.contains("not authorized (PUBACK reason 0x87): acl"), "{text}");
+        assert!(
+            text.contains("not authorized (PUBACK reason 0x87): acl"),
+            "{text}"
+        );
     }
 }

@@ -90,7 +90,10 @@ mod tests {
             ..TlsFiles::default()
         };
         let e = files.client_config().unwrap_err();
-        assert!(e.contains("CA certificate file holds no PEM certificate"), "{e}");
+        assert!(
+            e.contains("CA certificate file holds no PEM certificate"),
+            "{e}"
+        );
         // Without a CA file the built-in roots serve.
         assert!(TlsFiles::default().client_config().is_ok());
     }
