@@ -56,8 +56,9 @@ pub(crate) enum Client {
 
 /// The event loop of one connection; only the session thread touches it.
 pub(crate) enum Connection {
-    V311(rumqttc::Connection),
-    V5(rumqttc::v5::Connection),
+    // Boxed: event loops are large (about 1 KiB), and there is one per session thread.
+    V311(Box<rumqttc::Connection>),
+    V5(Box<rumqttc::v5::Connection>),
 }
 
 /// What a PUBACK said about its message.
@@ -113,7 +114,7 @@ impl ConnectOptions {
                 }
                 let (client, mut connection) = rumqttc::Client::new(options, capacity);
                 connection.eventloop.set_network_options(network);
-                (Client::V311(client), Connection::V311(connection))
+                (Client::V311(client), Connection::V311(Box::new(connection)))
             }
             MqttVersion::V5 => {
                 let mut options =
@@ -130,7 +131,7 @@ impl ConnectOptions {
                     options.set_credentials(user, password);
                 }
                 let (client, connection) = rumqttc::v5::Client::new(options, capacity);
-                (Client::V5(client), Connection::V5(connection))
+                (Client::V5(client), Connection::V5(Box::new(connection)))
             }
         }
     }
