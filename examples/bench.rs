@@ -461,7 +461,7 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
 
 /// Events per second to a Mosquitto broker on 127.0.0.1, against a bare rumqttc QoS 1 loop
 /// with the same in-flight window, in the same run: 4 workers with one publish each, and 4
-/// workers publishing batches of 25 back to back (a window of 100).
+/// workers publishing batches of 25 and of 100 back to back (windows of 100 and 400).
 #[cfg(feature = "mqtt")]
 fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
     use sqlite_outbox::transport::MqttConfig;
@@ -473,7 +473,7 @@ fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
     let payload = sqlite_outbox::wire::structured_body(&sample).unwrap();
     let round = std::cell::Cell::new(0);
     let mut lines = Vec::new();
-    for (n, workers, batch) in [(10_000, 4, 1), (30_000, 4, 25)] {
+    for (n, workers, batch) in [(10_000, 4, 1), (30_000, 4, 25), (40_000, 4, 100)] {
         let window = workers * batch;
         let (o, b) = alternate(
             3,

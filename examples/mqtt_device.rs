@@ -7,13 +7,18 @@
 //! ```
 //!
 //! Settings a fleet would use, in place of the local broker below:
-//! - **AWS IoT Core**: the client id is the thing name (`MqttConfig::client_id`), and the IoT
-//!   policy must allow publishing to the topic template's topics; keep-alive at most 1,200 s;
-//!   a PUBLISH of at most 128 KB (`max_packet_bytes(128 * 1024)`); TLS with the device
-//!   certificate on port 8883, which this crate does not support yet (`mqtts://`).
+//! - **AWS IoT Core**: `Destination::mqtt("cloud", "mqtts://<prefix>-ats.iot.<region>.amazonaws.com:8883")`
+//!   with `MqttConfig::new().ca_pem(AmazonRootCA1.pem).client_identity_pem(cert, key)`
+//!   (mutual TLS; the CLI's `--ca`, `--cert`, `--key`); the client id is the thing name
+//!   (`client_id`), and the IoT policy must allow publishing to the template's topics;
+//!   `version(MqttVersion::V5)` so that a policy refusal comes back as PUBACK reason 0x87 and
+//!   dead-letters the event instead of vanishing; keep-alive at most 1,200 s; a PUBLISH of at
+//!   most 128 KB (`max_packet_bytes(128 * 1024)`); at most 100 in flight (`workers × batch`).
+//!   On port 443, `.alpn("x-amzn-mqtt-ca")`.
 //! - **EMQX, HiveMQ, Mosquitto**: user name and password (`credentials`, or the CLI's
-//!   `--username` and `--password-file`), a topic the ACL allows, and a packet limit no
-//!   larger than the broker's. For Mosquitto, `set_tcp_nodelay true` in its config.
+//!   `--username` and `--password-file`) or a client certificate, a topic the ACL allows,
+//!   MQTT 5, and `binary_mode(true)` if subscribers want the bare data with the attributes as
+//!   user properties. For Mosquitto, `set_tcp_nodelay true` in its config.
 
 #[path = "../benches/support/mqtt.rs"]
 mod broker;

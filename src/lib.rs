@@ -231,13 +231,33 @@
 //! # let _ = config; }
 //! ```
 //!
-//! - Each event is one PUBLISH at QoS 1 of the same CloudEvents JSON envelope an HTTP
-//!   receiver gets (the binding's structured mode, the only one MQTT 3.1.1 has); the event is
-//!   delivered when the broker's PUBACK for *that* publish arrives, and only then.
+//! - Each event is one PUBLISH at QoS 1; the event is delivered when the broker's PUBACK for
+//!   *that* publish arrives, and only then. The payload follows the CloudEvents MQTT binding:
+//!   by default its structured mode, the same JSON envelope an HTTP receiver gets (under
+//!   MQTT 5 with the content type property `application/cloudevents+json; charset=utf-8`);
+//!   with [`MqttConfig::binary_mode`](transport::MqttConfig::binary_mode) (MQTT 5 only) the
+//!   binary mode: the event's data as the payload, content type `application/json`, and every
+//!   other attribute (`id`, `source`, `type`, `subject`, `time`, `partitionkey`, `sequence`) a
+//!   user property of that name.
+//! - MQTT 3.1.1 by default; [`MqttConfig::version`](transport::MqttConfig::version)
+//!   `(MqttVersion::V5)` for MQTT 5, where a PUBACK carries a reason code: 0x87 (not
+//!   authorized), 0x90 (topic name invalid) and 0x99 (payload format invalid) dead-letter the
+//!   event with the reason; other codes of 0x80 or more (quota exceeded, unspecified error)
+//!   are a failed attempt, retried after a backoff. The broker's receive maximum bounds the
+//!   in-flight window, and the maximum packet size in its CONNACK is a limit like
+//!   `max_packet_bytes`. With MQTT 3.1.1 a broker that drops a message by ACL or size still
+//!   sends a plain PUBACK (Mosquitto does): prefer MQTT 5 where the broker has it.
 //! - The topic comes from a template with `{type}`, `{key}`, `{source}`, `{subject}` and
 //!   `{destination}`, `outbox/{type}` by default; a template with a wildcard, an empty level
 //!   or an unknown placeholder is refused by [`Relay::start`], and an event missing a value
-//!   its topic needs is dead-lettered with that reason. Values lose their outer `/`.
+//!   its topic needs is dead-lettered with that reason, unless the placeholder opts in to an
+//!   empty level with `?` (`outbox/{type}/{subject?}`). Values lose their outer `/`.
+//! - TLS: an `mqtts://` URL (port 8883 by default) checks the broker's certificate against
+//!   Mozilla's roots (built in) or [`MqttConfig::ca_pem`](transport::MqttConfig::ca_pem);
+//!   [`client_identity_pem`](transport::MqttConfig::client_identity_pem) adds a client
+//!   certificate for mutual TLS. Certificates and keys are checked at start; a broker whose
+//!   certificate does not check out, or that refuses the client's, is offline like an
+//!   unreachable one.
 //! - The outbox, not the broker, keeps what is not acknowledged: the session is clean, and a
 //!   broker that cannot be reached, refuses the connection (wrong credentials) or drops it
 //!   is the same destination-wide offline backoff as for HTTP: no attempt spent, every
@@ -250,19 +270,36 @@
 //!   publisher that awaits a batch's PUBACKs then stalls on TCP's delayed ACK (about 40 ms
 //!   per batch, measured), so set it.
 //! - An event whose PUBLISH would exceed [`MqttConfig::max_packet_bytes`](transport::MqttConfig::max_packet_bytes) (256 KiB by
-//!   default; keep it at or below the broker's limit) is dead-lettered with its size.
-//! - Not yet: TLS (`mqtts://`), MQTT 5 (reason codes, binary mode with user properties).
-//!   With MQTT 3.1.1 a broker that drops a message by ACL or size still sends its PUBACK
-//!   (Mosquitto does), so keep ACLs and limits in line with what the relay publishes.
+//!   default) or the broker's announced maximum is dead-lettered with its size.
 //!
-//! `tests/mqtt.rs` runs each of these against a real Mosquitto broker started by the test.
-//! A message as a subscriber receives it, on topic `devices/sqlite-outbox/reading.taken`:
+//! For AWS IoT Core: `mqtts://<prefix>-ats.iot.<region>.amazonaws.com:8883`, the CA
+//! `AmazonRootCA1.pem`, the thing's certificate and key, a client id the policy allows (the
+//! thing name), MQTT 5 or 3.1.1, a payload under 128 KB, and at most 100 messages in flight
+//! (`workers × batch`). On port 443 add `.alpn("x-amzn-mqtt-ca")`. For EMQX or HiveMQ: user
+//! name and password, or a client certificate, and MQTT 5 so that an ACL refusal is seen.
+//!
+//! `tests/mqtt.rs`, `tests/mqtt5.rs` and `tests/mqtt_tls.rs` run each of these against a
+//! real Mosquitto broker started by the test (the TLS ones with certificates made at test
+//! time). A structured message as a subscriber receives it, on topic
+//! `devices/sqlite-outbox/reading.taken`:
 //!
 //! ```text
 //! {"data":{"i":0},"datacontenttype":"application/json",
 //!  "id":"01a22d25-ad71-74ae-a341-a4bb8d30e424","partitionkey":"k0",
 //!  "sequence":"00000000000000000001","source":"/sqlite-outbox","specversion":"1.0",
 //!  "time":"2026-11-30T15:49:33.681Z","type":"reading.taken"}
+//! ```
+//!
+//! The same kind of event in binary mode under MQTT 5 (topic template `binary/{key}`):
+//!
+//! ```text
+//! topic          binary/room-1
+//! content type   application/json
+//! user props     specversion=1.0, id=01a22d6a-05bc-778c-95fc-eb756351b343,
+//!                source=/sqlite-outbox, type=reading.taken, subject=sensor-7,
+//!                time=2026-11-30T17:04:12.732Z, partitionkey=room-1,
+//!                sequence=00000000000000000002
+//! payload        {"celsius":21.5}
 //! ```
 //!
 //! # What goes on the wire

@@ -346,14 +346,13 @@ impl MqttTransport {
         })
     }
 
-    /// Hands event `index` of a request to the connection as that slot of `ticket`, or
-    /// says why it cannot be published.
-    fn start_publish(
+    /// The message for `event`, or why it cannot be published. `broker_limit` is the
+    /// largest packet the connected broker takes, if it said.
+    fn prepare(
         &self,
         event: &OutboundEvent,
-        ticket: &Arc<session::Ticket>,
-        index: usize,
-    ) -> std::result::Result<(), Attempt> {
+        broker_limit: Option<usize>,
+    ) -> std::result::Result<Publication, Attempt> {
         let topic = self
             .topic
             .render(event)
@@ -361,7 +360,6 @@ impl MqttTransport {
         let publication = self.publication(event, topic)?;
         // The broker's own limit (MQTT 5 tells it) binds as well as ours: rumqttc fails the
         // whole connection on a packet over it.
-        let broker_limit = session::broker_max_packet(&self.link).map(|b| b as usize);
         let limit = broker_limit.map_or(self.max_packet_bytes, |b| b.min(self.max_packet_bytes));
         let packet = packet_size(&publication);
         if packet > limit {
@@ -374,7 +372,7 @@ impl MqttTransport {
                 reason: format!("the PUBLISH would be {packet} bytes; {whose}"),
             });
         }
-        session::publish(&self.link, publication, ticket, index)
+        Ok(publication)
     }
 
     /// The message for `event` in this destination's content mode.
@@ -448,11 +446,15 @@ impl Transport for MqttTransport {
     /// flight, and then their PUBACKs are awaited together.
     fn send_each(&self, events: &[OutboundEvent]) -> Vec<Attempt> {
         let ticket = session::Ticket::new(events.len());
+        let broker_limit = session::broker_max_packet(&self.link).map(|b| b as usize);
+        let mut ready = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
-            if let Err(attempt) = self.start_publish(event, &ticket, index) {
-                ticket.settle(index, attempt);
+            match self.prepare(event, broker_limit) {
+                Ok(publication) => ready.push((index, publication)),
+                Err(attempt) => ticket.settle(index, attempt),
             }
         }
+        session::publish_all(&self.link, ready, &ticket);
         ticket.wait(self.ack_timeout)
     }
 }

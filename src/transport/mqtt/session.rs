@@ -127,30 +127,36 @@ pub(crate) fn broker_max_packet(link: &Mutex<Link>) -> Option<u32> {
     lock(link).broker_max_packet
 }
 
-/// Hands one QoS 1 publish to the current connection; its PUBACK (or the connection's
-/// failure) settles slot `index` of `ticket`.
-pub(crate) fn publish(
+/// Hands QoS 1 publishes to the current connection, under one lock (the connection thread
+/// takes the same lock for every packet id and PUBACK). Each `(index, publication)` is
+/// settled in slot `index` of `ticket` by its PUBACK, or by the connection's failure, or at
+/// once if there is no connection.
+pub(crate) fn publish_all(
     link: &Mutex<Link>,
-    publication: Publication,
+    publications: Vec<(usize, Publication)>,
     ticket: &Arc<Ticket>,
-    index: usize,
-) -> std::result::Result<(), Attempt> {
+) {
     let mut link = lock(link);
-    let Some(client) = link.client.as_ref() else {
-        let reason = link
-            .last_error
-            .clone()
-            .unwrap_or_else(|| "not connected to the broker".into());
-        return Err(Attempt::Unreachable { reason });
-    };
-    // `try_publish`: never block while holding the lock the connection thread needs.
-    if let Err(e) = client.try_publish(publication) {
-        return Err(Attempt::Unreachable {
-            reason: format!("the MQTT client refused the publish: {e}"),
-        });
+    for (index, publication) in publications {
+        let Some(client) = link.client.as_ref() else {
+            let reason = link
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "not connected to the broker".into());
+            ticket.settle(index, Attempt::Unreachable { reason });
+            continue;
+        };
+        // `try_publish`: never block while holding the lock the connection thread needs.
+        match client.try_publish(publication) {
+            Ok(()) => link.unnumbered.push_back((Arc::clone(ticket), index)),
+            Err(e) => ticket.settle(
+                index,
+                Attempt::Unreachable {
+                    reason: format!("the MQTT client refused the publish: {e}"),
+                },
+            ),
+        }
     }
-    link.unnumbered.push_back((Arc::clone(ticket), index));
-    Ok(())
 }
 
 /// The connection thread's body: connects, reads events, answers publishes, and reconnects
