@@ -90,6 +90,10 @@ pub enum Error {
     Pool(Box<dyn std::error::Error + Send + Sync>),
     /// A background thread could not be started.
     Io(std::io::Error),
+    /// An error from PostgreSQL (feature `postgres`): the server, the connection, or a
+    /// statement.
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Error),
 }
 
 impl fmt::Display for Error {
@@ -140,6 +144,8 @@ impl fmt::Display for Error {
             Error::Sqlite(e) => write!(f, "SQLite error: {e}"),
             Error::Pool(e) => write!(f, "no database connection available: {e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => write!(f, "PostgreSQL error: {e}"),
         }
     }
 }
@@ -151,6 +157,8 @@ impl std::error::Error for Error {
             Error::Sqlite(e) | Error::DiskFull(e) | Error::ReadOnly(e) => Some(e),
             Error::Pool(e) => Some(e.as_ref()),
             Error::Io(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => Some(e),
             _ => None,
         }
     }
@@ -170,6 +178,13 @@ impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
         // Boxed, so that no r2d2 type is part of the crate's API.
         Error::Pool(Box::new(e))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for Error {
+    fn from(e: postgres::Error) -> Self {
+        Error::Postgres(e)
     }
 }
 

@@ -468,10 +468,14 @@ mod disabled;
 mod error;
 mod event;
 mod inbox;
+#[cfg(feature = "postgres")]
+pub mod ingest;
 #[doc(hidden)]
 pub mod internal;
 mod limits;
 mod outbox;
+#[cfg(feature = "postgres")]
+mod pg;
 mod queue;
 pub mod receive;
 mod relay;

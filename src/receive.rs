@@ -46,4 +46,6 @@ pub use crate::cloudevents::{
 };
 pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
+#[cfg(feature = "postgres")]
+pub use crate::pg::{migrate as pg_migrate, schema_version as pg_schema_version, PgInbox};
 pub use crate::signature::{Secret, Verifier, VerifyError, SECRET_PREFIX};

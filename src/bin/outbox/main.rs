@@ -2,11 +2,12 @@
 //! without the app running.
 //!
 //! One file per command group: `enqueue.rs`, `relay.rs`, `inspect.rs` (stats, list, show,
-//! health) and `repair.rs` (retry, purge-dead, prune, enable); `failure.rs` maps errors to
-//! exit codes and `output.rs` formats tables.
+//! health), `repair.rs` (retry, purge-dead, prune, enable) and `ingest.rs` (the receiving
+//! end, in PostgreSQL); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
 
 mod enqueue;
 mod failure;
+mod ingest;
 mod inspect;
 mod output;
 mod relay;
@@ -52,6 +53,8 @@ enum Command {
     Enqueue(enqueue::EnqueueArgs),
     /// Deliver pending events to a URL until SIGINT/SIGTERM (or until none is pending).
     Relay(relay::RelayArgs),
+    /// Receive signed events from devices and store each once in PostgreSQL (no --db).
+    Ingest(ingest::IngestArgs),
     /// Counts by state and destination, ages, sizes.
     Stats(inspect::StatsArgs),
     /// List deliveries.
@@ -105,6 +108,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Outcome {
+    if let Command::Ingest(args) = cli.command {
+        return ingest::run(args);
+    }
     let Some(db) = cli.db else {
         return Err(bad_input("--db PATH (or OUTBOX_DB) is required"));
     };
@@ -120,7 +126,7 @@ fn run(cli: Cli) -> Outcome {
     }
     let outbox = open_existing(builder, &db)?;
     match cli.command {
-        Command::Init => unreachable!("handled above"),
+        Command::Init | Command::Ingest(_) => unreachable!("handled above"),
         Command::Enqueue(args) => enqueue::run(&outbox, args),
         Command::Relay(args) => relay::run(&outbox, args),
         Command::Stats(args) => inspect::stats(&outbox, args),

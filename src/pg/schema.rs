@@ -1,0 +1,99 @@
+//! The PostgreSQL schema, in versioned migrations applied in order, each in its own
+//! transaction together with its row in `outbox_pg_migrations`.
+//!
+//! Several ingest processes may start at once against one database: each migration
+//! transaction first takes a transaction-level advisory lock, so one process applies a
+//! version and the others, once they get the lock, see it applied and skip it.
+
+use postgres::GenericClient;
+
+use crate::error::{Error, Result};
+
+/// Key of the advisory lock that serializes migrations (an arbitrary constant: "outbox").
+const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78;
+
+/// The migrations, oldest first; version `i + 1` is `MIGRATIONS[i]`. Never edit one that
+/// shipped: add the next.
+const MIGRATIONS: &[&str] = &[
+    // 1: the inbox of `PgInbox::receive`.
+    "CREATE TABLE outbox_inbox (
+         source      text        NOT NULL,
+         event_id    text        NOT NULL,
+         received_at timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (source, event_id)
+     );
+     CREATE INDEX outbox_inbox_received_at ON outbox_inbox (received_at);",
+    // 2: what `outbox ingest` stores, and a key's events in sequence order.
+    "CREATE TABLE outbox_ingested (
+         source       text        NOT NULL,
+         id           text        NOT NULL,
+         type         text        NOT NULL,
+         subject      text,
+         partitionkey text,
+         sequence     bigint,
+         time         timestamptz,
+         data         jsonb,
+         received_at  timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (source, id)
+     );
+     CREATE INDEX outbox_ingested_key_order
+         ON outbox_ingested (source, partitionkey, sequence)
+         WHERE partitionkey IS NOT NULL;
+     CREATE INDEX outbox_ingested_received_at ON outbox_ingested (received_at);
+     CREATE FUNCTION outbox_key_events(p_source text, p_partitionkey text)
+         RETURNS SETOF outbox_ingested
+         LANGUAGE sql STABLE
+         AS $$ SELECT * FROM outbox_ingested
+                WHERE source = p_source AND partitionkey = p_partitionkey
+                ORDER BY sequence $$;",
+];
+
+/// The schema version this build creates.
+pub fn schema_version() -> i32 {
+    MIGRATIONS.len() as i32
+}
+
+/// Creates or upgrades the tables of the inbox and of `outbox ingest` in the database of
+/// `client`. Safe to run from several processes at once, and again at every start.
+///
+/// # Errors
+///
+/// [`Error::Postgres`] from the server; [`Error::SchemaTooNew`] when the database was
+/// migrated by a newer build than this one.
+pub fn migrate(client: &mut impl GenericClient) -> Result<()> {
+    client.batch_execute(
+        "CREATE TABLE IF NOT EXISTS outbox_pg_migrations (
+             version    integer     PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )?;
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let version = index as i32 + 1;
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+        let applied = tx
+            .query_opt(
+                "SELECT 1 FROM outbox_pg_migrations WHERE version = $1",
+                &[&version],
+            )?
+            .is_some();
+        if !applied {
+            tx.batch_execute(sql)?;
+            tx.execute(
+                "INSERT INTO outbox_pg_migrations (version) VALUES ($1)",
+                &[&version],
+            )?;
+        }
+        tx.commit()?;
+    }
+    let newest: Option<i32> = client
+        .query_one("SELECT max(version) FROM outbox_pg_migrations", &[])?
+        .get(0);
+    match newest {
+        Some(found) if found > schema_version() => Err(Error::SchemaTooNew {
+            found: found as i64,
+            supported: schema_version() as i64,
+        }),
+        _ => Ok(()),
+    }
+}
