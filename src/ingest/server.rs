@@ -201,7 +201,7 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
 /// too long.
 async fn run(state: &State, work: Work) -> Outcome {
     let (reply, answer) = tokio::sync::oneshot::channel();
-    if state.workers.submit(Job { work, reply }).is_err() {
+    if !state.workers.submit(Job { work, reply }) {
         return Outcome::Unavailable("overloaded: every database thread is busy".into());
     }
     match tokio::time::timeout(JOB_TIMEOUT, answer).await {

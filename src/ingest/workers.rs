@@ -110,13 +110,14 @@ impl Workers {
         })
     }
 
-    /// Queues `job`, or hands it back when the queue is full (the server is overloaded).
-    pub fn submit(&self, job: Job) -> Result<(), Job> {
+    /// Queues `job`; false when the queue is full (the server is overloaded) or closed.
+    pub fn submit(&self, job: Job) -> bool {
         match &self.jobs {
-            Some(jobs) => jobs.try_send(job).map_err(|e| match e {
-                TrySendError::Full(job) | TrySendError::Disconnected(job) => job,
-            }),
-            None => Err(job),
+            Some(jobs) => match jobs.try_send(job) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
         }
     }
 
