@@ -206,7 +206,9 @@ fn bad_requests_are_refused_by_reason_and_store_nothing() {
     let bad_sequence = event_body("e-3", "12a");
     let not_cloudevents = br#"{"hello": "world"}"#.to_vec();
     let huge = vec![b' '; 70 * 1024];
-    let cases: Vec<(Vec<(&str, String)>, Vec<u8>, u16, &str)> = vec![
+    // Headers, body, expected status, and what the answer must say.
+    type Case<'a> = (Vec<(&'a str, String)>, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (
             signed_headers(&forged, "m", &body, CLOUDEVENT),
             body.clone(),
