@@ -284,7 +284,7 @@ fn three_ingest_processes_killed_mid_run_store_every_committed_event_exactly_onc
     let ghosts = distinct.difference(&all).count();
     let retried: i64 = devices
         .iter()
-        .flat_map(|d| rows(d))
+        .flat_map(rows)
         .map(|r| r.attempts - 1)
         .sum();
     eprintln!(
