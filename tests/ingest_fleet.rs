@@ -282,11 +282,7 @@ fn three_ingest_processes_killed_mid_run_store_every_committed_event_exactly_onc
     let duplicates = stored.len() - distinct.len();
     let lost = all.difference(&distinct).count();
     let ghosts = distinct.difference(&all).count();
-    let retried: i64 = devices
-        .iter()
-        .flat_map(rows)
-        .map(|r| r.attempts - 1)
-        .sum();
+    let retried: i64 = devices.iter().flat_map(rows).map(|r| r.attempts - 1).sum();
     eprintln!(
         "fleet: {kills} kills, {} committed, {} stored, {duplicates} duplicates stored, {lost} \
          lost, {ghosts} rolled back but stored; {retried} deliveries retried",

@@ -61,12 +61,17 @@ pub fn schema_version() -> i32 {
 /// [`Error::Postgres`] from the server; [`Error::SchemaTooNew`] when the database was
 /// migrated by a newer build than this one.
 pub fn migrate(client: &mut impl GenericClient) -> Result<()> {
-    client.batch_execute(
+    // Under the lock too: two `CREATE TABLE IF NOT EXISTS` at once can both miss the table
+    // and one then fails on the catalog's unique index.
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS outbox_pg_migrations (
              version    integer     PRIMARY KEY,
              applied_at timestamptz NOT NULL DEFAULT now()
          )",
     )?;
+    tx.commit()?;
     for (index, sql) in MIGRATIONS.iter().enumerate() {
         let version = index as i32 + 1;
         let mut tx = client.transaction()?;
