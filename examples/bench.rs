@@ -9,9 +9,15 @@
 
 #[path = "../benches/support/mod.rs"]
 mod support;
+#[cfg(feature = "postgres")]
+#[path = "../benches/support/ingest.rs"]
+mod support_ingest;
 #[cfg(feature = "mqtt")]
 #[path = "../benches/support/mqtt.rs"]
 mod support_mqtt;
+#[cfg(feature = "postgres")]
+#[path = "../tests/common/postgres.rs"]
+mod support_postgres;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -526,6 +532,86 @@ fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
     Vec::new()
 }
 
+/// Events stored per second by `ingest` servers (in this process, each with its own runtime
+/// and 8 database threads) from 8 keep-alive clients, one event per request and batches of
+/// 100, against a bare loop of the same INSERT statement over one connection, in the same
+/// run, on a PostgreSQL cluster of the bench's own (`fsync=off` for both).
+#[cfg(feature = "postgres")]
+fn ingest() -> Vec<Line> {
+    use sqlite_outbox::ingest::{IngestConfig, IngestServer};
+    use sqlite_outbox::receive::Secret;
+    if !std::path::Path::new("/usr/lib/postgresql").exists() {
+        eprintln!("PostgreSQL is not installed: no ingest rows");
+        return Vec::new();
+    }
+    let postgres = support_postgres::Postgres::start();
+    let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+    let start = |_| {
+        IngestServer::start(
+            IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
+                .secret(secret.clone())
+                .threads(8),
+        )
+        .unwrap()
+    };
+    let servers: Vec<IngestServer> = (0..3).map(start).collect();
+    let addrs: Vec<_> = servers.iter().map(IngestServer::local_addr).collect();
+    let mut bare_client = postgres.client();
+    let round = std::cell::Cell::new(0);
+    let next_run = || {
+        round.set(round.get() + 1);
+        format!("r{}", round.get())
+    };
+    let mut lines = Vec::new();
+    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
+        for processes in [1, 3] {
+            let (o, b) = alternate(
+                3,
+                || {
+                    let bodies = support_ingest::bodies(&next_run(), events, per_request);
+                    let took = support_ingest::post_all(
+                        &addrs[..processes],
+                        &secret,
+                        &bodies,
+                        per_request > 1,
+                        8,
+                    );
+                    rate(events, took)
+                },
+                || {
+                    rate(
+                        events,
+                        support_ingest::bare_inserts(
+                            &mut bare_client,
+                            &next_run(),
+                            events,
+                            per_request,
+                        ),
+                    )
+                },
+            );
+            lines.push(Line {
+                what: format!(
+                    "ingest into PostgreSQL, {per_request} event(s)/request, {processes} server(s)"
+                ),
+                outbox: format!("{} events", per_s(o)),
+                baseline: format!("{} (bare INSERT loop)", per_s(b)),
+                ratio: format!("{:.2}×", o / b),
+                target: if per_request > 1 { "≥ 0.5×" } else { "" },
+            });
+        }
+    }
+    for server in servers {
+        server.shutdown();
+    }
+    lines
+}
+
+#[cfg(not(feature = "postgres"))]
+fn ingest() -> Vec<Line> {
+    Vec::new()
+}
+
 /// What the durability barrier costs a drain, barrier on against off: of a backlog committed
 /// just before (the worst case: the first claim syncs the whole backlog's WAL, which without
 /// the barrier the background checkpoint would sync instead), and of a backlog already on
@@ -662,6 +748,10 @@ fn main() {
     if run("mqtt") {
         eprintln!("mqtt…");
         lines.extend(relay_mqtt(dir));
+    }
+    if run("ingest") {
+        eprintln!("ingest…");
+        lines.extend(ingest());
     }
     if run("latency") {
         eprintln!("latency…");

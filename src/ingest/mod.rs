@@ -40,7 +40,7 @@
 //! is no order.
 
 mod server;
-mod store;
+pub(crate) mod store;
 mod workers;
 
 use std::net::SocketAddr;

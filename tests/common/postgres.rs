@@ -1,6 +1,7 @@
 //! A PostgreSQL cluster of the test's own (Debian package `postgresql`): `initdb` in a temp
 //! folder, `pg_ctl` on a free loopback port, stopped and deleted when dropped. As root (CI)
-//! the server runs as the `postgres` user, since PostgreSQL refuses to run as root.
+//! the server runs as the `postgres` user, since PostgreSQL refuses to run as root. Shared
+//! by the tests and the bench example.
 
 #![allow(dead_code)]
 
@@ -31,6 +32,14 @@ fn binaries() -> PathBuf {
         .pop()
         .expect("no initdb under /usr/lib/postgresql/*/bin")
         .1
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }
 
 fn is_root() -> bool {
@@ -91,7 +100,7 @@ impl Postgres {
             .unwrap();
         check(output, "initdb");
         let mut postgres = Postgres {
-            port: crate::common::closed_port(),
+            port: free_port(),
             dir,
             bin,
             running: false,
