@@ -144,3 +144,17 @@ ALTER TABLE outbox_events ADD COLUMN leased_at INTEGER;
 CREATE INDEX outbox_events_droppable
     ON outbox_events (id)
     WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL;
+
+-- version 6
+
+-- Priority, 0 (least urgent) to 9 (most urgent), default 5: among due events a claim
+-- takes the most urgent first. The pending index leads with (destination, priority), so a
+-- claim is one short range per priority level, each stopping at its first row not yet due
+-- (src/queue.rs): its cost stays that of the due rows, as before. A key's events still go
+-- in commit order whatever their priorities, since only a key's head is ever due.
+ALTER TABLE outbox_events ADD COLUMN priority INTEGER NOT NULL DEFAULT 5
+    CHECK (priority BETWEEN 0 AND 9);
+DROP INDEX outbox_events_pending;
+CREATE INDEX outbox_events_pending
+    ON outbox_events (destination, priority, available_at, id)
+    WHERE delivered_at IS NULL AND dead_at IS NULL;

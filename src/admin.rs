@@ -95,6 +95,8 @@ pub struct EventRecord {
     pub created_at: i64,
     /// When it is (or was) next due (unix ms).
     pub available_at: i64,
+    /// 0 (least urgent) to 9 (most urgent).
+    pub priority: i64,
     /// Delivery time (unix ms).
     pub delivered_at: Option<i64>,
     /// Dead-letter time (unix ms).
@@ -115,7 +117,7 @@ impl EventRecord {
 
 const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_key,
     idempotency_key, subject, attempts, last_error, created_at, available_at, delivered_at,
-    dead_at, lease_owner, payload";
+    dead_at, lease_owner, payload, priority";
 
 /// Reads a stored row for the operator. It never fails on what is stored: a row another
 /// program wrote with the wrong types (the relay dead-letters such rows as unreadable) is
@@ -144,6 +146,7 @@ fn record(r: &Row<'_>) -> rusqlite::Result<EventRecord> {
         dead_at,
         lease_owner: lossy_text(r, 13)?,
         data: lossy_text(r, 14)?.unwrap_or_default(),
+        priority: lossy_int(r, 15)?.unwrap_or(5),
     })
 }
 

@@ -12,6 +12,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// A priority outside 0 to 9.
+    InvalidPriority {
+        /// The priority given.
+        priority: i64,
+    },
     /// The event's serialized JSON data is larger than the configured limit.
     PayloadTooLarge {
         /// Size of the serialized data in bytes.
@@ -99,6 +104,10 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Error::InvalidPriority { priority } => write!(
+                f,
+                "priority {priority} is out of range: 0 (least urgent) to 9 (most urgent)"
+            ),
             Error::PayloadTooLarge { size, limit } => write!(
                 f,
                 "event data is {size} bytes of JSON, over the limit of {limit} bytes"

@@ -22,9 +22,15 @@ pub struct Event {
     pub(crate) subject: Option<String>,
     pub(crate) source: Option<String>,
     pub(crate) coalesce_key: Option<String>,
+    pub(crate) priority: Option<u8>,
 }
 
 impl Event {
+    /// The most urgent priority; 0 is the least urgent.
+    pub const MAX_PRIORITY: u8 = 9;
+    /// The priority of an event that sets none and whose type has no default.
+    pub const DEFAULT_PRIORITY: u8 = 5;
+
     /// The longest event type accepted, in bytes.
     pub const MAX_TYPE_LEN: usize = 255;
     /// The longest partition key, idempotency key, coalescing key or subject accepted, in
@@ -43,6 +49,7 @@ impl Event {
             subject: None,
             source: None,
             coalesce_key: None,
+            priority: None,
         }
     }
 
@@ -87,6 +94,16 @@ impl Event {
         self
     }
 
+    /// Sets the priority, from 0 (least urgent) to 9 (most urgent); without one, the
+    /// default of its type ([`OutboxBuilder::priority_for`](crate::OutboxBuilder::priority_for)),
+    /// else 5. Among due events a relay sends the most urgent first (after a reconnect, say);
+    /// events that share a partition key still go in commit order whatever their priorities.
+    /// Over 9 is refused at enqueue ([`Error::InvalidPriority`]).
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
     /// Sets the source (CloudEvents `source`), overriding the outbox's default source.
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.source = Some(source.into());
@@ -100,6 +117,13 @@ impl Event {
 
     /// Checks every limit and serializes the data, before anything touches the database.
     pub(crate) fn validate(&self, payload_limit: usize) -> Result<String> {
+        if let Some(priority) = self.priority {
+            if priority > Self::MAX_PRIORITY {
+                return Err(Error::InvalidPriority {
+                    priority: i64::from(priority),
+                });
+            }
+        }
         let type_len = self.event_type.len();
         if type_len == 0 || type_len > Self::MAX_TYPE_LEN {
             return Err(Error::InvalidEventType {

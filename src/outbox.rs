@@ -48,6 +48,8 @@ struct Inner {
     payload_limit: usize,
     default_source: String,
     routes: Vec<Route>,
+    /// Default priorities by type pattern, first match wins.
+    priorities: Vec<(String, u8)>,
     limits: StorageLimits,
     /// The relays of this process to wake after a local commit.
     wakers: Wakers,
@@ -72,6 +74,7 @@ pub struct OutboxBuilder {
     payload_limit: usize,
     default_source: String,
     routes: Vec<Route>,
+    priorities: Vec<(String, u8)>,
     limits: StorageLimits,
     clock: Arc<dyn Clock>,
 }
@@ -86,6 +89,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("payload_limit", &self.payload_limit)
             .field("default_source", &self.default_source)
             .field("routes", &self.routes)
+            .field("priorities", &self.priorities)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
@@ -101,6 +105,7 @@ impl Default for OutboxBuilder {
             payload_limit: Self::DEFAULT_PAYLOAD_LIMIT,
             default_source: "/sqlite-outbox".to_string(),
             routes: Vec::new(),
+            priorities: Vec::new(),
             limits: StorageLimits::default(),
             clock: Arc::new(SystemClock),
         }
@@ -168,6 +173,15 @@ impl OutboxBuilder {
         self
     }
 
+    /// The priority of events of types matching `pattern` (an exact type, `prefix.*`, or
+    /// `*`) that set none themselves: 0 (least urgent) to 9 (most urgent). The first
+    /// matching pattern wins; without any, 5. For example `priority_for("alarm.*", 9)` and
+    /// `priority_for("telemetry.*", 1)` send alarms first after a reconnect.
+    pub fn priority_for(mut self, pattern: impl Into<String>, priority: u8) -> Self {
+        self.priorities.push((pattern.into(), priority));
+        self
+    }
+
     /// Limits the pending deliveries (one per event and destination). At the limit, events of
     /// [`StoragePolicy::DropOldest`] types make room; otherwise enqueue fails with
     /// [`Error::OutboxFull`]. Defaults to no limit.
@@ -212,6 +226,15 @@ impl OutboxBuilder {
         if self.pool_size == 0 {
             return Err(Error::InvalidConfig("pool size must be at least 1".into()));
         }
+        if let Some((pattern, p)) = self
+            .priorities
+            .iter()
+            .find(|(_, p)| *p > Event::MAX_PRIORITY)
+        {
+            return Err(Error::InvalidConfig(format!(
+                "priority {p} for {pattern:?} is out of range: 0 (least urgent) to 9 (most urgent)"
+            )));
+        }
         for route in &self.routes {
             destination::validate_name(route.destination())?;
         }
@@ -235,6 +258,7 @@ impl OutboxBuilder {
                 payload_limit: self.payload_limit,
                 default_source: self.default_source,
                 routes: self.routes,
+                priorities: self.priorities,
                 limits: self.limits,
                 wakers: Wakers::default(),
             }),
@@ -325,6 +349,17 @@ impl Outbox {
         result
     }
 
+    /// The event's own priority, else its type's default, else 5.
+    fn priority_of(&self, event: &Event) -> u8 {
+        event.priority.unwrap_or_else(|| {
+            self.inner
+                .priorities
+                .iter()
+                .find(|(pattern, _)| crate::destination::type_matches(pattern, &event.event_type))
+                .map_or(Event::DEFAULT_PRIORITY, |(_, p)| *p)
+        })
+    }
+
     /// Enqueue's writes: replacing a coalesced event, making room, inserting.
     fn write_event(
         &self,
@@ -364,6 +399,7 @@ impl Outbox {
             partition_key: event.partition_key.as_deref(),
             payload,
             coalesce_key: event.coalesce_key.as_deref(),
+            priority: self.priority_of(event),
             droppable: self.inner.limits.is_droppable(&event.event_type),
             now,
         };

@@ -154,9 +154,11 @@ pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 /// events in commit order even for rows that were written without parking (by hand, or by an
 /// older version). Dead rows do not block their key, so one poison event stops only itself.
 ///
-/// The inner `SELECT` walks the partial index `(destination, available_at, id)` and stops at
-/// `limit`, so the cost depends on the due rows, not on how many delivered rows the table
-/// keeps (a test pins the query plan).
+/// One priority level's claim: the inner `SELECT` walks the partial index `(destination,
+/// priority, available_at, id)` as one range and stops at its first row not yet due or at
+/// `limit`, so the cost depends on the due rows, not on how many rows are parked, backing
+/// off or delivered (a test pins the query plan). [`claim`] runs it for each level that
+/// has due rows, most urgent first.
 pub(crate) const CLAIM_SQL: &str = concat!(
     "UPDATE outbox_events
         SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
@@ -164,7 +166,7 @@ pub(crate) const CLAIM_SQL: &str = concat!(
          SELECT e.id FROM outbox_events AS e
           WHERE ",
     pending!("e."),
-    " AND e.available_at <= ?3 AND e.destination = ?4 AND ",
+    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3 AND ",
     lease_claimable!("e.", "?3", "?7"),
     " AND (e.partition_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM outbox_events AS k
@@ -179,6 +181,17 @@ pub(crate) const CLAIM_SQL: &str = concat!(
                lease_expires_at"
 );
 
+/// The priority levels of a destination that have a row due (leased or not), most urgent
+/// first: ten seeks into the pending index, one per level, so a claim visits only the
+/// levels in use (usually just the default, 5).
+pub(crate) const DUE_LEVELS_SQL: &str = concat!(
+    "SELECT column1 FROM (VALUES (9), (8), (7), (6), (5), (4), (3), (2), (1), (0)) AS level
+      WHERE EXISTS (SELECT 1 FROM outbox_events AS e
+                     WHERE ",
+    pending!("e."),
+    " AND e.destination = ?1 AND e.priority = level.column1 AND e.available_at <= ?2)"
+);
+
 /// One event's row for one destination, as [`insert`] writes it.
 pub(crate) struct NewRow<'a> {
     pub event_id: &'a str,
@@ -189,6 +202,8 @@ pub(crate) struct NewRow<'a> {
     pub partition_key: Option<&'a str>,
     pub payload: &'a str,
     pub coalesce_key: Option<&'a str>,
+    /// 0 (least urgent) to 9 (most urgent).
+    pub priority: u8,
     /// Whether a storage limit may drop it (its type's policy is DropOldest).
     pub droppable: bool,
     pub now: i64,
@@ -212,13 +227,13 @@ pub(crate) fn insert(
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
-             droppable)
+             droppable, priority)
          VALUES ((SELECT high_water + 1 FROM outbox_stats
                    WHERE id = 1
                      AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
         due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11)
+        ", ?10, ?11, ?12)
          ON CONFLICT DO NOTHING"
     ))?;
     let mut any = false;
@@ -237,6 +252,7 @@ pub(crate) fn insert(
             row.now,
             row.coalesce_key,
             row.droppable,
+            row.priority,
         ])?;
         if n == 1 {
             any = true;
@@ -406,6 +422,36 @@ impl Claimed {
 /// it is dead-lettered (fenced by this claim's lease) with the decoding error kept, and the
 /// rest of the batch goes out.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed> {
+    let levels: Vec<i64> = conn
+        .prepare_cached(DUE_LEVELS_SQL)?
+        .query_map(params![req.destination, req.now], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut claimed = Claimed::default();
+    for level in levels {
+        let taken = claimed.events.len() + claimed.unreadable.len();
+        let left = req.limit - taken as i64;
+        if left <= 0 {
+            break;
+        }
+        let first = claimed.events.len();
+        claim_level(conn, req, level, left, &mut claimed)?;
+        // RETURNING order is unspecified; hand a level's events to workers oldest first.
+        claimed.events[first..].sort_unstable_by_key(|e| e.id);
+    }
+    for row in &claimed.unreadable {
+        dead_letter_unreadable(conn, row, req.owner, req.now)?;
+    }
+    Ok(claimed)
+}
+
+/// Claims up to `limit` due rows of priority `level` into `claimed`.
+fn claim_level(
+    conn: &Connection,
+    req: &ClaimRequest<'_>,
+    level: i64,
+    limit: i64,
+    claimed: &mut Claimed,
+) -> Result<()> {
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
     let rows = stmt.query_map(
         params![
@@ -413,9 +459,10 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
             req.now.saturating_add(req.lease_ms),
             req.now,
             req.destination,
-            req.limit,
+            limit,
             req.default_source,
             req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
+            level,
         ],
         |r| {
             // The row id is an INTEGER PRIMARY KEY: always readable.
@@ -426,20 +473,13 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
             }))
         },
     )?;
-    let mut claimed = Claimed::default();
     for row in rows {
         match row? {
             Ok(event) => claimed.events.push(event),
             Err(unreadable) => claimed.unreadable.push(unreadable),
         }
     }
-    drop(stmt);
-    for row in &claimed.unreadable {
-        dead_letter_unreadable(conn, row, req.owner, req.now)?;
-    }
-    // RETURNING order is unspecified; hand events to workers oldest first.
-    claimed.events.sort_unstable_by_key(|e| e.id);
-    Ok(claimed)
+    Ok(())
 }
 
 /// Reads one row of the claim's `RETURNING` list.
@@ -863,6 +903,7 @@ mod tests {
                 partition_key: None,
                 payload: "{}",
                 coalesce_key: Some(key),
+                priority: 5,
                 droppable: false,
                 now: 0,
             };
@@ -1219,7 +1260,9 @@ mod tests {
             .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM_SQL}"))
             .unwrap();
         let plan: Vec<String> = stmt
-            .query_map(params!["o", 0, 0, "default", 10, "/s", 5_000], |r| r.get(3))
+            .query_map(params!["o", 0, 0, "default", 10, "/s", 5_000, 5], |r| {
+                r.get(3)
+            })
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
@@ -1232,6 +1275,25 @@ mod tests {
                 .any(|l| l.starts_with("SCAN e") || l.starts_with("SCAN k")),
             "{text}"
         );
+        assert!(
+            text.contains("USING INDEX outbox_events_pending (destination=? AND priority=? AND available_at<?)"),
+            "{text}"
+        );
         assert!(!text.contains("TEMP B-TREE"), "{text}");
+        // The levels' probe: one seek per level, no scan of the table.
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {DUE_LEVELS_SQL}"))
+            .unwrap()
+            .query_map(params!["default", 0], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let text = plan.join("\n");
+        assert!(
+            text.contains("USING COVERING INDEX outbox_events_pending (destination=? AND priority=? AND available_at<?)")
+                || text.contains("USING INDEX outbox_events_pending (destination=? AND priority=? AND available_at<?)"),
+            "{text}"
+        );
+        assert!(!plan.iter().any(|l| l.starts_with("SCAN e")), "{text}");
     }
 }

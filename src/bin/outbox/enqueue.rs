@@ -27,15 +27,19 @@ pub struct EnqueueArgs {
     /// Event data as JSON.
     #[arg(long, default_value = "{}")]
     data: String,
+    /// Priority, 0 (least urgent) to 9 (most urgent); default: the type's, else 5. With
+    /// --jsonl, the default for lines without "priority".
+    #[arg(long, value_parser = parse_priority)]
+    priority: Option<u8>,
     /// Read events from stdin, one JSON object per line:
-    /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …}.
+    /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …, "priority": …}.
     #[arg(long, conflicts_with_all = ["event_type", "key", "idempotency_key", "subject"])]
     jsonl: bool,
 }
 
 pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
     if args.jsonl {
-        return enqueue_jsonl(outbox);
+        return enqueue_jsonl(outbox, args.priority);
     }
     let data: Value = serde_json::from_str(&args.data)
         .map_err(|e| bad_input(format!("--data is not valid JSON: {e}")))?;
@@ -45,6 +49,7 @@ pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
         key: args.key,
         idempotency_key: args.idempotency_key,
         subject: args.subject,
+        priority: args.priority,
     };
     let enqueued = enqueue_one(outbox, fields)?;
     println!("{}", enqueued.event_id());
@@ -57,6 +62,17 @@ struct EventFields {
     key: Option<String>,
     idempotency_key: Option<String>,
     subject: Option<String>,
+    priority: Option<u8>,
+}
+
+/// A priority from 0 to 9.
+fn parse_priority(text: &str) -> Result<u8, String> {
+    match text.parse::<u8>() {
+        Ok(p) if p <= Event::MAX_PRIORITY => Ok(p),
+        _ => Err(format!(
+            "{text:?} is not a priority: 0 (least urgent) to 9 (most urgent)"
+        )),
+    }
 }
 
 fn enqueue_one(outbox: &Outbox, f: EventFields) -> Result<Enqueued, Failure> {
@@ -69,6 +85,9 @@ fn enqueue_one(outbox: &Outbox, f: EventFields) -> Result<Enqueued, Failure> {
     }
     if let Some(s) = f.subject {
         event = event.subject(s);
+    }
+    if let Some(p) = f.priority {
+        event = event.priority(p);
     }
     let enqueued = outbox.transaction(|tx| outbox.enqueue(tx, event))?;
     if let Enqueued::Duplicate { existing_event_id } = &enqueued {
@@ -87,7 +106,7 @@ fn optional_string(v: &Value, field: &str, line: usize) -> Result<Option<String>
 
 /// Commits one event per stdin line, each in its own transaction, printing each id as soon
 /// as it is committed. Stops at the first bad line (exit 2); earlier lines stay committed.
-fn enqueue_jsonl(outbox: &Outbox) -> Outcome {
+fn enqueue_jsonl(outbox: &Outbox, default_priority: Option<u8>) -> Outcome {
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     for (n, line) in stdin.split(b'\n').enumerate() {
@@ -112,6 +131,20 @@ fn enqueue_jsonl(outbox: &Outbox) -> Outcome {
             key: optional_string(&v, "key", line_no)?,
             idempotency_key: optional_string(&v, "idempotency_key", line_no)?,
             subject: optional_string(&v, "subject", line_no)?,
+            priority: match v.get("priority") {
+                None | Some(Value::Null) => default_priority,
+                Some(p) => Some(
+                    p.as_u64()
+                        .and_then(|p| u8::try_from(p).ok())
+                        .filter(|p| *p <= Event::MAX_PRIORITY)
+                        .ok_or_else(|| {
+                            bad_input(format!(
+                                "line {line_no}: priority {p} is out of range: 0 (least \
+                                 urgent) to 9 (most urgent)"
+                            ))
+                        })?,
+                ),
+            },
         };
         let enqueued = enqueue_one(outbox, fields).map_err(|f| Failure {
             code: f.code,

@@ -14,6 +14,7 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let code = match e {
             Error::PayloadTooLarge { .. }
+            | Error::InvalidPriority { .. }
             | Error::InvalidEventType { .. }
             | Error::FieldTooLong { .. }
             | Error::InvalidData(_)

@@ -180,6 +180,7 @@ pub fn show(outbox: &Outbox, args: ShowArgs) -> Outcome {
         } else {
             println!("next due     {}", output::time(Some(r.available_at)));
         }
+        println!("priority     {}", r.priority);
         println!("delivered    {}", output::time(r.delivered_at));
         println!("dead         {}", output::time(r.dead_at));
         println!("last error   {}", r.last_error.as_deref().unwrap_or("-"));
