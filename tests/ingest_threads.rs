@@ -34,6 +34,13 @@ fn an_ingest_server_names_its_threads_and_joins_them_on_shutdown() {
             .threads(3),
     )
     .unwrap();
+    // A new thread sets its own name once it runs: wait for all of them to have.
+    let named =
+        |names: &[String], prefix: &str| names.iter().filter(|n| n.starts_with(prefix)).count();
+    wait_until(Duration::from_secs(5), || {
+        let names = ingest_threads();
+        named(&names, "outbox-ingest-d") == 3 && named(&names, "outbox-ingest-i") == 2
+    });
     let names = ingest_threads();
     assert_eq!(
         names
