@@ -422,12 +422,13 @@ impl Claimed {
 /// it is dead-lettered (fenced by this claim's lease) with the decoding error kept, and the
 /// rest of the batch goes out.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed> {
-    let levels: Vec<i64> = conn
-        .prepare_cached(DUE_LEVELS_SQL)?
-        .query_map(params![req.destination, req.now], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
     let mut claimed = Claimed::default();
-    for level in levels {
+    // The levels are read one at a time, and reading stops once the claim is full: with a
+    // backlog at the default priority the levels below it are never even looked at.
+    let mut probe = conn.prepare_cached(DUE_LEVELS_SQL)?;
+    let mut levels = probe.query(params![req.destination, req.now])?;
+    while let Some(row) = levels.next()? {
+        let level: i64 = row.get(0)?;
         let taken = claimed.events.len() + claimed.unreadable.len();
         let left = req.limit - taken as i64;
         if left <= 0 {
@@ -437,7 +438,12 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         claim_level(conn, req, level, left, &mut claimed)?;
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
+        if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {
+            break;
+        }
     }
+    drop(levels);
+    drop(probe);
     for row in &claimed.unreadable {
         dead_letter_unreadable(conn, row, req.owner, req.now)?;
     }
