@@ -414,6 +414,25 @@
 //! kept exact by triggers (whoever writes the file), so checking a limit costs one row read.
 //! `cargo run --release --example iot_sensor` shows it end to end.
 //!
+//! # Priorities after a reconnect
+//!
+//! A device back after a week has a backlog; the alarm raised an hour ago should not wait
+//! behind six days of telemetry. Each event has a priority from 0 (least urgent) to 9 (most
+//! urgent), 5 by default: [`Event::priority`], or per type on the builder
+//! ([`OutboxBuilder::priority_for`]`("alarm.*", 9)`, first matching pattern wins), or
+//! `outbox enqueue --priority N` (a `"priority"` member per `--jsonl` line, the flag being
+//! the default). Among due events a relay claims the most urgent first, then the longest
+//! due, then in commit order; events that share a partition key still go in commit order
+//! whatever their priorities, since only a key's oldest pending event is ever due (a later,
+//! more urgent event of the key waits for it). A priority over 9 is refused with
+//! [`Error::InvalidPriority`] (CLI: exit 2) and writes nothing.
+//!
+//! The claim reads one short range of the pending index per priority level that has due
+//! rows, most urgent first, and stops once it has its batch, so its cost stays that of the
+//! due rows (`claim_plan_uses_partial_indexes_without_table_scan` pins the plan). Measured
+//! against the claim before priorities, alternating runs of `cargo run --release --example
+//! bench -- claim`: a claim of 100 at 1.04–1.08×, claim + ack at 0.94–0.97× the rate.
+//!
 //! # Operating
 //!
 //! The `outbox` binary (feature `cli`, on by default) works on any database file the crate
