@@ -51,6 +51,8 @@ pub struct Destination {
     target: Target,
     batch: Option<Batching>,
     workers: Option<usize>,
+    rate: Option<f64>,
+    bandwidth: Option<u64>,
 }
 
 impl fmt::Debug for Destination {
@@ -94,6 +96,8 @@ impl Destination {
             },
             batch: None,
             workers: None,
+            rate: None,
+            bandwidth: None,
         }
     }
 
@@ -104,6 +108,8 @@ impl Destination {
             target: Target::Custom(Arc::new(transport)),
             batch: None,
             workers: None,
+            rate: None,
+            bandwidth: None,
         }
     }
 
@@ -121,6 +127,8 @@ impl Destination {
             },
             batch: None,
             workers: None,
+            rate: None,
+            bandwidth: None,
         }
     }
 
@@ -188,6 +196,28 @@ impl Destination {
     }
 
     /// How requests are batched, if they are.
+    /// At most `requests_per_second` requests (a batch is one request; so is one MQTT
+    /// publish), paced: at most one second's worth at once after a quiet spell, then an even
+    /// pace. For a metered or thin uplink, or a receiver's rate limit. A 429's `Retry-After`
+    /// still wins. Checked at start: more than 0, at most 1,000,000.
+    pub fn rate_limit(mut self, requests_per_second: f64) -> Destination {
+        self.rate = Some(requests_per_second);
+        self
+    }
+
+    /// At most `bytes_per_second` of request bodies, paced the same way (a request larger
+    /// than a second's worth goes, and the ones after it wait its excess off). Checked at
+    /// start: more than 0.
+    pub fn bandwidth_limit(mut self, bytes_per_second: u64) -> Destination {
+        self.bandwidth = Some(bytes_per_second);
+        self
+    }
+
+    /// The rate and bandwidth limits, if any.
+    pub(crate) fn pacing(&self) -> (Option<f64>, Option<u64>) {
+        (self.rate, self.bandwidth)
+    }
+
     pub(crate) fn batching(&self) -> Option<Batching> {
         self.batch
     }

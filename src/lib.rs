@@ -433,6 +433,20 @@
 //! against the claim before priorities, alternating runs of `cargo run --release --example
 //! bench -- claim`: a claim of 100 at 1.04–1.08×, claim + ack at 0.94–0.97× the rate.
 //!
+//! # Rate and bandwidth limits
+//!
+//! A metered uplink, or a receiver with a rate limit, wants an even pace rather than a week's
+//! backlog at once. [`Destination::rate_limit`]`(requests_per_second)` and
+//! [`Destination::bandwidth_limit`]`(bytes_per_second)` (CLI: `relay --rate N --bandwidth
+//! BYTES`) pace a destination's requests with a token bucket each, shared by its workers:
+//! after a quiet spell one second's worth goes at once, then the pace holds. Bandwidth counts
+//! request bodies; a request larger than a second's worth still goes, and the ones after it
+//! wait its excess off. A batch is one request, and so is one MQTT publish. A 429's
+//! `Retry-After` still closes the destination for as long as it asks. Waiting uses the
+//! monotonic clock and gives way to shutdown and to an offline destination (the events are
+//! handed back, nothing spent). Zero, negative or non-finite limits are refused at start
+//! (CLI: exit 2). `tests/pacing.rs` checks the pace on the receiver's clock.
+//!
 //! # Operating
 //!
 //! The `outbox` binary (feature `cli`, on by default) works on any database file the crate

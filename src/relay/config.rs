@@ -240,6 +240,21 @@ impl RelayConfig {
                     d.name()
                 )));
             }
+            let (rate, bandwidth) = d.pacing();
+            if rate.is_some_and(|r| !(r > 0.0 && r <= 1_000_000.0)) {
+                return Err(Error::InvalidConfig(format!(
+                    "destination {}: a rate of {} requests per second is out of range (more \
+                     than 0, at most 1,000,000)",
+                    d.name(),
+                    rate.unwrap_or_default()
+                )));
+            }
+            if bandwidth == Some(0) {
+                return Err(Error::InvalidConfig(format!(
+                    "destination {}: a bandwidth of 0 bytes per second sends nothing (more than 0)",
+                    d.name()
+                )));
+            }
             if d.worker_count() == Some(0) {
                 return Err(Error::InvalidConfig(format!(
                     "destination {}: workers must be at least 1",

@@ -13,6 +13,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use crate::destination::{Batching, Destination};
 use crate::relay::config::RelayConfig;
 use crate::relay::gate::Gate;
+use crate::relay::pacer::Pacer;
 use crate::transport::OutboundEvent;
 use crate::wire::encoded_size_bound;
 
@@ -31,6 +32,8 @@ pub(crate) struct Lane {
     /// Claimed events this lane may have queued or in delivery at once.
     max_in_flight: usize,
     gate: Arc<Gate>,
+    /// The destination's rate and bandwidth limits, shared by its workers.
+    pacer: Option<Arc<Pacer>>,
     /// `None` once the lane is closed: its workers exit after their current request.
     jobs_tx: Option<Sender<Job>>,
     jobs_rx: Receiver<Job>,
@@ -65,6 +68,10 @@ impl Lane {
             claim_batch,
             max_in_flight,
             gate: Arc::new(Gate::new(config.offline)),
+            pacer: {
+                let (rate, bandwidth) = destination.pacing();
+                Pacer::new(rate, bandwidth).map(Arc::new)
+            },
             jobs_tx: Some(jobs_tx),
             jobs_rx,
             in_flight: HashSet::new(),
@@ -82,6 +89,11 @@ impl Lane {
     /// The gate, for this lane's workers.
     pub fn gate(&self) -> Arc<Gate> {
         self.gate.clone()
+    }
+
+    /// The rate and bandwidth limits, for this lane's workers.
+    pub fn pacer(&self) -> Option<Arc<Pacer>> {
+        self.pacer.clone()
     }
 
     /// The job queue, for this lane's workers.

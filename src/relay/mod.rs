@@ -26,6 +26,7 @@ pub(crate) mod decide;
 pub(crate) mod gate;
 mod housekeeping;
 pub(crate) mod lane;
+mod pacer;
 pub(crate) mod stats;
 pub(crate) mod wake;
 mod worker;

@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -16,6 +16,7 @@ use crate::relay::config::RelayConfig;
 use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
+use crate::relay::pacer::Pacer;
 use crate::relay::writer::panic_message;
 use crate::transport::{Attempt, OutboundEvent, Transport};
 
@@ -141,6 +142,7 @@ pub(crate) struct Worker {
     reports: Sender<Report>,
     transport: Arc<dyn Transport>,
     gate: Arc<Gate>,
+    pacer: Option<Arc<Pacer>>,
     clock: Arc<dyn Clock>,
     lease_ms: i64,
     policy: Policy,
@@ -162,6 +164,7 @@ impl Worker {
             reports,
             transport,
             gate: lane.gate(),
+            pacer: lane.pacer(),
             clock,
             lease_ms: config.lease_ms(),
             policy: Policy::new(config),
@@ -178,14 +181,41 @@ impl Worker {
         }
     }
 
+    /// Waits for the destination's rate and bandwidth limits to allow this request; false
+    /// if the gate closed meanwhile (the events are then handed back, nothing spent).
+    fn pace(&self, events: &[OutboundEvent]) -> bool {
+        let Some(pacer) = &self.pacer else {
+            return true;
+        };
+        let bytes = if pacer.counts_bytes() {
+            body_len(events)
+        } else {
+            0
+        };
+        // `Instant`, not the wall clock: waiting is not data.
+        let until = Instant::now() + pacer.reserve(bytes);
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            if left.is_zero() {
+                break;
+            }
+            if self.gate.is_closed() {
+                return false;
+            }
+            std::thread::sleep(left.min(PACE_SLICE));
+        }
+        true
+    }
+
     fn deliver(&self, events: Job) -> Report {
+        // Paced first, so that the lease is judged when the request would really start.
+        let paced = !self.gate.is_closed() && self.pace(&events);
         let now = self.clock.now_ms();
         // Once half the lease is gone a request might outlive it and race another relay's
         // claim; hand the events back instead.
         let lease_short = events
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
-        if self.gate.is_closed() || lease_short {
+        if !paced || self.gate.is_closed() || lease_short {
             return Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
         }
         let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send_each(&events))) {
@@ -206,6 +236,18 @@ impl Worker {
         }
         report
     }
+}
+
+/// How long a pacing worker sleeps before it looks at the gate again.
+const PACE_SLICE: Duration = Duration::from_millis(50);
+
+/// The size of the request body `events` make: one structured event, or a batch.
+fn body_len(events: &[OutboundEvent]) -> usize {
+    let body = match events {
+        [one] => crate::wire::structured_body(one),
+        many => crate::wire::batch_body(many),
+    };
+    body.map_or(0, |b| b.len())
 }
 
 #[cfg(test)]

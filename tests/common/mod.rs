@@ -23,6 +23,8 @@ pub struct Received {
     pub headers: HashMap<String, String>,
     /// How many requests for this event id arrived before this one.
     pub earlier: usize,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -177,6 +179,7 @@ fn record(log: &Mutex<Log>, request: &Request) -> Received {
         body,
         headers: request.headers.iter().cloned().collect(),
         earlier,
+        at: std::time::Instant::now(),
     };
     log.requests.push(rec.clone());
     rec

@@ -75,6 +75,12 @@ pub struct RelayArgs {
     /// The destination whose events to deliver.
     #[arg(long, default_value = "default")]
     destination: String,
+    /// At most N requests per second, paced (a batch or an MQTT publish is one request).
+    #[arg(long, allow_negative_numbers = true)]
+    rate: Option<f64>,
+    /// At most this many bytes of request bodies per second, paced.
+    #[arg(long, allow_negative_numbers = true)]
+    bandwidth: Option<i64>,
     /// Give up after this long (e.g. 30s, 5m): exit 3 if events are still pending.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
@@ -82,11 +88,32 @@ pub struct RelayArgs {
 
 pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     let lease = Duration::from_secs(args.lease_secs);
-    let destination = if args.url.starts_with("mqtt://") || args.url.starts_with("mqtts://") {
+    let mut destination = if args.url.starts_with("mqtt://") || args.url.starts_with("mqtts://") {
         mqtt_destination(&args, lease)?
     } else {
         http_destination(&args, lease)?
     };
+    if let Some(rate) = args.rate {
+        if !(rate > 0.0 && rate <= 1_000_000.0) {
+            return Err(bad_input(format!(
+                "--rate {rate} is out of range: more than 0, at most 1000000 requests per second"
+            )));
+        }
+        destination = destination.rate_limit(rate);
+    }
+    if let Some(bandwidth) = args.bandwidth {
+        let Ok(bytes) = u64::try_from(bandwidth) else {
+            return Err(bad_input(format!(
+                "--bandwidth {bandwidth} is out of range: more than 0 bytes per second"
+            )));
+        };
+        if bytes == 0 {
+            return Err(bad_input(
+                "--bandwidth 0 is out of range: more than 0 bytes per second",
+            ));
+        }
+        destination = destination.bandwidth_limit(bytes);
+    }
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
     ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());

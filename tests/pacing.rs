@@ -1,0 +1,134 @@
+//! Rate and bandwidth limits, seen from the receiver's clock: after a reconnect a backlog goes
+//! out at one second's worth and then an even pace, not in a burst; bad limits are refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{fast, outbox_cli, wait_until, TestReceiver};
+use serde_json::json;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+
+fn backlog(outbox: &Outbox, n: usize, data: serde_json::Value) {
+    outbox
+        .transaction(|tx| {
+            for _ in 0..n {
+                outbox.enqueue(tx, Event::new("reading", data.clone()))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The most requests that arrived within any `window`.
+fn busiest(arrivals: &[Instant], window: Duration) -> usize {
+    arrivals
+        .iter()
+        .map(|start| {
+            arrivals
+                .iter()
+                .filter(|t| **t >= *start && t.duration_since(*start) < window)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_rate_limit_lets_one_seconds_worth_through_then_paces_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("rate.db")).unwrap();
+    backlog(&outbox, 30, json!({"n": 1}));
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(
+            fast(RelayConfig::new())
+                .destination(Destination::http("default", receiver.url()).rate_limit(10.0))
+                .workers(4),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 30));
+    relay.shutdown();
+    let arrivals: Vec<Instant> = receiver.received().iter().map(|r| r.at).collect();
+    let spread = *arrivals.last().unwrap() - arrivals[0];
+    // 10 at once, then 20 more at 10 a second: about two seconds, never a burst of 30.
+    assert!(
+        spread >= Duration::from_millis(1700),
+        "30 requests within {spread:?}"
+    );
+    // After the first second's worth, no half second holds more than its share (5) and one
+    // for the timing of the boundaries.
+    let paced: Vec<Instant> = arrivals[10..].to_vec();
+    assert!(
+        busiest(&paced, Duration::from_millis(500)) <= 6,
+        "{arrivals:?}"
+    );
+}
+
+#[test]
+fn a_bandwidth_limit_paces_request_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("bw.db")).unwrap();
+    // About 1 KiB per request.
+    backlog(&outbox, 12, json!({"blob": "x".repeat(800)}));
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(
+            fast(RelayConfig::new())
+                .destination(Destination::http("default", receiver.url()).bandwidth_limit(4096))
+                .workers(4),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 12));
+    relay.shutdown();
+    let received = receiver.received();
+    let bytes: usize = received.iter().map(|r| r.raw.len()).sum();
+    let spread = received.last().unwrap().at - received[0].at;
+    // One second's worth at once, the rest at 4 KiB/s.
+    let floor = Duration::from_secs_f64((bytes as f64 - 4096.0) / 4096.0 * 0.85);
+    assert!(
+        spread >= floor,
+        "{bytes} bytes within {spread:?} (floor {floor:?})"
+    );
+}
+
+#[test]
+fn bad_limits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bad.db");
+    let outbox = Outbox::open(&db).unwrap();
+    for destination in [
+        Destination::http("default", "http://127.0.0.1:1/").rate_limit(0.0),
+        Destination::http("default", "http://127.0.0.1:1/").rate_limit(-3.0),
+        Destination::http("default", "http://127.0.0.1:1/").rate_limit(f64::NAN),
+        Destination::http("default", "http://127.0.0.1:1/").bandwidth_limit(0),
+    ] {
+        let e = outbox
+            .relay(RelayConfig::new().destination(destination))
+            .start()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("out of range") || e.contains("sends nothing"),
+            "{e}"
+        );
+    }
+    for args in [
+        vec!["--rate", "0"],
+        vec!["--rate", "-5"],
+        vec!["--bandwidth", "0"],
+        vec!["--bandwidth", "-100"],
+    ] {
+        let mut all = vec!["relay", "--url", "http://127.0.0.1:1/", "--until-empty"];
+        all.extend(args.iter().copied());
+        let o = outbox_cli(&db, &all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("out of range"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
