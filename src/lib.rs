@@ -447,6 +447,16 @@
 //! handed back, nothing spent). Zero, negative or non-finite limits are refused at start
 //! (CLI: exit 2). `tests/pacing.rs` checks the pace on the receiver's clock.
 //!
+//! # Outcomes back to the app
+//!
+//! [`Outbox::subscribe`] returns a crossbeam `Receiver` of [`DeliveryNotice`]s (event id,
+//! destination, delivered or dead with the error, when) from the relays started from this
+//! outbox, so an app can mark a record "synced" or show a failure. The channel is bounded
+//! ([`NOTICE_CAPACITY`]) and a relay never waits for it: a subscriber that falls behind
+//! loses notices, counted in [`Outbox::lost_notices`]. [`Outbox::status`]`(event_id)` answers
+//! from the file at any time, so a lost notice costs a query. `cargo run --example
+//! desktop_sync` is a notes app that marks each note synced when its event is delivered.
+//!
 //! # Operating
 //!
 //! The `outbox` binary (feature `cli`, on by default) works on any database file the crate
@@ -553,6 +563,7 @@ pub mod ingest;
 #[doc(hidden)]
 pub mod internal;
 mod limits;
+mod notices;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -569,6 +580,7 @@ pub use destination::Destination;
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event};
 pub use limits::StoragePolicy;
+pub use notices::{DeliveryNotice, DeliveryOutcome, DeliveryStatus, NOTICE_CAPACITY};
 pub use outbox::{Outbox, OutboxBuilder};
 pub use relay::config::RelayConfig;
 pub use relay::stats::{RelayStats, ShutdownReport};

@@ -53,6 +53,8 @@ struct Inner {
     limits: StorageLimits,
     /// The relays of this process to wake after a local commit.
     wakers: Wakers,
+    /// Who hears of delivered and dead events.
+    subscribers: crate::notices::Subscribers,
 }
 
 impl fmt::Debug for Outbox {
@@ -261,6 +263,7 @@ impl OutboxBuilder {
                 priorities: self.priorities,
                 limits: self.limits,
                 wakers: Wakers::default(),
+                subscribers: Default::default(),
             }),
         })
     }
@@ -281,6 +284,11 @@ impl OutboxBuilder {
 }
 
 impl Outbox {
+    /// The subscribers to delivery notices (see `notices.rs`).
+    pub(crate) fn subscribers(&self) -> &crate::notices::Subscribers {
+        &self.inner.subscribers
+    }
+
     /// Opens the database at `path` with default settings. See [`OutboxBuilder::open`].
     ///
     /// # Errors

@@ -15,6 +15,7 @@ use rusqlite::TransactionBehavior;
 use crate::database::PooledConnection;
 use crate::disabled;
 use crate::error::Result;
+use crate::notices::{DeliveryNotice, DeliveryOutcome};
 use crate::outbox::Outbox;
 use crate::queue::{self, ClaimRequest, WriteBack};
 use crate::relay::barrier::Barrier;
@@ -424,6 +425,16 @@ impl Writer {
     }
 
     /// Logs and counts one recorded outcome, and remembers a retry's due time.
+    /// Tells the app's subscribers, if any (never waiting for them).
+    fn notify(&self, event: &OutboundEvent, outcome: DeliveryOutcome, now: i64) {
+        self.outbox.subscribers().publish(|| DeliveryNotice {
+            event_id: event.event_id.clone(),
+            destination: event.destination.clone(),
+            outcome,
+            at_ms: now,
+        });
+    }
+
     fn booked(&mut self, lane: usize, event: &OutboundEvent, write_back: &WriteBack, now: i64) {
         match write_back {
             WriteBack::Delivered => {
@@ -432,7 +443,8 @@ impl Writer {
                     &event.destination,
                     now - event.created_at,
                 );
-                log::debug!("event {}: delivered", event.event_id)
+                log::debug!("event {}: delivered", event.event_id);
+                self.notify(event, DeliveryOutcome::Delivered, now);
             }
             WriteBack::Retry {
                 available_at,
@@ -449,7 +461,11 @@ impl Writer {
             }
             WriteBack::Dead { error } => {
                 crate::telemetry::dead(&event.event_type, &event.destination);
-                log::warn!("event {}: dead-lettered: {error}", event.event_id)
+                log::warn!("event {}: dead-lettered: {error}", event.event_id);
+                let outcome = DeliveryOutcome::Dead {
+                    error: error.clone(),
+                };
+                self.notify(event, outcome, now);
             }
             WriteBack::Release { error: Some(e), .. } => {
                 log::debug!("event {}: released ({e})", event.event_id)
