@@ -457,6 +457,17 @@
 //! from the file at any time, so a lost notice costs a query. `cargo run --example
 //! desktop_sync` is a notes app that marks each note synced when its event is delivered.
 //!
+//! # Replay to a destination
+//!
+//! [`Outbox::redeliver`]`(&`[`Redelivery`]`::to("warehouse").types("order.*")
+//! .delivered_since(t))` (CLI: `outbox redeliver --destination D [--type PATTERN] [--since
+//! TIME] [--until TIME]`, TIME an RFC 3339 time or a duration meaning that long ago) queues
+//! delivered events again for a destination, to fill one added later or one that lost data.
+//! Each keeps its original id, data and time (receivers de-duplicate), goes once even if it
+//! was delivered to several destinations, and is skipped if already pending there; they go
+//! in commit order, a key's events parked behind each other. Only what retention kept can be
+//! replayed (`prune` deletes delivered rows). The count is returned (printed).
+//!
 //! # Operating
 //!
 //! The `outbox` binary (feature `cli`, on by default) works on any database file the crate
@@ -569,6 +580,7 @@ mod outbox;
 mod pg;
 mod queue;
 pub mod receive;
+mod redeliver;
 mod relay;
 mod signature;
 mod telemetry;
@@ -582,6 +594,7 @@ pub use event::{Enqueued, Event};
 pub use limits::StoragePolicy;
 pub use notices::{DeliveryNotice, DeliveryOutcome, DeliveryStatus, NOTICE_CAPACITY};
 pub use outbox::{Outbox, OutboxBuilder};
+pub use redeliver::Redelivery;
 pub use relay::config::RelayConfig;
 pub use relay::stats::{RelayStats, ShutdownReport};
 pub use relay::{Relay, RelayHandle};

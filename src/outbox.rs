@@ -284,6 +284,11 @@ impl OutboxBuilder {
 }
 
 impl Outbox {
+    /// The storage limits this outbox was opened with.
+    pub(crate) fn limits(&self) -> &StorageLimits {
+        &self.inner.limits
+    }
+
     /// The subscribers to delivery notices (see `notices.rs`).
     pub(crate) fn subscribers(&self) -> &crate::notices::Subscribers {
         &self.inner.subscribers
@@ -409,6 +414,7 @@ impl Outbox {
             coalesce_key: event.coalesce_key.as_deref(),
             priority: self.priority_of(event),
             droppable: self.inner.limits.is_droppable(&event.event_type),
+            created_at: now,
             now,
         };
         let inserted_any = queue::insert(tx, &row, destinations, |destination| {

@@ -206,6 +206,9 @@ pub(crate) struct NewRow<'a> {
     pub priority: u8,
     /// Whether a storage limit may drop it (its type's policy is DropOldest).
     pub droppable: bool,
+    /// When the event happened (its CloudEvents `time`): `now`, except for a redelivery,
+    /// which keeps the original.
+    pub created_at: i64,
     pub now: i64,
 }
 
@@ -231,7 +234,7 @@ pub(crate) fn insert(
          VALUES ((SELECT high_water + 1 FROM outbox_stats
                    WHERE id = 1
                      AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
-                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
+                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
         ", ?10, ?11, ?12)
          ON CONFLICT DO NOTHING"
@@ -253,6 +256,7 @@ pub(crate) fn insert(
             row.coalesce_key,
             row.droppable,
             row.priority,
+            row.created_at,
         ])?;
         if n == 1 {
             any = true;
@@ -910,6 +914,7 @@ mod tests {
                 payload: "{}",
                 coalesce_key: Some(key),
                 priority: 5,
+                created_at: 0,
                 droppable: false,
                 now: 0,
             };

@@ -71,6 +71,8 @@ enum Command {
     Health(inspect::HealthArgs),
     /// Re-enable a destination disabled by a 410 or an operator.
     Enable(repair::EnableArgs),
+    /// Send delivered events again to a destination, with their original ids.
+    Redeliver(repair::RedeliverArgs),
 }
 
 /// The `--synchronous` values.
@@ -137,6 +139,7 @@ fn run(cli: Cli) -> Outcome {
         Command::PurgeDead(args) => repair::purge_dead(&outbox, args),
         Command::Prune(args) => repair::prune(&outbox, args),
         Command::Enable(args) => repair::enable(&outbox, args),
+        Command::Redeliver(args) => repair::redeliver(&outbox, args),
     }
 }
 

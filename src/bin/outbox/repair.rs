@@ -1,4 +1,5 @@
-//! Commands that change rows or settings: `outbox retry`, `purge-dead`, `prune`, `enable`.
+//! Commands that change rows or settings: `outbox retry`, `purge-dead`, `prune`, `enable`,
+//! `redeliver`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -95,5 +96,64 @@ pub fn enable(outbox: &Outbox, args: EnableArgs) -> Outcome {
     } else {
         println!("{} was not disabled", args.destination);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct RedeliverArgs {
+    /// The destination to send the events to again.
+    #[arg(long)]
+    destination: String,
+    /// Only these types: an exact type, prefix.* or *.
+    #[arg(long = "type")]
+    pattern: Option<String>,
+    /// Only events delivered at or after TIME: RFC 3339 (2026-11-30T08:00:00Z) or a
+    /// duration meaning that long ago (2h, 7d).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<std::time::SystemTime>,
+    /// Only events delivered at or before TIME (same forms).
+    #[arg(long, value_parser = parse_time)]
+    until: Option<std::time::SystemTime>,
+}
+
+/// RFC 3339, or a duration meaning that long before now.
+fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(t) = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+    {
+        let nanos = t.unix_timestamp_nanos();
+        let since_epoch =
+            std::time::Duration::from_nanos(nanos.unsigned_abs().min(u64::MAX as u128) as u64);
+        return Ok(if nanos >= 0 {
+            std::time::UNIX_EPOCH + since_epoch
+        } else {
+            std::time::UNIX_EPOCH - since_epoch
+        });
+    }
+    let ago = crate::parse_duration(text).map_err(|_| {
+        format!(
+            "{text:?} is neither an RFC 3339 time (2026-11-30T08:00:00Z) nor a duration (2h, 7d)"
+        )
+    })?;
+    std::time::SystemTime::now()
+        .checked_sub(ago)
+        .ok_or_else(|| format!("{text} ago is before the clock's range"))
+}
+
+pub fn redeliver(outbox: &Outbox, args: RedeliverArgs) -> Outcome {
+    let mut redelivery = sqlite_outbox::Redelivery::to(&args.destination);
+    if let Some(pattern) = &args.pattern {
+        redelivery = redelivery.types(pattern);
+    }
+    if let Some(since) = args.since {
+        redelivery = redelivery.delivered_since(since);
+    }
+    if let Some(until) = args.until {
+        redelivery = redelivery.delivered_until(until);
+    }
+    let count = outbox.redeliver(&redelivery)?;
+    println!(
+        "queued {count} delivered events again for destination {}",
+        args.destination
+    );
     Ok(ExitCode::SUCCESS)
 }
