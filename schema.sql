@@ -158,3 +158,18 @@ DROP INDEX outbox_events_pending;
 CREATE INDEX outbox_events_pending
     ON outbox_events (destination, priority, available_at, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL;
+
+-- version 7
+
+-- Expiry: an event not delivered by `expires_at` (unix ms) leaves the pending set as
+-- expired, a state of its own. It is stored as a dead row with `expired_at` set, so every
+-- pending index and the parking rules treat it like any row that left pending (its key's
+-- next event is unparked), while dead-letter queries exclude it (src/queue.rs `dead!`).
+-- A claim never takes a row past its deadline; the relay's sweep walks this index.
+ALTER TABLE outbox_events ADD COLUMN expires_at INTEGER;
+ALTER TABLE outbox_events ADD COLUMN expired_at INTEGER;
+CREATE INDEX outbox_events_expiring
+    ON outbox_events (expires_at)
+    WHERE expires_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL;
+-- Events that expired, ever (kept like `dropped`: a count that costs nothing to read).
+ALTER TABLE outbox_stats ADD COLUMN expired INTEGER NOT NULL DEFAULT 0;

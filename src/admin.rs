@@ -34,7 +34,7 @@ use crate::destination::type_matches;
 use crate::disabled;
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
-use crate::queue::{self, Finished, DEAD, PARKED, PENDING};
+use crate::queue::{self, Finished, DEAD, EXPIRED, PARKED, PENDING};
 
 pub use crate::database::{schema_version, PooledConnection};
 pub use crate::disabled::DisabledDestination;
@@ -50,6 +50,9 @@ pub enum State {
     Delivered,
     /// Given up on; kept with its last error until retried or purged.
     Dead,
+    /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)); kept
+    /// until pruned like a delivered event.
+    Expired,
 }
 
 impl std::str::FromStr for State {
@@ -59,8 +62,9 @@ impl std::str::FromStr for State {
             "pending" => Ok(State::Pending),
             "delivered" => Ok(State::Delivered),
             "dead" => Ok(State::Dead),
+            "expired" => Ok(State::Expired),
             other => Err(Error::InvalidConfig(format!(
-                "unknown state {other:?}: use pending, delivered or dead"
+                "unknown state {other:?}: use pending, delivered, dead or expired"
             ))),
         }
     }
@@ -117,7 +121,7 @@ impl EventRecord {
 
 const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_key,
     idempotency_key, subject, attempts, last_error, created_at, available_at, delivered_at,
-    dead_at, lease_owner, payload, priority";
+    dead_at, lease_owner, payload, priority, expired_at";
 
 /// Reads a stored row for the operator. It never fails on what is stored: a row another
 /// program wrote with the wrong types (the relay dead-letters such rows as unreadable) is
@@ -133,10 +137,11 @@ fn record(r: &Row<'_>) -> rusqlite::Result<EventRecord> {
         key: lossy_text(r, 4)?,
         idempotency_key: lossy_text(r, 5)?,
         subject: lossy_text(r, 6)?,
-        state: match (delivered_at, dead_at) {
-            (Some(_), _) => State::Delivered,
-            (None, Some(_)) => State::Dead,
-            (None, None) => State::Pending,
+        state: match (delivered_at, lossy_int(r, 16)?, dead_at) {
+            (Some(_), _, _) => State::Delivered,
+            (None, Some(_), _) => State::Expired,
+            (None, None, Some(_)) => State::Dead,
+            (None, None, None) => State::Pending,
         },
         attempts: lossy_int(r, 7)?.unwrap_or_default(),
         last_error: lossy_text(r, 8)?,
@@ -187,6 +192,8 @@ fn list_sql(state: Option<State>) -> String {
             "delivered_at DESC, id DESC",
         ),
         Some(State::Dead) => ("INDEXED BY outbox_events_dead", DEAD, "id DESC"),
+        // Expired rows carry `dead_at` too, so they are in the dead index.
+        Some(State::Expired) => ("INDEXED BY outbox_events_dead", EXPIRED, "id DESC"),
         None => ("", "1", "id DESC"),
     };
     format!(
@@ -286,6 +293,8 @@ pub struct Stats {
     pub dropped: i64,
     /// Pending events replaced by a newer one with the same coalescing key, ever.
     pub coalesced: i64,
+    /// Events that expired before they were delivered, ever.
+    pub expired: i64,
 }
 
 /// Which dead letters to retry.
@@ -415,10 +424,10 @@ impl Outbox {
                 });
             }
         }
-        let (dropped, coalesced): (i64, i64) = conn.query_row(
-            "SELECT dropped, coalesced FROM outbox_stats WHERE id = 1",
+        let (dropped, coalesced, expired): (i64, i64, i64) = conn.query_row(
+            "SELECT dropped, coalesced, expired FROM outbox_stats WHERE id = 1",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
         let pending_bytes: i64 = conn.query_row(
             &format!(
@@ -463,6 +472,7 @@ impl Outbox {
             wal_bytes: file_size(std::path::Path::new(&wal)),
             dropped,
             coalesced,
+            expired,
         })
     }
 

@@ -12,6 +12,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// An expiry of zero (under a millisecond): the event would expire as it is written.
+    InvalidExpiry {
+        /// The lifetime given, in milliseconds.
+        millis: i64,
+    },
     /// A priority outside 0 to 9.
     InvalidPriority {
         /// The priority given.
@@ -104,6 +109,10 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Error::InvalidExpiry { millis } => write!(
+                f,
+                "an expiry of {millis} ms is out of range: at least 1 ms after the commit"
+            ),
             Error::InvalidPriority { priority } => write!(
                 f,
                 "priority {priority} is out of range: 0 (least urgent) to 9 (most urgent)"

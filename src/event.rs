@@ -23,6 +23,7 @@ pub struct Event {
     pub(crate) source: Option<String>,
     pub(crate) coalesce_key: Option<String>,
     pub(crate) priority: Option<u8>,
+    pub(crate) expires_in: Option<std::time::Duration>,
 }
 
 impl Event {
@@ -50,6 +51,7 @@ impl Event {
             source: None,
             coalesce_key: None,
             priority: None,
+            expires_in: None,
         }
     }
 
@@ -104,6 +106,17 @@ impl Event {
         self
     }
 
+    /// Sets a deadline: if the event is not delivered within `lifetime` of its commit, it
+    /// leaves the pending set as *expired* (counted, listed, announced to subscribers) and
+    /// is never sent after that, even before the relay has marked it. For telemetry that is
+    /// worthless after an hour. Without one, the type's default
+    /// ([`OutboxBuilder::expiry_for`](crate::OutboxBuilder::expiry_for)), else none. Zero is
+    /// refused at enqueue ([`Error::InvalidExpiry`]).
+    pub fn expires_in(mut self, lifetime: std::time::Duration) -> Self {
+        self.expires_in = Some(lifetime);
+        self
+    }
+
     /// Sets the source (CloudEvents `source`), overriding the outbox's default source.
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.source = Some(source.into());
@@ -117,6 +130,11 @@ impl Event {
 
     /// Checks every limit and serializes the data, before anything touches the database.
     pub(crate) fn validate(&self, payload_limit: usize) -> Result<String> {
+        if self.expires_in.is_some_and(|d| d.as_millis() == 0) {
+            return Err(Error::InvalidExpiry {
+                millis: self.expires_in.map_or(0, |d| d.as_millis() as i64),
+            });
+        }
         if let Some(priority) = self.priority {
             if priority > Self::MAX_PRIORITY {
                 return Err(Error::InvalidPriority {

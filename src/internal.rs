@@ -66,6 +66,7 @@ pub fn sample_event(data: &serde_json::Value) -> OutboundEvent {
         attempts: 0,
         lease_owner: "bench".into(),
         lease_expires_at: 0,
+        expires_at: None,
     }
 }
 

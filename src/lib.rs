@@ -433,6 +433,21 @@
 //! against the claim before priorities, alternating runs of `cargo run --release --example
 //! bench -- claim`: a claim of 100 at 1.04–1.08×, claim + ack at 0.94–0.97× the rate.
 //!
+//! # Expiry of stale events
+//!
+//! Telemetry is often worthless an hour later. [`Event::expires_in`]`(lifetime)`, per type
+//! [`OutboxBuilder::expiry_for`]`("telemetry.*", one_hour)`, or `outbox enqueue
+//! --expires-in 1h` (an `"expires_in": "1h"` member per `--jsonl` line) give an event a
+//! deadline. Not delivered by it, the event leaves the pending set as **expired**, a state
+//! of its own (not dead): counted in [`admin::Stats::expired`] and the
+//! `outbox_expired_total` metric, listed by `outbox list --state expired`, announced to
+//! subscribers ([`DeliveryOutcome::Expired`]), and its key's next event goes. It is never
+//! sent past its deadline: a claim does not take it, and a worker that finds a claimed event
+//! past its deadline hands it back unsent. A delivery already in flight is never expired
+//! under it (the sweep skips leased rows), so the receiver's answer decides. The relay's
+//! sweep runs every 100 ms and walks an index of the rows that have a deadline. A zero or
+//! negative lifetime is refused ([`Error::InvalidExpiry`]; CLI: exit 2).
+//!
 //! # Rate and bandwidth limits
 //!
 //! A metered uplink, or a receiver with a rate limit, wants an even pace rather than a week's

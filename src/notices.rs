@@ -27,7 +27,7 @@ pub struct DeliveryNotice {
     pub event_id: String,
     /// The destination.
     pub destination: String,
-    /// Delivered or dead.
+    /// Delivered, dead or expired.
     pub outcome: DeliveryOutcome,
     /// When the relay recorded it (unix ms, the outbox's clock).
     pub at_ms: i64,
@@ -44,6 +44,8 @@ pub enum DeliveryOutcome {
         /// The last error.
         error: String,
     },
+    /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)).
+    Expired,
 }
 
 /// Where one event stands at one destination, as the file says now.
@@ -52,9 +54,9 @@ pub enum DeliveryOutcome {
 pub struct DeliveryStatus {
     /// The destination.
     pub destination: String,
-    /// Pending, delivered or dead.
+    /// Pending, delivered, dead or expired.
     pub state: State,
-    /// When it was delivered or dead-lettered (unix ms), if it was.
+    /// When it was delivered, dead-lettered or expired (unix ms), if it was.
     pub at_ms: Option<i64>,
 }
 
@@ -125,17 +127,19 @@ impl Outbox {
     pub fn status(&self, event_id: &str) -> Result<Vec<DeliveryStatus>> {
         let conn = self.connection()?;
         let mut stmt = conn.prepare_cached(
-            "SELECT destination, delivered_at, dead_at FROM outbox_events
+            "SELECT destination, delivered_at, dead_at, expired_at FROM outbox_events
               INDEXED BY outbox_events_event_id WHERE event_id = ?1 ORDER BY id",
         )?;
         let rows = stmt
             .query_map([event_id], |r| {
                 let delivered_at: Option<i64> = r.get(1)?;
                 let dead_at: Option<i64> = r.get(2)?;
-                let (state, at_ms) = match (delivered_at, dead_at) {
-                    (Some(at), _) => (State::Delivered, Some(at)),
-                    (None, Some(at)) => (State::Dead, Some(at)),
-                    (None, None) => (State::Pending, None),
+                let expired_at: Option<i64> = r.get(3)?;
+                let (state, at_ms) = match (delivered_at, expired_at, dead_at) {
+                    (Some(at), _, _) => (State::Delivered, Some(at)),
+                    (None, Some(at), _) => (State::Expired, Some(at)),
+                    (None, None, Some(at)) => (State::Dead, Some(at)),
+                    (None, None, None) => (State::Pending, None),
                 };
                 Ok(DeliveryStatus {
                     destination: r.get(0)?,

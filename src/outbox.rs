@@ -50,6 +50,8 @@ struct Inner {
     routes: Vec<Route>,
     /// Default priorities by type pattern, first match wins.
     priorities: Vec<(String, u8)>,
+    /// Default lifetimes by type pattern, first match wins.
+    expiries: Vec<(String, Duration)>,
     limits: StorageLimits,
     /// The relays of this process to wake after a local commit.
     wakers: Wakers,
@@ -77,6 +79,7 @@ pub struct OutboxBuilder {
     default_source: String,
     routes: Vec<Route>,
     priorities: Vec<(String, u8)>,
+    expiries: Vec<(String, Duration)>,
     limits: StorageLimits,
     clock: Arc<dyn Clock>,
 }
@@ -92,6 +95,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("default_source", &self.default_source)
             .field("routes", &self.routes)
             .field("priorities", &self.priorities)
+            .field("expiries", &self.expiries)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
@@ -108,6 +112,7 @@ impl Default for OutboxBuilder {
             default_source: "/sqlite-outbox".to_string(),
             routes: Vec::new(),
             priorities: Vec::new(),
+            expiries: Vec::new(),
             limits: StorageLimits::default(),
             clock: Arc::new(SystemClock),
         }
@@ -184,6 +189,15 @@ impl OutboxBuilder {
         self
     }
 
+    /// The lifetime of events of types matching `pattern` that set none themselves
+    /// ([`Event::expires_in`]): not delivered within it of their commit, they expire. The
+    /// first matching pattern wins; without any, events never expire. For example
+    /// `expiry_for("telemetry.*", Duration::from_secs(3600))`.
+    pub fn expiry_for(mut self, pattern: impl Into<String>, lifetime: Duration) -> Self {
+        self.expiries.push((pattern.into(), lifetime));
+        self
+    }
+
     /// Limits the pending deliveries (one per event and destination). At the limit, events of
     /// [`StoragePolicy::DropOldest`] types make room; otherwise enqueue fails with
     /// [`Error::OutboxFull`]. Defaults to no limit.
@@ -237,6 +251,11 @@ impl OutboxBuilder {
                 "priority {p} for {pattern:?} is out of range: 0 (least urgent) to 9 (most urgent)"
             )));
         }
+        if let Some((pattern, _)) = self.expiries.iter().find(|(_, d)| d.as_millis() == 0) {
+            return Err(Error::InvalidConfig(format!(
+                "an expiry of zero for {pattern:?} is out of range: at least 1 ms"
+            )));
+        }
         for route in &self.routes {
             destination::validate_name(route.destination())?;
         }
@@ -261,6 +280,7 @@ impl OutboxBuilder {
                 default_source: self.default_source,
                 routes: self.routes,
                 priorities: self.priorities,
+                expiries: self.expiries,
                 limits: self.limits,
                 wakers: Wakers::default(),
                 subscribers: Default::default(),
@@ -362,6 +382,17 @@ impl Outbox {
         result
     }
 
+    /// The event's own lifetime, else its type's default, else none.
+    fn lifetime_of(&self, event: &Event) -> Option<Duration> {
+        event.expires_in.or_else(|| {
+            self.inner
+                .expiries
+                .iter()
+                .find(|(pattern, _)| crate::destination::type_matches(pattern, &event.event_type))
+                .map(|(_, d)| *d)
+        })
+    }
+
     /// The event's own priority, else its type's default, else 5.
     fn priority_of(&self, event: &Event) -> u8 {
         event.priority.unwrap_or_else(|| {
@@ -415,6 +446,9 @@ impl Outbox {
             priority: self.priority_of(event),
             droppable: self.inner.limits.is_droppable(&event.event_type),
             created_at: now,
+            expires_at: self
+                .lifetime_of(event)
+                .map(|d| now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))),
             now,
         };
         let inserted_any = queue::insert(tx, &row, destinations, |destination| {

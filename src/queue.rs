@@ -104,16 +104,27 @@ macro_rules! due_or_parked {
 /// A dead letter: given up on, and not delivered after all.
 macro_rules! dead {
     () => {
-        "dead_at IS NOT NULL AND delivered_at IS NULL"
+        "dead_at IS NOT NULL AND delivered_at IS NULL AND expired_at IS NULL"
     };
 }
 pub(crate) use dead;
+
+/// Expired: not delivered by its deadline (stored with `dead_at` set too, so that it left
+/// the pending indexes; see schema version 7).
+macro_rules! expired {
+    () => {
+        "dead_at IS NOT NULL AND expired_at IS NOT NULL AND delivered_at IS NULL"
+    };
+}
 
 /// The condition "pending", for queries that read (stats, gauges, listings).
 pub(crate) const PENDING: &str = pending!("");
 
 /// The condition "dead", for queries that read.
 pub(crate) const DEAD: &str = dead!();
+
+/// The condition "expired", for queries that read.
+pub(crate) const EXPIRED: &str = expired!();
 
 /// `available_at` of a parked row: later than any real time, so it is never due.
 ///
@@ -166,7 +177,8 @@ pub(crate) const CLAIM_SQL: &str = concat!(
          SELECT e.id FROM outbox_events AS e
           WHERE ",
     pending!("e."),
-    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3 AND ",
+    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
+      AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
     lease_claimable!("e.", "?3", "?7"),
     " AND (e.partition_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM outbox_events AS k
@@ -178,7 +190,7 @@ pub(crate) const CLAIM_SQL: &str = concat!(
           LIMIT ?5)
      RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
                partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
-               lease_expires_at"
+               lease_expires_at, expires_at"
 );
 
 /// The priority levels of a destination that have a row due (leased or not), most urgent
@@ -209,6 +221,8 @@ pub(crate) struct NewRow<'a> {
     /// When the event happened (its CloudEvents `time`): `now`, except for a redelivery,
     /// which keeps the original.
     pub created_at: i64,
+    /// Its deadline (unix ms), if it has one.
+    pub expires_at: Option<i64>,
     pub now: i64,
 }
 
@@ -230,13 +244,13 @@ pub(crate) fn insert(
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
-             droppable, priority)
+             droppable, priority, expires_at)
          VALUES ((SELECT high_water + 1 FROM outbox_stats
                    WHERE id = 1
                      AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11, ?12)
+        ", ?10, ?11, ?12, ?14)
          ON CONFLICT DO NOTHING"
     ))?;
     let mut any = false;
@@ -257,6 +271,7 @@ pub(crate) fn insert(
             row.droppable,
             row.priority,
             row.created_at,
+            row.expires_at,
         ])?;
         if n == 1 {
             any = true;
@@ -508,6 +523,7 @@ fn decode_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboundEvent> {
         attempts: r.get(10)?,
         lease_owner: r.get(11)?,
         lease_expires_at: r.get(12)?,
+        expires_at: r.get(13)?,
     })
 }
 
@@ -726,6 +742,58 @@ pub(crate) fn record(
 
 /// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
 /// leaves pending (delivered, dead-lettered, dropped, replaced).
+/// One row the expiry sweep took out of pending.
+pub(crate) struct ExpiredRow {
+    pub event_id: String,
+    pub destination: String,
+    pub event_type: String,
+}
+
+/// Marks up to `limit` pending rows whose deadline is past as expired, except rows leased
+/// to a relay right now (a delivery in flight is never expired under it), unparks each
+/// one's key, and counts them. Walks the expiring index only.
+pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<ExpiredRow>> {
+    let mut stmt = conn.prepare_cached(concat!(
+        "UPDATE outbox_events
+            SET dead_at = ?1, expired_at = ?1, lease_owner = NULL, lease_expires_at = NULL,
+                last_error = 'expired: not delivered by its deadline'
+          WHERE id IN (
+             SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_expiring
+              WHERE e.expires_at IS NOT NULL AND e.expires_at <= ?1 AND ",
+        pending!("e."),
+        " AND ",
+        lease_claimable!("e.", "?1", "?3"),
+        " LIMIT ?2)
+         RETURNING event_id, destination, event_type, partition_key"
+    ))?;
+    let rows = stmt
+        .query_map(
+            params![now, limit, now.saturating_add(LEASE_CLOCK_SKEW_MS)],
+            |r| {
+                Ok((
+                    ExpiredRow {
+                        event_id: r.get(0)?,
+                        destination: r.get(1)?,
+                        event_type: r.get(2)?,
+                    },
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            },
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    drop(stmt);
+    for (row, key) in &rows {
+        if let Some(key) = key {
+            unpark_next(conn, key, &row.destination, now)?;
+        }
+    }
+    if !rows.is_empty() {
+        conn.prepare_cached("UPDATE outbox_stats SET expired = expired + ?1 WHERE id = 1")?
+            .execute([rows.len() as i64])?;
+    }
+    Ok(rows.into_iter().map(|(row, _)| row).collect())
+}
+
 fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {
     conn.prepare_cached(concat!(
         "UPDATE outbox_events SET available_at = ?3
@@ -915,6 +983,7 @@ mod tests {
                 coalesce_key: Some(key),
                 priority: 5,
                 created_at: 0,
+                expires_at: None,
                 droppable: false,
                 now: 0,
             };

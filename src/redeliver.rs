@@ -114,6 +114,8 @@ impl Outbox {
                     priority: d.priority,
                     droppable: false,
                     created_at: d.created_at,
+                    // A replay is sent whenever it can be: the original deadline is long gone.
+                    expires_at: None,
                     now,
                 };
                 if queue::insert(tx, &row, &[&redelivery.destination], |_| {})? {

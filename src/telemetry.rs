@@ -43,6 +43,10 @@ mod imp {
         counter!("outbox_dropped_total").increment(n as u64);
     }
 
+    pub fn expired(event_type: &str, destination: &str) {
+        counter!("outbox_expired_total", "type" => event_type.to_owned(), "destination" => destination.to_owned()).increment(1);
+    }
+
     pub fn coalesced(event_type: &str, n: usize) {
         counter!("outbox_coalesced_total", "type" => event_type.to_owned()).increment(n as u64);
     }
@@ -62,6 +66,7 @@ mod imp {
     pub fn retried(_: &str, _: &str) {}
     pub fn dead(_: &str, _: &str) {}
     pub fn dropped(_: usize) {}
+    pub fn expired(_: &str, _: &str) {}
     pub fn coalesced(_: &str, _: usize) {}
     pub fn gauges(_: i64, _: Option<i64>, _: i64) {}
 }

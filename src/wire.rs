@@ -166,6 +166,7 @@ mod tests {
             attempts: 0,
             lease_owner: "r:1".into(),
             lease_expires_at: 0,
+            expires_at: None,
         }
     }
 

@@ -175,6 +175,21 @@ impl Worker {
     /// writer stops listening.
     pub fn run(self) {
         while let Ok(events) = self.jobs.recv() {
+            // An event past its deadline is never sent, even before the writer's sweep has
+            // marked it expired: it is handed back (no attempt spent), and the sweep takes it.
+            let now = self.clock.now_ms();
+            let (late, events): (Vec<_>, Vec<_>) = events
+                .into_iter()
+                .partition(|e| e.expires_at.is_some_and(|deadline| deadline <= now));
+            if !late.is_empty() {
+                let report = Report::decide(self.lane, late, &Tried::Skipped, &self.policy, now);
+                if self.reports.send(report).is_err() {
+                    break;
+                }
+            }
+            if events.is_empty() {
+                continue;
+            }
             if self.reports.send(self.deliver(events)).is_err() {
                 break;
             }

@@ -31,6 +31,8 @@ use crate::transport::OutboundEvent;
 /// enough that the write lock is held well under a millisecond, so the app's own commits
 /// never wait long behind the relay.
 const MAX_ACKS_PER_TX: usize = 200;
+/// How often the writer looks for events past their deadline.
+const EXPIRY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long the writer may wait to gather more outcomes into one ack transaction.
 const ACK_WINDOW: Duration = Duration::from_millis(1);
 /// Below this many requests in flight, outcomes are recorded at once.
@@ -71,6 +73,8 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
+    /// When the expiry sweep last ran.
+    last_expiry: Instant,
     /// The wall clock at `last_poll`, to notice jumps.
     last_poll_clock_ms: i64,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
@@ -114,6 +118,7 @@ impl Writer {
             data_version: 0,
             last_poll: Instant::now(),
             last_claim: Instant::now(),
+            last_expiry: Instant::now(),
             last_poll_clock_ms: outbox.now_ms(),
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
@@ -170,6 +175,7 @@ impl Writer {
                 self.record(reports);
             }
             self.poll_for_work();
+            self.expire_due();
             self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
@@ -425,6 +431,43 @@ impl Writer {
     }
 
     /// Logs and counts one recorded outcome, and remembers a retry's due time.
+    /// Takes events past their deadline out of pending (never one in flight), at most every
+    /// [`EXPIRY_INTERVAL`]: a seek in the expiring index when there is nothing to do.
+    fn expire_due(&mut self) {
+        if self.last_expiry.elapsed() < EXPIRY_INTERVAL {
+            return;
+        }
+        self.last_expiry = Instant::now();
+        let now = self.outbox.now_ms();
+        let swept = (|| -> Result<Vec<queue::ExpiredRow>> {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let rows = queue::expire(&tx, now, MAX_ACKS_PER_TX as i64)?;
+            tx.commit()?;
+            Ok(rows)
+        })();
+        match swept {
+            Ok(rows) => {
+                if !rows.is_empty() {
+                    // Their keys' next events were unparked.
+                    self.lanes.iter_mut().for_each(Lane::wake);
+                }
+                for row in rows {
+                    crate::telemetry::expired(&row.event_type, &row.destination);
+                    log::info!("event {}: expired before delivery", row.event_id);
+                    self.outbox.subscribers().publish(|| DeliveryNotice {
+                        event_id: row.event_id,
+                        destination: row.destination,
+                        outcome: DeliveryOutcome::Expired,
+                        at_ms: now,
+                    });
+                }
+            }
+            Err(e) => log::warn!("relay {}: expiring events failed: {e}", self.relay_id),
+        }
+    }
+
     /// Tells the app's subscribers, if any (never waiting for them).
     fn notify(&self, event: &OutboundEvent, outcome: DeliveryOutcome, now: i64) {
         self.outbox.subscribers().publish(|| DeliveryNotice {

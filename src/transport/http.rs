@@ -424,6 +424,7 @@ mod tests {
             attempts: 0,
             lease_owner: "o".into(),
             lease_expires_at: 0,
+            expires_at: None,
         };
         assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));
     }

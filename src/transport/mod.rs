@@ -64,6 +64,8 @@ pub struct OutboundEvent {
     pub lease_owner: String,
     /// When the claim expires, in unix milliseconds.
     pub lease_expires_at: i64,
+    /// The event's deadline (unix ms), if it has one: it is never sent after it.
+    pub expires_at: Option<i64>,
 }
 
 /// What one delivery attempt came to.

@@ -31,15 +31,20 @@ pub struct EnqueueArgs {
     /// --jsonl, the default for lines without "priority".
     #[arg(long, value_parser = parse_priority)]
     priority: Option<u8>,
+    /// Expire if not delivered this long after the commit (e.g. 30s, 1h, 7d); with
+    /// --jsonl, the default for lines without "expires_in".
+    #[arg(long, value_parser = parse_lifetime, allow_hyphen_values = true)]
+    expires_in: Option<std::time::Duration>,
     /// Read events from stdin, one JSON object per line:
-    /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …, "priority": …}.
+    /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …, "priority": …,
+    /// "expires_in": "1h"}.
     #[arg(long, conflicts_with_all = ["event_type", "key", "idempotency_key", "subject"])]
     jsonl: bool,
 }
 
 pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
     if args.jsonl {
-        return enqueue_jsonl(outbox, args.priority);
+        return enqueue_jsonl(outbox, args.priority, args.expires_in);
     }
     let data: Value = serde_json::from_str(&args.data)
         .map_err(|e| bad_input(format!("--data is not valid JSON: {e}")))?;
@@ -50,6 +55,7 @@ pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
         idempotency_key: args.idempotency_key,
         subject: args.subject,
         priority: args.priority,
+        expires_in: args.expires_in,
     };
     let enqueued = enqueue_one(outbox, fields)?;
     println!("{}", enqueued.event_id());
@@ -63,6 +69,19 @@ struct EventFields {
     idempotency_key: Option<String>,
     subject: Option<String>,
     priority: Option<u8>,
+    expires_in: Option<std::time::Duration>,
+}
+
+/// A lifetime of at least a millisecond, like 30s or 1h.
+fn parse_lifetime(text: &str) -> Result<std::time::Duration, String> {
+    let lifetime = crate::parse_duration(text)
+        .map_err(|_| format!("{text:?} is not an expiry: a duration like 30s, 1h, 7d"))?;
+    if lifetime.as_millis() == 0 {
+        return Err(format!(
+            "{text:?} is not an expiry: it must be at least 1 ms after the commit"
+        ));
+    }
+    Ok(lifetime)
 }
 
 /// A priority from 0 to 9.
@@ -89,6 +108,9 @@ fn enqueue_one(outbox: &Outbox, f: EventFields) -> Result<Enqueued, Failure> {
     if let Some(p) = f.priority {
         event = event.priority(p);
     }
+    if let Some(lifetime) = f.expires_in {
+        event = event.expires_in(lifetime);
+    }
     let enqueued = outbox.transaction(|tx| outbox.enqueue(tx, event))?;
     if let Enqueued::Duplicate { existing_event_id } = &enqueued {
         eprintln!("duplicate idempotency key: existing event {existing_event_id}");
@@ -106,7 +128,11 @@ fn optional_string(v: &Value, field: &str, line: usize) -> Result<Option<String>
 
 /// Commits one event per stdin line, each in its own transaction, printing each id as soon
 /// as it is committed. Stops at the first bad line (exit 2); earlier lines stay committed.
-fn enqueue_jsonl(outbox: &Outbox, default_priority: Option<u8>) -> Outcome {
+fn enqueue_jsonl(
+    outbox: &Outbox,
+    default_priority: Option<u8>,
+    default_lifetime: Option<std::time::Duration>,
+) -> Outcome {
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     for (n, line) in stdin.split(b'\n').enumerate() {
@@ -144,6 +170,17 @@ fn enqueue_jsonl(outbox: &Outbox, default_priority: Option<u8>) -> Outcome {
                             ))
                         })?,
                 ),
+            },
+            expires_in: match v.get("expires_in") {
+                None | Some(Value::Null) => default_lifetime,
+                Some(Value::String(text)) => Some(
+                    parse_lifetime(text).map_err(|e| bad_input(format!("line {line_no}: {e}")))?,
+                ),
+                Some(other) => {
+                    return Err(bad_input(format!(
+                        "line {line_no}: expires_in {other} must be a duration string like \"1h\""
+                    )))
+                }
             },
         };
         let enqueued = enqueue_one(outbox, fields).map_err(|f| Failure {

@@ -21,7 +21,7 @@ pub struct StatsArgs {
 
 #[derive(Args)]
 pub struct ListArgs {
-    #[arg(long, default_value = "pending", value_parser = ["pending", "delivered", "dead", "all"])]
+    #[arg(long, default_value = "pending", value_parser = ["pending", "delivered", "dead", "expired", "all"])]
     state: String,
     #[arg(long, default_value_t = 50)]
     limit: usize,
@@ -62,6 +62,10 @@ pub fn stats(outbox: &Outbox, args: StatsArgs) -> Outcome {
     println!("dead        {:>8}", s.dead);
     println!("dropped     {:>8}  (by a DropOldest policy)", s.dropped);
     println!("coalesced   {:>8}", s.coalesced);
+    println!(
+        "expired     {:>8}  (not delivered by their deadline)",
+        s.expired
+    );
     println!(
         "database    {:>8}  (WAL {})",
         output::bytes(s.database_bytes),
