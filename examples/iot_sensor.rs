@@ -1,6 +1,7 @@
 //! An IoT sensor that is offline for a while: telemetry piles up within a storage bound the
-//! user chose, the latest GPS fix replaces older ones, alarms are never dropped, and when
-//! the network comes back everything that matters drains at once.
+//! user chose, the latest GPS fix replaces older ones, alarms are never dropped, telemetry
+//! older than its lifetime expires unsent, and when the network comes back the alarms go
+//! first and the rest follows at the rate the metered uplink allows.
 //!
 //! ```text
 //! cargo run --release --example iot_sensor
@@ -9,8 +10,7 @@
 #[path = "../tests/common/http_server.rs"]
 mod http_server;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -26,6 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let outbox = Outbox::builder()
         .max_pending(2_000)
         .storage_policy("telemetry.*", StoragePolicy::DropOldest)
+        // After a reconnect: alarms first, telemetry last, and telemetry older than two
+        // seconds (an hour, on a real device) is not worth the uplink.
+        .priority_for("alarm.*", 9)
+        .priority_for("telemetry.*", 1)
+        .expiry_for("telemetry.*", Duration::from_secs(2))
         .route("*", "cloud")
         .open(dir.path().join("sensor.db"))?;
 
@@ -38,7 +43,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             RelayConfig::new()
                 .destination(
                     Destination::http("cloud", format!("http://{addr}/ingest"))
-                        .batch(200, 256 * 1024)
+                        .batch(50, 256 * 1024)
+                        // A metered uplink: at most 2 requests a second.
+                        .rate_limit(2.0)
                         .http_config(
                             HttpConfig::new()
                                 .connect_timeout(Duration::from_millis(200))
@@ -69,6 +76,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         })?;
     }
+    // The device stays offline past the telemetry's lifetime, then takes 300 more readings.
+    std::thread::sleep(Duration::from_millis(3_500));
+    outbox.transaction(|tx| {
+        for i in 0..300 {
+            outbox.enqueue(tx, Event::new("telemetry.temperature", json!({"fresh": i})))?;
+        }
+        Ok(())
+    })?;
     let offline = outbox.stats()?;
     println!(
         "offline:   {} pending ({} dropped telemetry, {} GPS fixes coalesced), {} attempts spent",
@@ -84,12 +99,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // The network comes back.
-    let received = Arc::new(AtomicU64::new(0));
-    let counter = received.clone();
+    let requests: Arc<Mutex<Vec<(Instant, Vec<String>)>>> = Arc::default();
+    let log = requests.clone();
     let cloud = HttpServer::bind(addr, move |request| {
-        let body = String::from_utf8_lossy(&request.body);
-        let n = body.matches("\"specversion\"").count() as u64;
-        counter.fetch_add(n, Ordering::Relaxed);
+        let body: serde_json::Value =
+            serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
+        let types = body
+            .as_array()
+            .map(|events| {
+                events
+                    .iter()
+                    .filter_map(|e| e["type"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Ok(mut log) = log.lock() {
+            log.push((Instant::now(), types));
+        }
         Response::status(204)
     })?;
     let back = Instant::now();
@@ -97,13 +123,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let online = outbox.stats()?;
+    let requests = requests
+        .lock()
+        .map_err(|_| "receiver log poisoned")?
+        .clone();
+    let delivered: usize = requests.iter().map(|(_, t)| t.len()).sum();
     println!(
-        "online:    {} delivered in {:.2?}, {} pending, {} dead",
-        received.load(Ordering::Relaxed),
+        "online:    {delivered} delivered in {:.2?}, {} pending, {} dead, {} telemetry \
+         readings expired unsent",
         back.elapsed(),
         online.pending,
-        online.dead
+        online.dead,
+        online.expired
     );
+    // The types in the order they first arrived, with their counts.
+    let mut order: Vec<(String, usize)> = Vec::new();
+    for t in requests.iter().flat_map(|(_, types)| types) {
+        match order.iter_mut().find(|(seen, _)| seen == t) {
+            Some((_, n)) => *n += 1,
+            None => order.push((t.clone(), 1)),
+        }
+    }
+    let order: Vec<String> = order.iter().map(|(t, n)| format!("{t} ×{n}")).collect();
+    println!("order:     {}", order.join(", "));
+    if let (Some((start, _)), Some((end, _))) = (requests.first(), requests.last()) {
+        let span = end.duration_since(*start).as_secs_f64();
+        println!(
+            "rate:      {} requests in {span:.2} s: one second's worth (2) at once, then {:.1}/s \
+             (limit 2/s)",
+            requests.len(),
+            requests.len().saturating_sub(2) as f64 / span.max(0.001)
+        );
+    }
     let alarms = outbox
         .list(Some(sqlite_outbox::admin::State::Delivered), 10_000)?
         .into_iter()
