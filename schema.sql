@@ -173,3 +173,11 @@ CREATE INDEX outbox_events_expiring
     WHERE expires_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL;
 -- Events that expired, ever (kept like `dropped`: a count that costs nothing to read).
 ALTER TABLE outbox_stats ADD COLUMN expired INTEGER NOT NULL DEFAULT 0;
+
+-- version 8
+
+-- The offline bundle: events written to a signed file (carried out of a site with no uplink)
+-- leave the pending set as exported, a state of its own. Like expired, an exported row
+-- carries `dead_at` too, so it leaves the pending indexes and unparks its key, while
+-- dead-letter queries exclude it.
+ALTER TABLE outbox_events ADD COLUMN exported_at INTEGER;

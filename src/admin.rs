@@ -34,7 +34,7 @@ use crate::destination::type_matches;
 use crate::disabled;
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
-use crate::queue::{self, Finished, DEAD, EXPIRED, PARKED, PENDING};
+use crate::queue::{self, Finished, DEAD, EXPIRED, EXPORTED, PARKED, PENDING};
 
 pub use crate::database::{schema_version, PooledConnection};
 pub use crate::disabled::DisabledDestination;
@@ -50,9 +50,10 @@ pub enum State {
     Delivered,
     /// Given up on; kept with its last error until retried or purged.
     Dead,
-    /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)); kept
-    /// until pruned like a delivered event.
+    /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)).
     Expired,
+    /// Written to an offline bundle ([`Outbox::export`]), to be delivered from there.
+    Exported,
 }
 
 impl std::str::FromStr for State {
@@ -63,8 +64,9 @@ impl std::str::FromStr for State {
             "delivered" => Ok(State::Delivered),
             "dead" => Ok(State::Dead),
             "expired" => Ok(State::Expired),
+            "exported" => Ok(State::Exported),
             other => Err(Error::InvalidConfig(format!(
-                "unknown state {other:?}: use pending, delivered, dead or expired"
+                "unknown state {other:?}: use pending, delivered, dead, expired or exported"
             ))),
         }
     }
@@ -121,7 +123,7 @@ impl EventRecord {
 
 const RECORD_COLUMNS: &str = "id, event_id, destination, event_type, partition_key,
     idempotency_key, subject, attempts, last_error, created_at, available_at, delivered_at,
-    dead_at, lease_owner, payload, priority, expired_at";
+    dead_at, lease_owner, payload, priority, expired_at, exported_at";
 
 /// Reads a stored row for the operator. It never fails on what is stored: a row another
 /// program wrote with the wrong types (the relay dead-letters such rows as unreadable) is
@@ -137,11 +139,12 @@ fn record(r: &Row<'_>) -> rusqlite::Result<EventRecord> {
         key: lossy_text(r, 4)?,
         idempotency_key: lossy_text(r, 5)?,
         subject: lossy_text(r, 6)?,
-        state: match (delivered_at, lossy_int(r, 16)?, dead_at) {
-            (Some(_), _, _) => State::Delivered,
-            (None, Some(_), _) => State::Expired,
-            (None, None, Some(_)) => State::Dead,
-            (None, None, None) => State::Pending,
+        state: match (delivered_at, lossy_int(r, 16)?, lossy_int(r, 17)?, dead_at) {
+            (Some(_), _, _, _) => State::Delivered,
+            (None, Some(_), _, _) => State::Expired,
+            (None, None, Some(_), _) => State::Exported,
+            (None, None, None, Some(_)) => State::Dead,
+            (None, None, None, None) => State::Pending,
         },
         attempts: lossy_int(r, 7)?.unwrap_or_default(),
         last_error: lossy_text(r, 8)?,
@@ -194,6 +197,7 @@ fn list_sql(state: Option<State>) -> String {
         Some(State::Dead) => ("INDEXED BY outbox_events_dead", DEAD, "id DESC"),
         // Expired rows carry `dead_at` too, so they are in the dead index.
         Some(State::Expired) => ("INDEXED BY outbox_events_dead", EXPIRED, "id DESC"),
+        Some(State::Exported) => ("INDEXED BY outbox_events_dead", EXPORTED, "id"),
         None => ("", "1", "id DESC"),
     };
     format!(

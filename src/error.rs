@@ -12,6 +12,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// An offline bundle that does not verify: not a bundle, cut short, signed with another
+    /// secret, or changed. Nothing of it was sent.
+    InvalidBundle {
+        /// What is wrong.
+        reason: String,
+    },
     /// An expiry of zero (under a millisecond): the event would expire as it is written.
     InvalidExpiry {
         /// The lifetime given, in milliseconds.
@@ -109,6 +115,9 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Error::InvalidBundle { reason } => {
+                write!(f, "the bundle is refused, nothing was sent: {reason}")
+            }
             Error::InvalidExpiry { millis } => write!(
                 f,
                 "an expiry of {millis} ms is out of range: at least 1 ms after the commit"

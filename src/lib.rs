@@ -576,6 +576,7 @@
 
 pub mod admin;
 mod backoff;
+pub mod bundle;
 pub mod clock;
 mod cloudevents;
 mod database;

@@ -127,7 +127,7 @@ impl Outbox {
     pub fn status(&self, event_id: &str) -> Result<Vec<DeliveryStatus>> {
         let conn = self.connection()?;
         let mut stmt = conn.prepare_cached(
-            "SELECT destination, delivered_at, dead_at, expired_at FROM outbox_events
+            "SELECT destination, delivered_at, dead_at, expired_at, exported_at FROM outbox_events
               INDEXED BY outbox_events_event_id WHERE event_id = ?1 ORDER BY id",
         )?;
         let rows = stmt
@@ -135,11 +135,13 @@ impl Outbox {
                 let delivered_at: Option<i64> = r.get(1)?;
                 let dead_at: Option<i64> = r.get(2)?;
                 let expired_at: Option<i64> = r.get(3)?;
-                let (state, at_ms) = match (delivered_at, expired_at, dead_at) {
-                    (Some(at), _, _) => (State::Delivered, Some(at)),
-                    (None, Some(at), _) => (State::Expired, Some(at)),
-                    (None, None, Some(at)) => (State::Dead, Some(at)),
-                    (None, None, None) => (State::Pending, None),
+                let exported_at: Option<i64> = r.get(4)?;
+                let (state, at_ms) = match (delivered_at, expired_at, exported_at, dead_at) {
+                    (Some(at), _, _, _) => (State::Delivered, Some(at)),
+                    (None, Some(at), _, _) => (State::Expired, Some(at)),
+                    (None, None, Some(at), _) => (State::Exported, Some(at)),
+                    (None, None, None, Some(at)) => (State::Dead, Some(at)),
+                    (None, None, None, None) => (State::Pending, None),
                 };
                 Ok(DeliveryStatus {
                     destination: r.get(0)?,

@@ -104,7 +104,7 @@ macro_rules! due_or_parked {
 /// A dead letter: given up on, and not delivered after all.
 macro_rules! dead {
     () => {
-        "dead_at IS NOT NULL AND delivered_at IS NULL AND expired_at IS NULL"
+        "dead_at IS NOT NULL AND delivered_at IS NULL AND expired_at IS NULL AND exported_at IS NULL"
     };
 }
 pub(crate) use dead;
@@ -125,6 +125,11 @@ pub(crate) const DEAD: &str = dead!();
 
 /// The condition "expired", for queries that read.
 pub(crate) const EXPIRED: &str = expired!();
+
+/// The condition "exported" (into an offline bundle), for queries that read; like expired
+/// rows, exported ones carry `dead_at` and so sit in the dead index.
+pub(crate) const EXPORTED: &str =
+    "dead_at IS NOT NULL AND exported_at IS NOT NULL AND delivered_at IS NULL";
 
 /// `available_at` of a parked row: later than any real time, so it is never due.
 ///
@@ -792,6 +797,94 @@ pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<Expi
             .execute([rows.len() as i64])?;
     }
     Ok(rows.into_iter().map(|(row, _)| row).collect())
+}
+
+/// Leases up to `limit` pending rows of `destination`, oldest first (parked ones too: a
+/// bundle keeps a key's order by itself), for an export: the lease keeps relays off them
+/// while the file is written.
+pub(crate) fn lease_for_export(
+    conn: &Connection,
+    destination: &str,
+    owner: &str,
+    now: i64,
+    lease_ms: i64,
+    limit: i64,
+    default_source: &str,
+) -> Result<Vec<crate::transport::OutboundEvent>> {
+    let mut stmt = conn.prepare_cached(concat!(
+        "UPDATE outbox_events SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
+          WHERE id IN (
+             SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_pending
+              WHERE ",
+        pending!("e."),
+        " AND e.destination = ?4 AND ",
+        lease_claimable!("e.", "?3", "?7"),
+        " ORDER BY e.id LIMIT ?5)
+         RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
+                   partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
+                   lease_expires_at, expires_at"
+    ))?;
+    let mut events = stmt
+        .query_map(
+            params![
+                owner,
+                now.saturating_add(lease_ms),
+                now,
+                destination,
+                limit,
+                default_source,
+                now.saturating_add(LEASE_CLOCK_SKEW_MS)
+            ],
+            decode_event,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    events.sort_unstable_by_key(|e| e.id);
+    Ok(events)
+}
+
+/// Marks rows leased by `owner` as exported (fenced by the lease), unparking their keys;
+/// returns how many.
+pub(crate) fn mark_exported(
+    conn: &Connection,
+    owner: &str,
+    ids: &[i64],
+    now: i64,
+) -> Result<usize> {
+    let list = format!(
+        "[{}]",
+        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    );
+    let rows = conn
+        .prepare_cached(
+            "UPDATE outbox_events
+                SET dead_at = ?3, exported_at = ?3, lease_owner = NULL, lease_expires_at = NULL
+              WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
+             RETURNING partition_key, destination",
+        )?
+        .query_map(params![list, owner, now], |r| {
+            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for (key, destination) in &rows {
+        if let Some(key) = key {
+            unpark_next(conn, key, destination, now)?;
+        }
+    }
+    Ok(rows.len())
+}
+
+/// Hands back rows `ids` leased by `owner` (an export that failed): pending as before.
+pub(crate) fn release_export(conn: &Connection, owner: &str, ids: &[i64]) -> Result<()> {
+    let list = format!(
+        "[{}]",
+        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    );
+    conn.prepare_cached(
+        "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
+          WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2",
+    )?
+    .execute(params![list, owner])?;
+    Ok(())
 }
 
 fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {

@@ -16,6 +16,7 @@ impl From<Error> for Failure {
             Error::PayloadTooLarge { .. }
             | Error::InvalidPriority { .. }
             | Error::InvalidExpiry { .. }
+            | Error::InvalidBundle { .. }
             | Error::InvalidEventType { .. }
             | Error::FieldTooLong { .. }
             | Error::InvalidData(_)

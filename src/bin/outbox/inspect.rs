@@ -21,7 +21,7 @@ pub struct StatsArgs {
 
 #[derive(Args)]
 pub struct ListArgs {
-    #[arg(long, default_value = "pending", value_parser = ["pending", "delivered", "dead", "expired", "all"])]
+    #[arg(long, default_value = "pending", value_parser = ["pending", "delivered", "dead", "expired", "exported", "all"])]
     state: String,
     #[arg(long, default_value_t = 50)]
     limit: usize,

@@ -5,6 +5,7 @@
 //! health), `repair.rs` (retry, purge-dead, prune, enable) and `ingest.rs` (the receiving
 //! end, in PostgreSQL); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
 
+mod bundle;
 mod enqueue;
 mod failure;
 mod ingest;
@@ -73,6 +74,10 @@ enum Command {
     Enable(repair::EnableArgs),
     /// Send delivered events again to a destination, with their original ids.
     Redeliver(repair::RedeliverArgs),
+    /// Write pending events to a signed bundle file, for a site with no uplink.
+    Export(bundle::ExportArgs),
+    /// Verify a bundle file and deliver its events to a URL (no --db).
+    Import(bundle::ImportArgs),
 }
 
 /// The `--synchronous` values.
@@ -110,14 +115,16 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Outcome {
-    if let Command::Ingest(args) = cli.command {
-        return ingest::run(args);
-    }
+    let command = match cli.command {
+        Command::Ingest(args) => return ingest::run(args),
+        Command::Import(args) => return bundle::run_import(args),
+        other => other,
+    };
     let Some(db) = cli.db else {
         return Err(bad_input("--db PATH (or OUTBOX_DB) is required"));
     };
     let builder = Outbox::builder().synchronous(cli.synchronous.into());
-    if let Command::Init = cli.command {
+    if let Command::Init = command {
         let outbox = builder.open(&db)?;
         println!(
             "initialized {} (schema version {})",
@@ -127,8 +134,10 @@ fn run(cli: Cli) -> Outcome {
         return Ok(ExitCode::SUCCESS);
     }
     let outbox = open_existing(builder, &db)?;
-    match cli.command {
-        Command::Init | Command::Ingest(_) => unreachable!("handled above"),
+    match command {
+        Command::Init | Command::Ingest(_) | Command::Import(_) => {
+            unreachable!("handled above")
+        }
         Command::Enqueue(args) => enqueue::run(&outbox, args),
         Command::Relay(args) => relay::run(&outbox, args),
         Command::Stats(args) => inspect::stats(&outbox, args),
@@ -140,6 +149,7 @@ fn run(cli: Cli) -> Outcome {
         Command::Prune(args) => repair::prune(&outbox, args),
         Command::Enable(args) => repair::enable(&outbox, args),
         Command::Redeliver(args) => repair::redeliver(&outbox, args),
+        Command::Export(args) => bundle::export(&outbox, args),
     }
 }
 

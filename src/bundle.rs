@@ -1,0 +1,406 @@
+//! The offline bundle, for a site with no uplink at all: pending events written to one signed
+//! file (carried out on a USB stick), and delivered from that file by `import` wherever there
+//! is a network.
+//!
+//! The file is JSON Lines:
+//!
+//! ```text
+//! {"specversion":"1.0","id":"01a2…","source":"/site-7","type":"reading.taken",…}   one line per event,
+//! …                                                                                  in commit order
+//! {"bundle":"sqlite-outbox/1","count":2,"destination":"default","first_sequence":…,"last_sequence":…,"sha256":"…","created":"…"}
+//! {"webhook-id":"bundle_…","webhook-timestamp":"1764…","webhook-signature":"v1,…"}
+//! ```
+//!
+//! Each event line is the event's structured CloudEvent, exactly the body a relay would POST.
+//! The manifest counts them and holds the SHA-256 of the event lines (each with its newline);
+//! the last line signs the manifest line's bytes the Standard Webhooks way. So `import` can
+//! refuse a tampered, truncated or foreign file before it sends anything: it checks the
+//! signature, then the count and the hash.
+//!
+//! `export` leases the events first (relays leave them alone), writes the file next to its
+//! final name, syncs it, renames it into place, syncs the folder, and only then marks the
+//! events **exported** in one transaction. A crash before that leaves them pending (the lease
+//! runs out): exported again later, they reach the receiver twice, and it drops the repeat
+//! by id.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::signature::{Secret, Verifier};
+use crate::{queue, wire, Outbox};
+
+/// The format name in the manifest.
+const FORMAT: &str = "sqlite-outbox/1";
+/// How long an export's lease lasts: writing and syncing a file takes far less.
+const EXPORT_LEASE: Duration = Duration::from_secs(300);
+
+/// The manifest line.
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    bundle: String,
+    count: usize,
+    destination: String,
+    first_sequence: Option<String>,
+    last_sequence: Option<String>,
+    sha256: String,
+    created: String,
+}
+
+/// The signature line.
+#[derive(Debug, Serialize, Deserialize)]
+struct Signature {
+    #[serde(rename = "webhook-id")]
+    id: String,
+    #[serde(rename = "webhook-timestamp")]
+    timestamp: String,
+    #[serde(rename = "webhook-signature")]
+    signature: String,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExportReport {
+    /// The file.
+    pub path: PathBuf,
+    /// Events written and marked exported.
+    pub count: usize,
+    /// SHA-256 of the event lines, hex.
+    pub sha256: String,
+}
+
+impl Outbox {
+    /// Writes up to `limit` of `destination`'s oldest pending events (commit order) to a
+    /// signed bundle at `path`, syncs it, and only then marks them exported. Nothing is
+    /// marked when there is nothing to export; the file is still written (an empty bundle).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `path` exists; [`Error::Io`] when the file cannot be
+    /// written or synced (a full disk): the events are handed back, pending and unchanged;
+    /// SQLite errors.
+    pub fn export(
+        &self,
+        path: &Path,
+        secret: &Secret,
+        destination: &str,
+        limit: usize,
+    ) -> Result<ExportReport> {
+        if path.exists() {
+            return Err(Error::InvalidConfig(format!(
+                "{} exists: a bundle is never overwritten",
+                path.display()
+            )));
+        }
+        let owner = format!("export:{}", uuid::Uuid::now_v7());
+        let now = self.now_ms();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let events = self.transaction(|tx| {
+            queue::lease_for_export(
+                tx,
+                destination,
+                &owner,
+                now,
+                EXPORT_LEASE.as_millis() as i64,
+                limit,
+                self.default_source(),
+            )
+        })?;
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let written = write_bundle(path, secret, destination, &events);
+        if let Err(e) = written {
+            // Nothing was exported: hand them back, as they were.
+            let _ = self.transaction(|tx| queue::release_export(tx, &owner, &ids));
+            return Err(e);
+        }
+        let sha256 = written.unwrap_or_default();
+        let marked =
+            self.transaction(|tx| queue::mark_exported(tx, &owner, &ids, self.now_ms()))?;
+        log::info!("exported {marked} events to {}", path.display());
+        Ok(ExportReport {
+            path: path.to_path_buf(),
+            count: marked,
+            sha256,
+        })
+    }
+}
+
+/// Writes the bundle next to `path`, syncs it, renames it into place and syncs the folder;
+/// returns the hash of the event lines.
+fn write_bundle(
+    path: &Path,
+    secret: &Secret,
+    destination: &str,
+    events: &[crate::transport::OutboundEvent],
+) -> Result<String> {
+    let mut lines = Vec::new();
+    for event in events {
+        lines.extend(wire::structured_body(event).map_err(Error::InvalidData)?);
+        lines.push(b'\n');
+    }
+    let sha256 = hex(&Sha256::digest(&lines));
+    let sequence = |e: &crate::transport::OutboundEvent| format!("{:020}", e.id);
+    let manifest = serde_json::to_vec(&Manifest {
+        bundle: FORMAT.into(),
+        count: events.len(),
+        destination: destination.into(),
+        first_sequence: events.first().map(sequence),
+        last_sequence: events.last().map(sequence),
+        sha256: sha256.clone(),
+        created: wire::rfc3339_millis(unix_ms()),
+    })
+    .map_err(Error::InvalidData)?;
+    let timestamp = unix_ms() / 1000;
+    let id = format!("bundle_{}", &sha256[..32]);
+    let signature = serde_json::to_vec(&Signature {
+        signature: secret.sign(&id, timestamp, &manifest),
+        id,
+        timestamp: timestamp.to_string(),
+    })
+    .map_err(Error::InvalidData)?;
+    let partial = path.with_extension("partial");
+    let result = (|| -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&partial)?;
+        file.write_all(&lines)?;
+        file.write_all(&manifest)?;
+        file.write_all(b"\n")?;
+        file.write_all(&signature)?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        std::fs::rename(&partial, path)?;
+        if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(folder)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    result.map_err(Error::Io)?;
+    Ok(sha256)
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A verified bundle: its event lines, in order.
+#[derive(Debug)]
+pub struct Bundle {
+    /// The destination the events were exported for.
+    pub destination: String,
+    /// Each event's structured CloudEvent, as written.
+    pub events: Vec<Vec<u8>>,
+}
+
+/// Reads and verifies the bundle at `path` with `secret`: the signature of the manifest,
+/// then the count and hash of the event lines. Nothing is trusted before all three hold.
+///
+/// # Errors
+///
+/// [`Error::InvalidBundle`] saying what is wrong (not a bundle, cut short, a bad signature,
+/// a count or hash that does not match); [`Error::Io`] when it cannot be read.
+pub fn read_bundle(path: &Path, secret: &Secret) -> Result<Bundle> {
+    let bad = |reason: String| Error::InvalidBundle { reason };
+    let text = std::fs::read(path)?;
+    let Some(body) = text.strip_suffix(b"\n") else {
+        return Err(bad("it does not end with a newline: cut short?".into()));
+    };
+    let mut lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
+    let (Some(signature_line), Some(manifest_line)) = (lines.pop(), lines.pop()) else {
+        return Err(bad(
+            "it has no manifest and signature lines: cut short?".into()
+        ));
+    };
+    let signature: Signature = serde_json::from_slice(signature_line).map_err(|e| {
+        bad(format!(
+            "the last line is not a signature: {e} (cut short?)"
+        ))
+    })?;
+    let headers = [
+        ("webhook-id", signature.id.as_str()),
+        ("webhook-timestamp", signature.timestamp.as_str()),
+        ("webhook-signature", signature.signature.as_str()),
+    ];
+    // A bundle may travel for weeks: its age is no reason to refuse it.
+    Verifier::new([secret.clone()])
+        .verify_ignoring_timestamp(headers, manifest_line)
+        .map_err(|e| bad(format!("the manifest's signature does not verify: {e}")))?;
+    let manifest: Manifest = serde_json::from_slice(manifest_line)
+        .map_err(|e| bad(format!("the manifest is not valid: {e}")))?;
+    if manifest.bundle != FORMAT {
+        return Err(bad(format!("unknown bundle format {:?}", manifest.bundle)));
+    }
+    if lines.len() != manifest.count {
+        return Err(bad(format!(
+            "it holds {} event lines; the manifest says {}",
+            lines.len(),
+            manifest.count
+        )));
+    }
+    let mut hash = Sha256::new();
+    for line in &lines {
+        hash.update(line);
+        hash.update(b"\n");
+    }
+    let sha256 = hex(&hash.finalize());
+    if sha256 != manifest.sha256 {
+        return Err(bad(
+            "the event lines do not match the manifest's SHA-256: the file was changed".into(),
+        ));
+    }
+    Ok(Bundle {
+        destination: manifest.destination,
+        events: lines.into_iter().map(<[u8]>::to_vec).collect(),
+    })
+}
+
+/// What an import did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImportReport {
+    /// Events the receiver accepted (2xx).
+    pub delivered: usize,
+    /// Events given up on, with the last error: the receiver refused them for good, or
+    /// every attempt failed.
+    pub failed: Vec<(String, String)>,
+}
+
+/// How `import` retries.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Attempts per event before it is given up on.
+    pub max_attempts: u32,
+    /// The first pause after a failed attempt; it doubles (with jitter) up to `max_backoff`.
+    pub first_backoff: Duration,
+    /// The longest pause.
+    pub max_backoff: Duration,
+    /// How long one request may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            max_attempts: 25,
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Verifies the bundle at `path` with `secret` (refusing it before sending anything if it
+/// does not verify), then POSTs its events to `url` in order, each signed with the same
+/// secret, one at a time, retrying each with backoff: a 2xx delivers it, a 4xx other than
+/// 408 and 429 refuses it for good, anything else is tried again (a 429's `Retry-After` is
+/// waited out). Needs no outbox database.
+///
+/// # Errors
+///
+/// As [`read_bundle`]; undeliverable events are in [`ImportReport::failed`], not errors.
+pub fn import(
+    path: &Path,
+    secret: &Secret,
+    url: &str,
+    options: &ImportOptions,
+) -> Result<ImportReport> {
+    let bundle = read_bundle(path, secret)?;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(options.request_timeout))
+        .build()
+        .into();
+    let mut report = ImportReport {
+        delivered: 0,
+        failed: Vec::new(),
+    };
+    for body in &bundle.events {
+        let id = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["id"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        match send_with_retries(&agent, url, secret, &id, body, options) {
+            Ok(()) => report.delivered += 1,
+            Err(error) => {
+                log::warn!("event {id}: given up: {error}");
+                report.failed.push((id, error));
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn send_with_retries(
+    agent: &ureq::Agent,
+    url: &str,
+    secret: &Secret,
+    id: &str,
+    body: &[u8],
+    options: &ImportOptions,
+) -> std::result::Result<(), String> {
+    let mut pause = options.first_backoff;
+    let mut last = String::new();
+    for _ in 0..options.max_attempts.max(1) {
+        let timestamp = unix_ms() / 1000;
+        let sent = agent
+            .post(url)
+            .header("content-type", wire::CLOUDEVENTS_JSON)
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", secret.sign(id, timestamp, body))
+            .send(body);
+        let mut wait = pause;
+        match sent {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                if (200..300).contains(&status) {
+                    return Ok(());
+                }
+                last = format!("HTTP {status}");
+                if (400..500).contains(&status) && status != 408 && status != 429 {
+                    return Err(last);
+                }
+                if let Some(after) = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| wire::parse_retry_after(v, SystemTime::now()))
+                {
+                    wait = wait.max(after);
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+        // Jitter keeps importers that started together from retrying together.
+        let jittered = wait.mul_f64(0.5 + fastrand::f64() * 0.5);
+        let until = Instant::now() + jittered;
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            std::thread::sleep(left);
+        }
+        pause = (pause * 2).min(options.max_backoff);
+    }
+    Err(format!("{last} ({} attempts)", options.max_attempts))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_lowercase_and_two_digits_a_byte() {
+        assert_eq!(super::hex(&[0, 15, 255]), "000fff");
+    }
+}
