@@ -99,7 +99,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // The network comes back.
-    let requests: Arc<Mutex<Vec<(Instant, Vec<String>)>>> = Arc::default();
+    // When each request arrived, and the types of its events.
+    type Log = Vec<(Instant, Vec<String>)>;
+    let requests: Arc<Mutex<Log>> = Arc::default();
     let log = requests.clone();
     let cloud = HttpServer::bind(addr, move |request| {
         let body: serde_json::Value =

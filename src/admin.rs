@@ -343,7 +343,7 @@ impl Default for HealthThresholds {
 pub struct PruneReport {
     /// Rows deleted.
     pub deleted: usize,
-    /// Transactions used (one per page).
+    /// Transactions used (one per page; expired and exported rows take at least one more).
     pub pages: usize,
 }
 
@@ -625,7 +625,16 @@ impl Outbox {
         mut progress: impl FnMut(usize),
     ) -> Result<PruneReport> {
         let cutoff = self.now_ms().saturating_sub(older_than.as_millis() as i64);
-        let report = delete_in_pages(self, Finished::DeliveredBefore(cutoff), &mut progress)?;
+        let mut report = delete_in_pages(self, Finished::DeliveredBefore(cutoff), &mut progress)?;
+        // Expired and exported rows are finished too, and go with the same retention.
+        let delivered = report.deleted;
+        let settled = delete_in_pages(self, Finished::SettledBefore(cutoff), &mut |n| {
+            if n > 0 {
+                progress(delivered + n);
+            }
+        })?;
+        report.deleted += settled.deleted;
+        report.pages += settled.pages;
         if report.deleted > 0 {
             database::reclaim(&*self.connection()?)?;
         }

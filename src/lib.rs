@@ -483,6 +483,31 @@
 //! in commit order, a key's events parked behind each other. Only what retention kept can be
 //! replayed (`prune` deletes delivered rows). The count is returned (printed).
 //!
+//! # The offline bundle: a site with no uplink
+//!
+//! Some sites never get a network: events leave on a USB stick. `outbox export --out FILE
+//! --secret whsec_… [--destination D] [--limit N]` ([`Outbox::export`]) writes the oldest
+//! pending events, in commit order, to one JSON Lines file: one structured CloudEvent per
+//! line (exactly the body a relay would send), then a manifest (count, first and last
+//! `sequence`, SHA-256 of the event lines), then a Standard Webhooks signature of the
+//! manifest. The events are leased first, the file is synced and renamed into place, and
+//! only then are they marked **exported** (a state of its own: `list --state exported`,
+//! [`admin::State::Exported`]; their keys' next events go). A crash before that leaves them
+//! pending, so they are exported again and receivers drop the repeats by id; a write that
+//! fails (a full disk) hands them back unchanged. `outbox import FILE --secret whsec_… --url
+//! URL` ([`bundle::import`]) needs no outbox database: it verifies the whole file first (a
+//! tampered or truncated file or another secret is refused before anything is sent, exit 2),
+//! then posts the events in order, each signed with the same secret, retrying with backoff;
+//! it exits 1 if it had to give up on any. A bundle's last lines:
+//!
+//! ```text
+//! {"bundle":"sqlite-outbox/1","count":20,"destination":"default","first_sequence":"00000000000000000001","last_sequence":"00000000000000000020","sha256":"a0861956…","created":"2026-11-30T18:14:46.555Z"}
+//! {"webhook-id":"bundle_a0861956a8f5c92e4c719dbc36b88a97","webhook-timestamp":"1796062486","webhook-signature":"v1,EyEkqXPx…"}
+//! ```
+//!
+//! Expired and exported rows are finished like delivered ones: `prune` and the relay's
+//! retention delete them after the same age.
+//!
 //! # Operating
 //!
 //! The `outbox` binary (feature `cli`, on by default) works on any database file the crate

@@ -963,6 +963,8 @@ pub(crate) enum Finished {
     DeliveredBefore(i64),
     /// Dead at or before the cutoff (unix ms).
     DeadSince(i64),
+    /// Expired or exported before the cutoff (unix ms): finished like a delivered row.
+    SettledBefore(i64),
 }
 
 /// Deletes one page of finished rows in its own transaction; returns how many (fewer than
@@ -974,6 +976,15 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                  SELECT id FROM outbox_events INDEXED BY outbox_events_delivered
                   WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)
              RETURNING destination, delivered_at IS NOT NULL",
+            cutoff,
+        ),
+        Finished::SettledBefore(cutoff) => (
+            "DELETE FROM outbox_events WHERE id IN (
+                 SELECT id FROM outbox_events INDEXED BY outbox_events_dead
+                  WHERE dead_at IS NOT NULL AND delivered_at IS NULL
+                    AND (expired_at IS NOT NULL OR exported_at IS NOT NULL)
+                    AND dead_at < ?1 LIMIT ?2)
+             RETURNING destination, 0",
             cutoff,
         ),
         Finished::DeadSince(cutoff) => (

@@ -261,6 +261,12 @@ fn the_cli_exports_and_imports_and_import_gives_up_with_exit_1() {
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("exported 5 events"));
     let o = outbox_cli(&db, &["list", "--state", "exported"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains(&ids[0]));
+    // Exported rows are finished: pruning takes them with the delivered ones.
+    std::thread::sleep(Duration::from_millis(5));
+    let o = outbox_cli(&db, &["prune", "--older-than", "0s"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = outbox_cli(&db, &["list", "--state", "exported"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(&ids[0]));
     // Nobody listening: every attempt fails, and import gives up with exit 1.
     let down = format!("http://127.0.0.1:{}/events", closed_port());
     let o = outbox_cli(

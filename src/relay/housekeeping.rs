@@ -86,13 +86,24 @@ impl Housekeeping {
         }
         let Some(total) = self.pruning else { return };
         let cutoff = now_ms.saturating_sub(keep.as_millis() as i64);
-        match queue::delete_page(conn, Finished::DeliveredBefore(cutoff)) {
-            Ok(n) if n == DELETE_PAGE_ROWS => self.pruning = Some(total + n),
+        // Delivered rows first, then expired and exported ones, a page per turn.
+        let page = queue::delete_page(conn, Finished::DeliveredBefore(cutoff)).and_then(|n| {
+            if n == DELETE_PAGE_ROWS {
+                Ok(n)
+            } else {
+                queue::delete_page(conn, Finished::SettledBefore(cutoff)).map(|m| n + m)
+            }
+        });
+        match page {
+            Ok(n) if n >= DELETE_PAGE_ROWS => self.pruning = Some(total + n),
             Ok(n) => {
                 self.pruning = None;
                 let total = total + n;
                 if total > 0 {
-                    log::info!("relay {}: pruned {total} delivered events", self.relay_id);
+                    log::info!(
+                        "relay {}: pruned {total} delivered, expired or exported events",
+                        self.relay_id
+                    );
                 }
                 // The pages the prune freed go back to the file system a step per turn.
                 self.reclaiming = total > 0;
