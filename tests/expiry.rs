@@ -185,4 +185,38 @@ fn zero_and_negative_lifetimes_are_refused() {
     assert!(o.status.success());
     let o = outbox_cli(&db, &["list", "--state", "expired"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // --jsonl: a line's own "expires_in", else the flag's; a zero one stops at its line.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args([
+            "--db",
+            db.to_str().unwrap(),
+            "enqueue",
+            "--jsonl",
+            "--expires-in",
+            "2h",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"{\"type\":\"a\",\"expires_in\":\"30s\"}\n{\"type\":\"b\"}\n{\"type\":\"c\",\"expires_in\":\"0s\"}\n")
+            .unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("line 3"));
+    let conn = outbox.connection().unwrap();
+    let lifetimes: Vec<i64> = conn
+        .prepare("SELECT expires_at - created_at FROM outbox_events WHERE event_type IN ('a', 'b') ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(lifetimes, vec![30_000, 7_200_000]);
 }

@@ -132,3 +132,35 @@ fn bad_limits_are_refused() {
         );
     }
 }
+
+#[test]
+fn a_429_retry_after_still_wins_over_the_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("429.db")).unwrap();
+    backlog(&outbox, 3, json!({"n": 1}));
+    // The first request is told to wait a second; the rate alone would allow 100 a second.
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let receiver = TestReceiver::start(0, move |_| {
+        if answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            common::Reply::StatusHeader(429, "retry-after", "1".into())
+        } else {
+            common::Reply::Status(200)
+        }
+    });
+    let relay = outbox
+        .relay(
+            fast(RelayConfig::new())
+                .destination(Destination::http("default", receiver.url()).rate_limit(100.0))
+                .workers(1),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 4));
+    relay.shutdown();
+    let arrivals: Vec<Instant> = receiver.received().iter().map(|r| r.at).collect();
+    let waited = arrivals[1] - arrivals[0];
+    assert!(
+        waited >= Duration::from_millis(900),
+        "the 429 asked for 1 s; waited {waited:?}"
+    );
+}
