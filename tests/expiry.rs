@@ -186,28 +186,11 @@ fn zero_and_negative_lifetimes_are_refused() {
     let o = outbox_cli(&db, &["list", "--state", "expired"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // --jsonl: a line's own "expires_in", else the flag's; a zero one stops at its line.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "enqueue",
-            "--jsonl",
-            "--expires-in",
-            "2h",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(b"{\"type\":\"a\",\"expires_in\":\"30s\"}\n{\"type\":\"b\"}\n{\"type\":\"c\",\"expires_in\":\"0s\"}\n")
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = common::outbox_cli_with_stdin(
+        &db,
+        &["enqueue", "--jsonl", "--expires-in", "2h"],
+        b"{\"type\":\"a\",\"expires_in\":\"30s\"}\n{\"type\":\"b\"}\n{\"type\":\"c\",\"expires_in\":\"0s\"}\n",
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("line 3"));
     let conn = outbox.connection().unwrap();

@@ -130,28 +130,11 @@ fn the_cli_takes_a_priority_per_event_and_per_line_and_refuses_one_out_of_range(
         assert!(String::from_utf8_lossy(&o.stderr).contains("not a priority"));
     }
     // --jsonl: a line's own priority, else the flag's.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "enqueue",
-            "--jsonl",
-            "--priority",
-            "2",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(b"{\"type\":\"a\",\"priority\":9}\n{\"type\":\"b\"}\n{\"type\":\"c\",\"priority\":12}\n")
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = common::outbox_cli_with_stdin(
+        &db,
+        &["enqueue", "--jsonl", "--priority", "2"],
+        b"{\"type\":\"a\",\"priority\":9}\n{\"type\":\"b\"}\n{\"type\":\"c\",\"priority\":12}\n",
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("line 3: priority 12 is out of range"));
     let stored: Vec<i64> = priorities(&outbox).into_iter().map(|(_, p)| p).collect();

@@ -56,6 +56,31 @@ pub fn outbox_cli(db: &std::path::Path, args: &[&str]) -> std::process::Output {
         .expect("run outbox")
 }
 
+/// Runs the `outbox` CLI on `db` with `args`, feeding it `stdin` (for `enqueue --jsonl`).
+pub fn outbox_cli_with_stdin(
+    db: &std::path::Path,
+    args: &[&str],
+    stdin: &[u8],
+) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("OUTBOX_DB")
+        .env_remove("OUTBOX_SECRET")
+        .env_remove("OUTBOX_SYNCHRONOUS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run outbox");
+    let mut input = child.stdin.take().expect("piped stdin");
+    input.write_all(stdin).expect("write the CLI's stdin");
+    drop(input);
+    child.wait_with_output().expect("wait for outbox")
+}
+
 /// How the receiver answers one request.
 #[derive(Debug, Clone)]
 pub enum Reply {
