@@ -453,6 +453,13 @@ impl Writer {
                     // Their keys' next events were unparked.
                     self.lanes.iter_mut().for_each(Lane::wake);
                 }
+                if rows.len() >= MAX_ACKS_PER_TX {
+                    // A full page: more are past their deadline, and a claim steps over
+                    // each of them until it is marked. Sweep again on the next turn.
+                    self.last_expiry = Instant::now()
+                        .checked_sub(EXPIRY_INTERVAL)
+                        .unwrap_or(self.last_expiry);
+                }
                 for row in rows {
                     crate::telemetry::expired(&row.event_type, &row.destination);
                     log::info!("event {}: expired before delivery", row.event_id);
