@@ -43,17 +43,22 @@ pub fn unix_secs(at: std::time::SystemTime) -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Runs the `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
-pub fn outbox_cli(db: &std::path::Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+/// The `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
+fn cli_command(db: &std::path::Path, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
         .arg("--db")
         .arg(db)
         .args(args)
         .env_remove("OUTBOX_DB")
         .env_remove("OUTBOX_SECRET")
-        .env_remove("OUTBOX_SYNCHRONOUS")
-        .output()
-        .expect("run outbox")
+        .env_remove("OUTBOX_SYNCHRONOUS");
+    command
+}
+
+/// Runs the `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
+pub fn outbox_cli(db: &std::path::Path, args: &[&str]) -> std::process::Output {
+    cli_command(db, args).output().expect("run outbox")
 }
 
 /// Runs the `outbox` CLI on `db` with `args`, feeding it `stdin` (for `enqueue --jsonl`).
@@ -63,13 +68,7 @@ pub fn outbox_cli_with_stdin(
     stdin: &[u8],
 ) -> std::process::Output {
     use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOX_DB")
-        .env_remove("OUTBOX_SECRET")
-        .env_remove("OUTBOX_SYNCHRONOUS")
+    let mut child = cli_command(db, args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
