@@ -611,11 +611,7 @@ pub(crate) fn ack(
     events: &[&OutboundEvent],
     now: i64,
 ) -> Result<HashSet<i64>> {
-    let list = events
-        .iter()
-        .map(|e| e.id.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = json_ids(events.iter().map(|e| e.id));
     // A set: an ack covers up to a few hundred rows, and each is looked up below.
     let acked: HashSet<i64> = conn
         .prepare_cached(
@@ -625,7 +621,7 @@ pub(crate) fn ack(
               WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
              RETURNING id",
         )?
-        .query_map(params![format!("[{list}]"), owner, now], |r| r.get(0))?
+        .query_map(params![list, owner, now], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     for event in events {
         if let Some(key) = &event.partition_key {
@@ -649,6 +645,13 @@ pub(crate) fn ack(
         add_delivered(conn, destination, n)?;
     }
     Ok(acked)
+}
+
+/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`: one statement for
+/// a whole batch, whatever its size.
+fn json_ids(ids: impl Iterator<Item = i64>) -> String {
+    let list: Vec<String> = ids.map(|id| id.to_string()).collect();
+    format!("[{}]", list.join(","))
 }
 
 /// Keeps `outbox_delivered_totals`, so stats never count delivered history. (Rows marked
@@ -747,6 +750,19 @@ pub(crate) fn record(
 
 /// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
 /// leaves pending (delivered, dead-lettered, dropped, replaced).
+/// Whether some pending row's deadline has passed: one seek in the expiring index, a read,
+/// so that an idle relay's sweep never takes the write lock for nothing.
+pub(crate) fn any_past_deadline(conn: &Connection, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "SELECT EXISTS (SELECT 1 FROM outbox_events INDEXED BY outbox_events_expiring
+                             WHERE expires_at IS NOT NULL AND expires_at <= ?1 AND ",
+            pending!(""),
+            ")"
+        ))?
+        .query_row([now], |r| r.get(0))?)
+}
+
 /// One row the expiry sweep took out of pending.
 pub(crate) struct ExpiredRow {
     pub event_id: String,
@@ -850,10 +866,7 @@ pub(crate) fn mark_exported(
     ids: &[i64],
     now: i64,
 ) -> Result<usize> {
-    let list = format!(
-        "[{}]",
-        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-    );
+    let list = json_ids(ids.iter().copied());
     let rows = conn
         .prepare_cached(
             "UPDATE outbox_events
@@ -875,10 +888,7 @@ pub(crate) fn mark_exported(
 
 /// Hands back rows `ids` leased by `owner` (an export that failed): pending as before.
 pub(crate) fn release_export(conn: &Connection, owner: &str, ids: &[i64]) -> Result<()> {
-    let list = format!(
-        "[{}]",
-        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-    );
+    let list = json_ids(ids.iter().copied());
     conn.prepare_cached(
         "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
           WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2",

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{rows, wait_until};
+use common::rows;
 use pg::Postgres;
 use raw_http::{request, signed_headers};
 use serde_json::json;
@@ -104,9 +104,10 @@ fn device_events_are_stored_once_each_and_read_back_in_key_order() {
         )
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(60), || rows(&device)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(60)
+    ));
     relay.shutdown();
     let stored = stored_ids(&postgres);
     assert_eq!(
@@ -270,9 +271,10 @@ fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
         )
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(30), || rows(&device)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(30)
+    ));
     postgres.stop();
     let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
     assert_eq!(health.status, 503, "{health:?}");
@@ -292,9 +294,10 @@ fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(rows(&device).iter().any(|r| !r.delivered));
     postgres.restart();
-    assert!(wait_until(Duration::from_secs(60), || rows(&device)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(60)
+    ));
     let report = relay.shutdown();
     assert_eq!(report.detached_threads, 0);
     assert!(rows(&device).iter().all(|r| !r.dead));

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{rows, wait_until};
+use common::rows;
 use pg::Postgres;
 use serde_json::json;
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
@@ -255,9 +255,7 @@ fn three_ingest_processes_killed_mid_run_store_every_committed_event_exactly_onc
     let committed: Vec<Vec<String>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     for device in &devices {
         assert!(
-            wait_until(Duration::from_secs(120), || rows(device)
-                .iter()
-                .all(|r| r.delivered)),
+            common::all_delivered_within(device, Duration::from_secs(120)),
             "a device did not deliver everything"
         );
     }

@@ -98,9 +98,10 @@ fn a_broker_killed_and_restarted_mid_run_loses_nothing_and_spends_no_attempt() {
     broker.kill();
     std::thread::sleep(Duration::from_millis(500));
     broker.restart();
-    assert!(wait_until(Duration::from_secs(120), || rows(&outbox)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(120)
+    ));
     relay.shutdown();
     // Every event was acknowledged once and only its delivery counted as an attempt.
     for row in rows(&outbox) {

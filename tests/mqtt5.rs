@@ -221,9 +221,10 @@ fn a_receive_maximum_of_two_bounds_the_window_and_loses_nothing() {
         )
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(120), || rows(&outbox)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(120)
+    ));
     relay.shutdown();
     assert!(rows(&outbox).iter().all(|r| r.attempts == 1));
     assert!(wait_until(Duration::from_secs(10), || subscriber

@@ -94,9 +94,10 @@ fn mutual_tls_delivers_and_a_wrong_ca_or_a_missing_client_certificate_holds_even
         .relay(relay_to(broker.tls_url(), trusted))
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(30), || rows(&outbox)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(30)
+    ));
     relay.shutdown();
     assert!(rows(&outbox).iter().all(|r| r.attempts == 1));
     assert!(wait_until(Duration::from_secs(10), || subscriber.count() >= 20));

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{fast, rows, wait_until, Reply, TestReceiver};
+use common::{fast, Reply, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::admin::State;
 use sqlite_outbox::{DeliveryOutcome, Destination, Event, Outbox, RelayConfig, NOTICE_CAPACITY};
@@ -98,9 +98,10 @@ fn a_subscriber_that_never_reads_loses_notices_and_never_slows_the_relay() {
         )
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(60), || rows(&outbox)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(60)
+    ));
     relay.shutdown();
     assert_eq!(unread.len(), NOTICE_CAPACITY);
     assert_eq!(outbox.lost_notices(), 500);

@@ -35,9 +35,10 @@ fn a_destination_added_later_gets_the_delivered_events_with_their_ids_in_key_ord
         .relay(fast(RelayConfig::new()).destination(Destination::http("a", a.url())))
         .start()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(30), || rows(&outbox)
-        .iter()
-        .all(|r| r.delivered)));
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(30)
+    ));
     relay.shutdown();
 
     // Nothing delivered in the future, nothing before the dawn of time.

@@ -119,9 +119,11 @@ pub(crate) async fn serve(
 async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
     if request.uri().path() == "/healthz" {
         return match run(state, Work::Health).await {
-            Outcome::Healthy => text(StatusCode::OK, "ok"),
-            Outcome::Unavailable(why) | Outcome::Rejected(why) => unavailable(&why),
-            Outcome::Stored(_) => text(StatusCode::OK, "ok"),
+            Outcome::Healthy | Outcome::Stored(_) => text(StatusCode::OK, "ok"),
+            Outcome::Unavailable(why) | Outcome::Rejected(why) => {
+                unavailable(&why, RETRY_AFTER_UNAVAILABLE)
+            }
+            Outcome::Overloaded => overloaded(),
         };
     }
     if request.method() != Method::POST {
@@ -193,7 +195,8 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
         }
         Outcome::Healthy => empty(StatusCode::NO_CONTENT),
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
-        Outcome::Unavailable(why) => unavailable(&why),
+        Outcome::Unavailable(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
+        Outcome::Overloaded => overloaded(),
     }
 }
 
@@ -202,7 +205,7 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
 async fn run(state: &State, work: Work) -> Outcome {
     let (reply, answer) = tokio::sync::oneshot::channel();
     if !state.workers.submit(Job { work, reply }) {
-        return Outcome::Unavailable("overloaded: every database thread is busy".into());
+        return Outcome::Overloaded;
     }
     match tokio::time::timeout(JOB_TIMEOUT, answer).await {
         Ok(Ok(outcome)) => outcome,
@@ -227,12 +230,14 @@ fn empty(status: StatusCode) -> Response<Full<Bytes>> {
     response
 }
 
-fn unavailable(why: &str) -> Response<Full<Bytes>> {
-    let retry_after = if why.starts_with("overloaded") {
-        RETRY_AFTER_OVERLOADED
-    } else {
-        RETRY_AFTER_UNAVAILABLE
-    };
+fn overloaded() -> Response<Full<Bytes>> {
+    unavailable(
+        "overloaded: every database thread is busy",
+        RETRY_AFTER_OVERLOADED,
+    )
+}
+
+fn unavailable(why: &str, retry_after: &'static str) -> Response<Full<Bytes>> {
     let mut response = text(StatusCode::SERVICE_UNAVAILABLE, why);
     response
         .headers_mut()

@@ -32,6 +32,8 @@ pub(crate) enum Outcome {
     Unavailable(String),
     /// PostgreSQL refused the data itself (SQLSTATE class 22, data exception): 400.
     Rejected(String),
+    /// Every database thread is busy and the queue is full: 503, retry soon.
+    Overloaded,
 }
 
 /// A unit of work and where its outcome goes.

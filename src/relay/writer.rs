@@ -439,6 +439,18 @@ impl Writer {
         }
         self.last_expiry = Instant::now();
         let now = self.outbox.now_ms();
+        // Read first: the write transaction only when there is something to expire.
+        match queue::any_past_deadline(&self.conn, now) {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(e) => {
+                log::warn!(
+                    "relay {}: looking for expired events failed: {e}",
+                    self.relay_id
+                );
+                return;
+            }
+        }
         let swept = (|| -> Result<Vec<queue::ExpiredRow>> {
             let tx = self
                 .conn

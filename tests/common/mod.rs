@@ -247,6 +247,11 @@ pub struct Row {
     pub available_at: i64,
 }
 
+/// Waits up to `limit` for every row of `outbox` to be delivered; whether they were.
+pub fn all_delivered_within(outbox: &sqlite_outbox::Outbox, limit: Duration) -> bool {
+    wait_until(limit, || rows(outbox).iter().all(|r| r.delivered))
+}
+
 pub fn rows(outbox: &sqlite_outbox::Outbox) -> Vec<Row> {
     let conn = outbox.connection().unwrap();
     let mut stmt = conn
