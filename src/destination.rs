@@ -227,8 +227,10 @@ impl Destination {
         self.workers
     }
 
-    /// Checks the settings and builds the transport.
-    pub(crate) fn build_transport(&self) -> Result<Arc<dyn Transport>> {
+    /// Checks the settings and builds the transport. `workers` is how many delivery threads
+    /// the relay gives it: with the batch size, the in-flight window of a transport that
+    /// has one (MQTT).
+    pub(crate) fn build_transport(&self, workers: usize) -> Result<Arc<dyn Transport>> {
         validate_name(&self.name)?;
         if let Some(b) = self.batch {
             if b.max_events == 0 || b.max_bytes == 0 {
@@ -241,9 +243,15 @@ impl Destination {
         match &self.target {
             Target::Custom(t) => Ok(t.clone()),
             #[cfg(feature = "mqtt")]
-            Target::Mqtt { url, config } => Ok(Arc::new(crate::transport::MqttTransport::new(
-                &self.name, url, config,
-            )?)),
+            Target::Mqtt { url, config } => {
+                let batch = self.batch.map_or(1, |b| b.max_events);
+                Ok(Arc::new(crate::transport::MqttTransport::with_window(
+                    &self.name,
+                    url,
+                    config,
+                    workers.saturating_mul(batch),
+                )?))
+            }
             Target::Http {
                 url,
                 config,
@@ -372,10 +380,10 @@ mod tests {
         let d = Destination::http("a", "http://127.0.0.1:1/")
             .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         assert!(!format!("{d:?}").contains("MfKQ9r8"));
-        assert!(d.build_transport().is_ok());
+        assert!(d.build_transport(1).is_ok());
         let Err(err) = Destination::http("a", "http://x/")
             .secret("whsec_!!!not-base64")
-            .build_transport()
+            .build_transport(1)
         else {
             panic!("a malformed secret was accepted");
         };

@@ -263,9 +263,12 @@
 //!   is the same destination-wide offline backoff as for HTTP: no attempt spent, every
 //!   unacknowledged publish pending again and published again after the reconnect.
 //! - Per-key order holds as for HTTP (one event of a key in flight). Each delivery worker
-//!   has one publish in flight, or with [`Destination::batch`]`(n, …)` publishes `n` back to
-//!   back and then awaits their PUBACKs, so the in-flight window is `workers × n`; each event
-//!   keeps its own outcome (an oversize one is dead-lettered alone). Mosquitto sends its
+//!   publishes one event, or with [`Destination::batch`]`(n, …)` `n` back to back, and the
+//!   connection keeps at most `workers × n` publishes unacknowledged (the in-flight window,
+//!   narrowed further by the broker's receive maximum). A worker hands its next request to
+//!   the connection before it awaits the last one's PUBACKs; that request waits in the
+//!   client, in order, until a PUBACK makes room, so the window never idles while a worker
+//!   wakes up. Each event keeps its own outcome (an oversize one is dead-lettered alone). Mosquitto sends its
 //!   PUBACKs with Nagle's algorithm on unless `set_tcp_nodelay true` is in its config; a
 //!   publisher that awaits a batch's PUBACKs then stalls on TCP's delayed ACK (about 40 ms
 //!   per batch, measured), so set it.

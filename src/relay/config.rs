@@ -274,7 +274,7 @@ impl RelayConfig {
                     )));
                 }
             }
-            transports.push(d.build_transport()?);
+            transports.push(d.build_transport(d.worker_count().unwrap_or(self.workers))?);
         }
         Ok(transports)
     }

@@ -18,7 +18,7 @@ use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::writer::panic_message;
-use crate::transport::{Attempt, OutboundEvent, Transport};
+use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
 #[derive(Debug)]
@@ -173,8 +173,31 @@ impl Worker {
 
     /// Delivers jobs until the lane closes (the writer dropped the job sender) or the
     /// writer stops listening.
+    ///
+    /// A request the transport left on its way (MQTT: published, PUBACKs to come) is
+    /// awaited only once the next queued job has been handed over too, so the connection
+    /// always has this worker's next request ready behind the current one. Each request's
+    /// report still goes to the writer as soon as its own outcome is known.
     pub fn run(self) {
-        while let Ok(events) = self.jobs.recv() {
+        let mut on_its_way: Option<OnItsWay> = None;
+        loop {
+            let next = if on_its_way.is_some() {
+                self.jobs.try_recv().ok()
+            } else {
+                match self.jobs.recv() {
+                    Ok(job) => Some(job),
+                    Err(_) => break,
+                }
+            };
+            let Some(events) = next else {
+                // Nothing queued (or the lane closed): the request on its way comes first.
+                if let Some(request) = on_its_way.take() {
+                    if self.reports.send(self.finish(request)).is_err() {
+                        return;
+                    }
+                }
+                continue;
+            };
             // An event past its deadline is never sent, even before the writer's sweep has
             // marked it expired: it is handed back (no attempt spent), and the sweep takes it.
             let now = self.clock.now_ms();
@@ -184,14 +207,31 @@ impl Worker {
             if !late.is_empty() {
                 let report = Report::decide(self.lane, late, &Tried::Skipped, &self.policy, now);
                 if self.reports.send(report).is_err() {
-                    break;
+                    return;
                 }
             }
             if events.is_empty() {
                 continue;
             }
-            if self.reports.send(self.deliver(events)).is_err() {
-                break;
+            // A paced request may wait long before it goes: the one on its way is reported
+            // first, so its outcome (and its key's next event) does not wait with it.
+            if self.pacer.is_some() {
+                if let Some(request) = on_its_way.take() {
+                    if self.reports.send(self.finish(request)).is_err() {
+                        return;
+                    }
+                }
+            }
+            let done = match self.start(events) {
+                Started::Done(report) => Some(report),
+                Started::OnItsWay(request) => on_its_way
+                    .replace(request)
+                    .map(|earlier| self.finish(earlier)),
+            };
+            if let Some(report) = done {
+                if self.reports.send(report).is_err() {
+                    return;
+                }
             }
         }
     }
@@ -221,7 +261,9 @@ impl Worker {
         true
     }
 
-    fn deliver(&self, events: Job) -> Report {
+    /// Hands `events` to the transport: a report if the outcome is already known (sent and
+    /// answered, skipped, panicked), else the request on its way.
+    fn start(&self, events: Job) -> Started {
         // Paced first, so that the lease is judged when the request would really start.
         let paced = !self.gate.is_closed() && self.pace(&events);
         let now = self.clock.now_ms();
@@ -231,18 +273,38 @@ impl Worker {
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
         if !paced || self.gate.is_closed() || lease_short {
-            return Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
+            let report = Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
+            return Started::Done(report);
         }
-        let report = match catch_unwind(AssertUnwindSafe(|| self.transport.send_each(&events))) {
-            Ok(attempts) => {
-                let now = self.clock.now_ms();
-                Report::decide_each(self.lane, events, &attempts, &self.policy, now)
-            }
-            Err(panic) => {
-                let msg = panic_message(&*panic);
+        match catch_unwind(AssertUnwindSafe(|| self.transport.start_each(&events))) {
+            Ok(sending) if sending.is_done() => Started::Done(self.finish(OnItsWay {
+                events,
+                sending: Ok(sending),
+            })),
+            Ok(sending) => Started::OnItsWay(OnItsWay {
+                events,
+                sending: Ok(sending),
+            }),
+            Err(panic) => Started::Done(self.finish(OnItsWay {
+                events,
+                sending: Err(panic_message(&*panic)),
+            })),
+        }
+    }
+
+    /// Waits for a request's outcomes, decides them, and tells the gate.
+    fn finish(&self, request: OnItsWay) -> Report {
+        let OnItsWay { events, sending } = request;
+        let attempts = sending.and_then(|sending| {
+            catch_unwind(AssertUnwindSafe(|| sending.wait()))
+                .map_err(|panic| panic_message(&*panic))
+        });
+        let now = self.clock.now_ms();
+        let report = match attempts {
+            Ok(attempts) => Report::decide_each(self.lane, events, &attempts, &self.policy, now),
+            Err(msg) => {
                 let first = events.first().map_or("", |e| e.event_id.as_str());
                 log::error!("event {first}: transport panicked: {msg}");
-                let now = self.clock.now_ms();
                 Report::decide(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
             }
         };
@@ -251,6 +313,21 @@ impl Worker {
         }
         report
     }
+}
+
+/// What handing a request to the transport came to.
+enum Started {
+    /// Its outcome is known.
+    Done(Report),
+    /// It is on its way; its outcome is awaited later.
+    OnItsWay(OnItsWay),
+}
+
+/// A request handed to the transport, and what to wait on for its outcomes (or the
+/// transport's panic message).
+struct OnItsWay {
+    events: Job,
+    sending: std::result::Result<Sending, String>,
 }
 
 /// How long a pacing worker sleeps before it looks at the gate again.
@@ -281,6 +358,93 @@ mod tests {
             retry_after: None,
             detail: String::new(),
         }
+    }
+
+    /// A transport that logs when each request starts and when its answers are awaited;
+    /// `pipelined` says whether it leaves requests on their way (as MQTT does).
+    struct Logging {
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+        pipelined: bool,
+    }
+
+    impl Transport for Logging {
+        fn send(&self, _: &[OutboundEvent]) -> Attempt {
+            delivered()
+        }
+
+        fn start_each(&self, events: &[OutboundEvent]) -> Sending {
+            let id = events[0].id;
+            self.log.lock().unwrap().push(format!("start {id}"));
+            let answers = vec![delivered(); events.len()];
+            if !self.pipelined {
+                return Sending::done(answers);
+            }
+            let log = Arc::clone(&self.log);
+            Sending::waiting(move || {
+                log.lock().unwrap().push(format!("wait {id}"));
+                answers
+            })
+        }
+    }
+
+    /// Runs one worker over jobs of one event each (ids 1..=n, all queued before it starts)
+    /// and returns the transport's log and the ids of the reports in the order they came.
+    fn run_worker(n: i64, pipelined: bool) -> (Vec<String>, Vec<i64>) {
+        let config = RelayConfig::new();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (jobs_tx, jobs) = crossbeam_channel::unbounded();
+        let (reports, reports_rx) = crossbeam_channel::unbounded();
+        for id in 1..=n {
+            let mut e = event(id);
+            e.lease_expires_at = i64::MAX;
+            jobs_tx.send(vec![e]).unwrap();
+        }
+        drop(jobs_tx);
+        let worker = Worker {
+            lane: 0,
+            jobs,
+            reports,
+            transport: Arc::new(Logging {
+                log: Arc::clone(&log),
+                pipelined,
+            }),
+            gate: Arc::new(Gate::new(config.offline)),
+            pacer: None,
+            clock: Arc::new(crate::clock::SystemClock),
+            lease_ms: config.lease_ms(),
+            policy: Policy::new(&config),
+        };
+        worker.run();
+        let reported = reports_rx
+            .try_iter()
+            .map(|r| {
+                assert_eq!(
+                    r.decided()[0].1.write_back,
+                    crate::queue::WriteBack::Delivered
+                );
+                r.decided()[0].0.id
+            })
+            .collect();
+        let log = log.lock().unwrap().clone();
+        (log, reported)
+    }
+
+    #[test]
+    fn a_request_on_its_way_is_awaited_after_the_next_one_is_handed_over() {
+        let (log, reported) = run_worker(3, true);
+        assert_eq!(
+            log,
+            ["start 1", "start 2", "wait 1", "start 3", "wait 2", "wait 3"],
+            "the next request goes to the transport before the last one is awaited"
+        );
+        assert_eq!(reported, [1, 2, 3], "one report per request, in order");
+    }
+
+    #[test]
+    fn a_transport_that_answers_at_once_is_reported_at_once() {
+        let (log, reported) = run_worker(3, false);
+        assert_eq!(log, ["start 1", "start 2", "start 3"]);
+        assert_eq!(reported, [1, 2, 3]);
     }
 
     #[test]

@@ -25,12 +25,14 @@ mod clock_offset;
 mod http;
 #[cfg(feature = "mqtt")]
 mod mqtt;
+mod sending;
 
 use std::time::Duration;
 
 pub use http::{HttpConfig, HttpTransport};
 #[cfg(feature = "mqtt")]
 pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
+pub use sending::Sending;
 
 /// One claimed event on its way to a destination.
 ///
@@ -118,6 +120,15 @@ pub trait Transport: Send + Sync + 'static {
     fn send_each(&self, events: &[OutboundEvent]) -> Vec<Attempt> {
         let attempt = self.send(events);
         vec![attempt; events.len()]
+    }
+
+    /// Starts delivering `events` and returns their outcomes or a [`Sending`] to wait on.
+    /// The default sends at once ([`send_each`](Self::send_each)). A transport whose
+    /// requests can queue behind one another on one connection (MQTT) overrides it: the
+    /// worker then hands it the next request before this one is answered, so the connection
+    /// never idles between a worker's requests.
+    fn start_each(&self, events: &[OutboundEvent]) -> Sending {
+        Sending::done(self.send_each(events))
     }
 
     /// How far the receiver's clock is from this machine's (receiver minus local, in

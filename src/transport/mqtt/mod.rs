@@ -28,7 +28,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::error::{Error, Result};
-use crate::transport::{Attempt, OutboundEvent, Transport};
+use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 use crate::wire;
 pub use protocol::MqttVersion;
 use protocol::{ConnectOptions, Publication};
@@ -42,8 +42,8 @@ const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf
 /// The content type property of a binary-mode message: the data is stored as JSON.
 const BINARY_CONTENT_TYPE: &str = "application/json";
 
-/// Unacknowledged publishes one connection allows (rumqttc's packet id window; its request
-/// channel is as deep). Above the relay's own in-flight limit per destination (400).
+/// Unacknowledged publishes one connection allows at most (rumqttc's packet id window). A
+/// relay narrows it to its workers × batch size; the request channel holds twice this many.
 pub(crate) const IN_FLIGHT_LIMIT: u16 = 1024;
 
 /// Settings of an MQTT destination. Setters never fail; [`Relay::start`](crate::Relay::start)
@@ -296,6 +296,19 @@ impl MqttTransport {
     /// Checks `config`, and starts the connection thread for the broker at `url`
     /// (`mqtt://host:port`, or `mqtts://host:port` for TLS).
     pub fn new(destination: &str, url: &str, config: &MqttConfig) -> Result<MqttTransport> {
+        Self::with_window(destination, url, config, usize::from(IN_FLIGHT_LIMIT))
+    }
+
+    /// As [`new`](Self::new), with at most `window` publishes unacknowledged on the
+    /// connection (the relay passes its workers × batch size). Publishes beyond it wait in
+    /// the client, in order, until a PUBACK makes room.
+    pub(crate) fn with_window(
+        destination: &str,
+        url: &str,
+        config: &MqttConfig,
+        window: usize,
+    ) -> Result<MqttTransport> {
+        let window = window.clamp(1, usize::from(IN_FLIGHT_LIMIT));
         let topic = config.check(destination)?;
         let address = parse_url(url)?;
         let bad = |why: String| Error::InvalidConfig(format!("destination {destination}: {why}"));
@@ -323,7 +336,7 @@ impl MqttTransport {
             keep_alive: config.keep_alive,
             credentials: config.credentials.clone(),
             max_outgoing_packet: config.max_packet_bytes,
-            in_flight: IN_FLIGHT_LIMIT,
+            in_flight: u16::try_from(window).unwrap_or(IN_FLIGHT_LIMIT),
             transport,
         };
         let link = SharedLink::default();
@@ -445,6 +458,12 @@ impl Transport for MqttTransport {
     /// `batch(n, …)`) is published back to back, so up to `n` messages per worker are in
     /// flight, and then their PUBACKs are awaited together.
     fn send_each(&self, events: &[OutboundEvent]) -> Vec<Attempt> {
+        self.start_each(events).wait()
+    }
+
+    /// Publishes every event and returns at once: the PUBACKs are awaited in
+    /// [`Sending::wait`], bounded by the ack timeout.
+    fn start_each(&self, events: &[OutboundEvent]) -> Sending {
         let ticket = session::Ticket::new(events.len());
         let broker_limit = session::broker_max_packet(&self.link).map(|b| b as usize);
         let mut ready = Vec::with_capacity(events.len());
@@ -455,7 +474,8 @@ impl Transport for MqttTransport {
             }
         }
         session::publish_all(&self.link, ready, &ticket);
-        ticket.wait(self.ack_timeout)
+        let ack_timeout = self.ack_timeout;
+        Sending::waiting(move || ticket.wait(ack_timeout))
     }
 }
 

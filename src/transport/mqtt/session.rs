@@ -20,6 +20,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::protocol::{AckVerdict, Client, ConnectOptions, Happening, Publication};
+use super::IN_FLIGHT_LIMIT;
 use crate::transport::Attempt;
 
 /// First pause after a failed connection; doubles up to [`RECONNECT_PAUSE_CAP`].
@@ -164,9 +165,10 @@ pub(crate) fn publish_all(
 pub(crate) fn run(options: ConnectOptions, link: SharedLink, stop: Receiver<()>, broker: String) {
     let mut pause = RECONNECT_PAUSE;
     loop {
-        // The request channel holds every publish the window allows, so `try_publish` only
-        // fails when the connection is gone.
-        let (client, mut connection) = options.connect(usize::from(options.in_flight));
+        // The request channel holds every publish the window allows and as many again
+        // queued behind them (a worker hands over its next request before the last is
+        // answered), so `try_publish` only fails when the connection is gone.
+        let (client, mut connection) = options.connect(2 * usize::from(IN_FLIGHT_LIMIT));
         lock(&link).client = Some(client);
         let reason = loop {
             if !matches!(stop.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
