@@ -108,7 +108,7 @@ impl Outbox {
                 now,
                 EXPORT_LEASE.as_millis() as i64,
                 limit,
-                self.default_source(),
+                &self.default_source(),
             )
         })?;
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();

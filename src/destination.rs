@@ -308,6 +308,11 @@ impl Route {
         }
     }
 
+    /// The type pattern: an exact type, a prefix ending in `*`, or `*`.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
     /// The destination events matching this route go to.
     pub fn destination(&self) -> &str {
         &self.destination

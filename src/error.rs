@@ -23,6 +23,14 @@ pub enum Error {
         /// The lifetime given, in milliseconds.
         millis: i64,
     },
+    /// A setting kept in the file (see [`settings`](crate::settings)) that is unknown or out
+    /// of range.
+    InvalidSetting {
+        /// The setting's key.
+        key: String,
+        /// What is wrong, and the allowed range.
+        reason: String,
+    },
     /// A priority outside 0 to 9.
     InvalidPriority {
         /// The priority given.
@@ -122,6 +130,7 @@ impl fmt::Display for Error {
                 f,
                 "an expiry of {millis} ms is out of range: at least 1 ms after the commit"
             ),
+            Error::InvalidSetting { key, reason } => write!(f, "setting {key}: {reason}"),
             Error::InvalidPriority { priority } => write!(
                 f,
                 "priority {priority} is out of range: 0 (least urgent) to 9 (most urgent)"

@@ -626,6 +626,7 @@ mod queue;
 pub mod receive;
 mod redeliver;
 mod relay;
+pub mod settings;
 mod signature;
 mod telemetry;
 pub mod transport;

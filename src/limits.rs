@@ -19,12 +19,13 @@ pub enum StoragePolicy {
 }
 
 /// The limits and which types may be dropped.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct StorageLimits {
     pub max_pending: Option<i64>,
     pub max_pending_bytes: Option<i64>,
-    /// Patterns (exact, `prefix*`, `*`) of types whose policy is `DropOldest`.
-    pub lossy: Vec<String>,
+    /// Policies by type pattern (exact, `prefix*`, `*`); the most specific match wins, and a
+    /// type no pattern matches is `Reject`.
+    pub policies: Vec<(String, StoragePolicy)>,
 }
 
 /// Which limit an enqueue ran into.
@@ -48,7 +49,9 @@ impl std::fmt::Display for Limit {
 /// Triggers that keep `outbox_stats.pending_count` and `pending_bytes` exact whoever writes
 /// the table (the app, a relay, the CLI, another process), so that enforcing a limit costs one
 /// row read instead of a count over every pending event. Created, with the totals recounted,
-/// the first time the file is opened with a limit; they then stay.
+/// the first time the file is opened with a limit; they then stay. They run in whatever
+/// SQLite the writing process links (an app in Python on Debian 12 links 3.40), so they use
+/// only functions of 3.40: `length(CAST(x AS BLOB))`, not `octet_length` (3.43).
 const TOTALS_TRIGGERS: &str = concat!(
     "
 CREATE TRIGGER IF NOT EXISTS outbox_events_pending_insert AFTER INSERT ON outbox_events
@@ -58,7 +61,7 @@ WHEN ",
 BEGIN
     UPDATE outbox_stats
        SET pending_count = pending_count + 1,
-           pending_bytes = pending_bytes + octet_length(NEW.payload)
+           pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB))
      WHERE id = 1;
 END;
 
@@ -69,7 +72,7 @@ WHEN ",
 BEGIN
     UPDATE outbox_stats
        SET pending_count = pending_count - 1,
-           pending_bytes = pending_bytes - octet_length(OLD.payload)
+           pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB))
      WHERE id = 1;
 END;
 
@@ -89,7 +92,7 @@ BEGIN
            pending_bytes = pending_bytes
                + CASE WHEN ",
     pending!("NEW."),
-    " THEN octet_length(NEW.payload) ELSE -octet_length(OLD.payload) END
+    " THEN length(CAST(NEW.payload AS BLOB)) ELSE -length(CAST(OLD.payload AS BLOB)) END
      WHERE id = 1;
 END;
 "
@@ -98,8 +101,10 @@ END;
 /// Installs the totals triggers if they are missing, recounting the totals in the same
 /// transaction so they start exact.
 pub(crate) fn ensure_totals(conn: &mut rusqlite::Connection) -> Result<()> {
+    // Triggers of earlier versions used `octet_length`, which SQLite before 3.43 lacks:
+    // those are replaced.
     let installed: bool = conn.query_row(
-        "SELECT COUNT(*) = 3 FROM sqlite_master
+        "SELECT COUNT(*) = 3 AND SUM(instr(sql, 'octet_length')) = 0 FROM sqlite_master
           WHERE type = 'trigger' AND name LIKE 'outbox_events_pending_%'",
         [],
         |r| r.get(0),
@@ -108,11 +113,16 @@ pub(crate) fn ensure_totals(conn: &mut rusqlite::Connection) -> Result<()> {
         return Ok(());
     }
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "DROP TRIGGER IF EXISTS outbox_events_pending_insert;
+         DROP TRIGGER IF EXISTS outbox_events_pending_delete;
+         DROP TRIGGER IF EXISTS outbox_events_pending_update;",
+    )?;
     tx.execute_batch(TOTALS_TRIGGERS)?;
     tx.execute(
         &format!(
             "UPDATE outbox_stats SET (pending_count, pending_bytes) = (
-                 SELECT COUNT(*), COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
+                 SELECT COUNT(*), COALESCE(SUM(length(CAST(payload AS BLOB))), 0) FROM outbox_events
                   WHERE {PENDING})
               WHERE id = 1"
         ),
@@ -129,53 +139,40 @@ impl StorageLimits {
 
     /// Whether events of `event_type` may be dropped to make room.
     pub fn is_droppable(&self, event_type: &str) -> bool {
-        self.lossy
-            .iter()
-            .any(|p| crate::destination::type_matches(p, event_type))
+        crate::settings::most_specific(&self.policies, event_type)
+            == Some(&StoragePolicy::DropOldest)
     }
 
-    /// Records this outbox's policies on the pending rows (enqueued under other settings, or
-    /// before the flag existed), so the drop order follows the policy in force.
+    /// Whether any type may be dropped at all.
+    fn any_droppable(&self) -> bool {
+        self.policies
+            .iter()
+            .any(|(_, p)| *p == StoragePolicy::DropOldest)
+    }
+
+    /// Records these policies on the pending rows (enqueued under other settings, or before
+    /// the flag existed), so the drop order follows the policy in force: one statement per
+    /// pending type whose flag is wrong.
     pub fn mark_pending(&self, conn: &mut rusqlite::Connection) -> Result<()> {
-        let (predicate, values) = if self.lossy.is_empty() {
-            ("(0)".to_string(), Vec::new())
-        } else {
-            self.lossy_predicate()
-        };
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute(
-            &format!(
-                "UPDATE outbox_events SET droppable = {predicate}
-                  WHERE {PENDING} AND droppable IS NOT {predicate}"
-            ),
-            rusqlite::params_from_iter(values.iter()),
-        )?;
+        let types: Vec<String> = tx
+            .prepare(&format!(
+                "SELECT DISTINCT event_type FROM outbox_events WHERE {PENDING}"
+            ))?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        for event_type in types {
+            let droppable = self.is_droppable(&event_type);
+            tx.execute(
+                &format!(
+                    "UPDATE outbox_events SET droppable = ?2
+                      WHERE event_type = ?1 AND {PENDING} AND droppable IS NOT ?2"
+                ),
+                rusqlite::params![event_type, droppable],
+            )?;
+        }
         tx.commit()?;
         Ok(())
-    }
-
-    /// The SQL condition selecting droppable types, and its parameters.
-    fn lossy_predicate(&self) -> (String, Vec<String>) {
-        let mut terms = Vec::new();
-        let mut values = Vec::new();
-        for pattern in &self.lossy {
-            match pattern.strip_suffix('*') {
-                Some("") => terms.push("1".to_string()),
-                Some(prefix) => {
-                    values.push(prefix.to_string());
-                    // substr, not LIKE/GLOB: no wildcard characters to escape in the prefix.
-                    terms.push(format!(
-                        "substr(event_type, 1, length(?{n})) = ?{n}",
-                        n = values.len()
-                    ));
-                }
-                None => {
-                    values.push(pattern.clone());
-                    terms.push(format!("event_type = ?{}", values.len()));
-                }
-            }
-        }
-        (format!("({})", terms.join(" OR ")), values)
     }
 
     /// Makes room in `tx` for `add_count` new rows carrying `add_bytes`, dropping the oldest
@@ -224,7 +221,7 @@ impl StorageLimits {
             }
         };
         // A single event larger than the whole byte budget can never fit.
-        if self.lossy.is_empty() || self.max_pending_bytes.is_some_and(|m| add_bytes > m) {
+        if !self.any_droppable() || self.max_pending_bytes.is_some_and(|m| add_bytes > m) {
             return Err(full());
         }
         // Oldest first, skipping events a relay is delivering right now.

@@ -19,6 +19,7 @@ use crate::queue::{self, NewRow};
 use crate::relay::config::RelayConfig;
 use crate::relay::wake::Wakers;
 use crate::relay::Relay;
+use crate::settings::{Explicit, LiveSettings, Settings};
 
 /// A handle to one outbox database file. Cheap to clone; clones share the pool.
 ///
@@ -45,14 +46,8 @@ struct Inner {
     path: PathBuf,
     settings: ConnectionSettings,
     clock: Arc<dyn Clock>,
-    payload_limit: usize,
-    default_source: String,
-    routes: Vec<Route>,
-    /// Default priorities by type pattern, first match wins.
-    priorities: Vec<(String, u8)>,
-    /// Default lifetimes by type pattern, first match wins.
-    expiries: Vec<(String, Duration)>,
-    limits: StorageLimits,
+    /// Routes, limits, policies, defaults: kept in the file, followed as they change.
+    live: LiveSettings,
     /// The relays of this process to wake after a local commit.
     wakers: Wakers,
     /// Who hears of delivered and dead events.
@@ -63,8 +58,7 @@ impl fmt::Debug for Outbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbox")
             .field("path", &self.inner.path)
-            .field("payload_limit", &self.inner.payload_limit)
-            .field("default_source", &self.inner.default_source)
+            .field("settings", &self.inner.live.get())
             .finish_non_exhaustive()
     }
 }
@@ -75,8 +69,8 @@ pub struct OutboxBuilder {
     synchronous: Synchronous,
     busy_timeout: Duration,
     wal_autocheckpoint: u32,
-    payload_limit: usize,
-    default_source: String,
+    payload_limit: Option<usize>,
+    default_source: Option<String>,
     routes: Vec<Route>,
     priorities: Vec<(String, u8)>,
     expiries: Vec<(String, Duration)>,
@@ -108,8 +102,8 @@ impl Default for OutboxBuilder {
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
             wal_autocheckpoint: 8192,
-            payload_limit: Self::DEFAULT_PAYLOAD_LIMIT,
-            default_source: "/sqlite-outbox".to_string(),
+            payload_limit: None,
+            default_source: None,
             routes: Vec::new(),
             priorities: Vec::new(),
             expiries: Vec::new(),
@@ -121,7 +115,7 @@ impl Default for OutboxBuilder {
 
 impl OutboxBuilder {
     /// The default limit on an event's serialized data: 256 KiB.
-    pub const DEFAULT_PAYLOAD_LIMIT: usize = 256 * 1024;
+    pub const DEFAULT_PAYLOAD_LIMIT: usize = crate::settings::DEFAULT_PAYLOAD_LIMIT;
 
     /// Sets the number of pooled connections. A running relay keeps one. Defaults to 4.
     pub fn pool_size(mut self, size: u32) -> Self {
@@ -156,14 +150,19 @@ impl OutboxBuilder {
     }
 
     /// Sets the largest serialized event data accepted, in bytes. Defaults to 256 KiB.
+    ///
+    /// Like every setting of enqueue's policy here (routes, limits, policies, priorities,
+    /// lifetimes, the default source), it is written into the file at [`open`](Self::open)
+    /// (setting `payload_limit`), so that the CLI and apps in other languages that write to
+    /// the same file follow it too; see [`settings`](crate::settings).
     pub fn payload_limit(mut self, bytes: usize) -> Self {
-        self.payload_limit = bytes;
+        self.payload_limit = Some(bytes);
         self
     }
 
     /// Sets the CloudEvents `source` of events that set none. Defaults to `/sqlite-outbox`.
     pub fn default_source(mut self, source: impl Into<String>) -> Self {
-        self.default_source = source.into();
+        self.default_source = Some(source.into());
         self
     }
 
@@ -181,20 +180,25 @@ impl OutboxBuilder {
     }
 
     /// The priority of events of types matching `pattern` (an exact type, `prefix.*`, or
-    /// `*`) that set none themselves: 0 (least urgent) to 9 (most urgent). The first
-    /// matching pattern wins; without any, 5. For example `priority_for("alarm.*", 9)` and
+    /// `*`) that set none themselves: 0 (least urgent) to 9 (most urgent). The most
+    /// specific matching pattern wins (the exact type, then the longest prefix, then `*`);
+    /// without any, 5. For example `priority_for("alarm.*", 9)` and
     /// `priority_for("telemetry.*", 1)` send alarms first after a reconnect.
     pub fn priority_for(mut self, pattern: impl Into<String>, priority: u8) -> Self {
-        self.priorities.push((pattern.into(), priority));
+        let pattern = pattern.into();
+        self.priorities.retain(|(p, _)| *p != pattern);
+        self.priorities.push((pattern, priority));
         self
     }
 
     /// The lifetime of events of types matching `pattern` that set none themselves
     /// ([`Event::expires_in`]): not delivered within it of their commit, they expire. The
-    /// first matching pattern wins; without any, events never expire. For example
+    /// most specific matching pattern wins; without any, events never expire. For example
     /// `expiry_for("telemetry.*", Duration::from_secs(3600))`.
     pub fn expiry_for(mut self, pattern: impl Into<String>, lifetime: Duration) -> Self {
-        self.expiries.push((pattern.into(), lifetime));
+        let pattern = pattern.into();
+        self.expiries.retain(|(p, _)| *p != pattern);
+        self.expiries.push((pattern, lifetime));
         self
     }
 
@@ -218,10 +222,8 @@ impl OutboxBuilder {
     /// never dropped to make room.
     pub fn storage_policy(mut self, pattern: impl Into<String>, policy: StoragePolicy) -> Self {
         let pattern = pattern.into();
-        self.limits.lossy.retain(|p| *p != pattern);
-        if policy == StoragePolicy::DropOldest {
-            self.limits.lossy.push(pattern);
-        }
+        self.limits.policies.retain(|(p, _)| *p != pattern);
+        self.limits.policies.push((pattern, policy));
         self
     }
 
@@ -233,10 +235,17 @@ impl OutboxBuilder {
 
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     ///
+    /// The settings given to this builder are written into the file's `outbox_settings`
+    /// table: a kind of setting the builder sets (any route, say) replaces that kind in the
+    /// file, and each stored value it changes or removes is logged as a warning. Settings the
+    /// builder leaves alone are taken from the file. Later changes to the file (`outbox
+    /// config set`) are followed within a quarter second.
+    ///
     /// # Errors
     ///
     /// [`Error::SchemaTooNew`] if a newer crate wrote the file, [`Error::NotADatabase`] if it
-    /// is not SQLite, [`Error::InvalidConfig`] for a pool size below 1, and SQLite errors
+    /// is not SQLite, [`Error::InvalidConfig`] for a pool size below 1 or a setting out of
+    /// range ([`Error::InvalidSetting`] for the settings kept in the file), and SQLite errors
     /// (permissions, a full disk). In the first two cases the file is left untouched.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Outbox> {
         if self.pool_size == 0 {
@@ -264,28 +273,75 @@ impl OutboxBuilder {
             busy_timeout: self.busy_timeout,
             wal_autocheckpoint: self.wal_autocheckpoint,
         };
+        let explicit = self.explicit_settings()?;
         let (pool, path) = database::open_pool(path.as_ref(), &settings, self.pool_size)?;
-        if self.limits.is_set() {
+        let rows = {
             let mut conn = pool.get()?;
-            crate::limits::ensure_totals(&mut conn)?;
-            self.limits.mark_pending(&mut conn)?;
-        }
+            let rows = if explicit.rows.is_empty() && explicit.owned.is_empty() {
+                crate::settings::load_rows(&conn)?
+            } else {
+                crate::settings::overlay(&mut conn, &explicit)?
+            };
+            let limits = crate::settings::Settings::from_rows(&rows).limits;
+            if limits.is_set() {
+                crate::limits::ensure_totals(&mut conn)?;
+                limits.mark_pending(&mut conn)?;
+            }
+            rows
+        };
         Ok(Outbox {
             inner: Arc::new(Inner {
+                live: LiveSettings::new(rows, &path, &settings),
                 pool,
                 path,
                 settings,
                 clock: self.clock,
-                payload_limit: self.payload_limit,
-                default_source: self.default_source,
-                routes: self.routes,
-                priorities: self.priorities,
-                expiries: self.expiries,
-                limits: self.limits,
                 wakers: Wakers::default(),
                 subscribers: Default::default(),
             }),
         })
+    }
+
+    /// The settings this builder was given, as rows of `outbox_settings`.
+    fn explicit_settings(&self) -> Result<Explicit> {
+        let mut explicit = Explicit::default();
+        if let Some(source) = &self.default_source {
+            explicit.single("default_source", source.clone());
+        }
+        if let Some(limit) = self.payload_limit {
+            explicit.single("payload_limit", limit.to_string());
+        }
+        if let Some(max) = self.limits.max_pending {
+            explicit.single("max_pending", max.to_string());
+        }
+        if let Some(max) = self.limits.max_pending_bytes {
+            explicit.single("max_pending_bytes", max.to_string());
+        }
+        let mut routes: Vec<(&str, Vec<&str>)> = Vec::new();
+        for route in &self.routes {
+            match routes.iter_mut().find(|(p, _)| *p == route.pattern()) {
+                Some((_, names)) => names.push(route.destination()),
+                None => routes.push((route.pattern(), vec![route.destination()])),
+            }
+        }
+        for (pattern, names) in routes {
+            let names = serde_json::to_string(&names).map_err(Error::InvalidData)?;
+            explicit.pattern("route:", pattern, names);
+        }
+        for (pattern, policy) in &self.limits.policies {
+            let value = match policy {
+                StoragePolicy::DropOldest => "drop_oldest",
+                StoragePolicy::Reject => "reject",
+            };
+            explicit.pattern("policy:", pattern, value.to_string());
+        }
+        for (pattern, priority) in &self.priorities {
+            explicit.pattern("priority:", pattern, priority.to_string());
+        }
+        for (pattern, lifetime) in &self.expiries {
+            explicit.pattern("expiry:", pattern, lifetime.as_millis().to_string());
+        }
+        Ok(explicit)
     }
 
     /// Opens the outbox at `path`, which must already exist and hold one, and brings its
@@ -304,9 +360,9 @@ impl OutboxBuilder {
 }
 
 impl Outbox {
-    /// The storage limits this outbox was opened with.
-    pub(crate) fn limits(&self) -> &StorageLimits {
-        &self.inner.limits
+    /// The settings in force (read again from the file within a quarter second of a change).
+    pub(crate) fn current_settings(&self) -> Arc<Settings> {
+        self.inner.live.get()
     }
 
     /// The subscribers to delivery notices (see `notices.rs`).
@@ -357,8 +413,9 @@ impl Outbox {
     /// written: `tx` stays usable and can still commit the caller's other writes. A repeated
     /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
     pub fn enqueue(&self, tx: &Transaction<'_>, event: Event) -> Result<Enqueued> {
-        let payload = event.validate(self.inner.payload_limit)?;
-        let destinations = destinations_for(&self.inner.routes, &event.event_type);
+        let settings = self.inner.live.get();
+        let payload = event.validate(settings.payload_limit)?;
+        let destinations = destinations_for(&settings.routes, &event.event_type);
         if destinations.is_empty() {
             return Err(Error::NoRoute {
                 event_type: event.event_type,
@@ -368,12 +425,12 @@ impl Outbox {
         // event deleted, room made, several destinations) goes in a savepoint, so an error or
         // a duplicate leaves the caller's transaction exactly as it was.
         let guarded =
-            event.coalesce_key.is_some() || self.inner.limits.is_set() || destinations.len() > 1;
+            event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1;
         if !guarded {
-            return self.write_event(tx, &event, &payload, &destinations);
+            return self.write_event(tx, &settings, &event, &payload, &destinations);
         }
         tx.prepare_cached("SAVEPOINT outbox_enqueue")?.execute([])?;
-        let result = self.write_event(tx, &event, &payload, &destinations);
+        let result = self.write_event(tx, &settings, &event, &payload, &destinations);
         if !matches!(result, Ok(Enqueued::New { .. })) {
             tx.prepare_cached("ROLLBACK TO outbox_enqueue")?
                 .execute([])?;
@@ -382,32 +439,11 @@ impl Outbox {
         result
     }
 
-    /// The event's own lifetime, else its type's default, else none.
-    fn lifetime_of(&self, event: &Event) -> Option<Duration> {
-        event.expires_in.or_else(|| {
-            self.inner
-                .expiries
-                .iter()
-                .find(|(pattern, _)| crate::destination::type_matches(pattern, &event.event_type))
-                .map(|(_, d)| *d)
-        })
-    }
-
-    /// The event's own priority, else its type's default, else 5.
-    fn priority_of(&self, event: &Event) -> u8 {
-        event.priority.unwrap_or_else(|| {
-            self.inner
-                .priorities
-                .iter()
-                .find(|(pattern, _)| crate::destination::type_matches(pattern, &event.event_type))
-                .map_or(Event::DEFAULT_PRIORITY, |(_, p)| *p)
-        })
-    }
-
     /// Enqueue's writes: replacing a coalesced event, making room, inserting.
     fn write_event(
         &self,
         tx: &Transaction<'_>,
+        settings: &Settings,
         event: &Event,
         payload: &str,
         destinations: &[&str],
@@ -419,9 +455,9 @@ impl Outbox {
                 crate::telemetry::coalesced(&event.event_type, replaced);
             }
         }
-        if self.inner.limits.is_set() {
+        if settings.limits.is_set() {
             let n = destinations.len() as i64;
-            self.inner
+            settings
                 .limits
                 .make_room(tx, n, n * payload.len() as i64, now)?;
         }
@@ -433,21 +469,19 @@ impl Outbox {
             // Stored, not resolved at delivery: every relay (this app's, the CLI's, another
             // process's) then sends one event id under one source, which receivers
             // de-duplicate on together.
-            source: Some(
-                event
-                    .source
-                    .as_deref()
-                    .unwrap_or(&self.inner.default_source),
-            ),
+            source: Some(event.source.as_deref().unwrap_or(&settings.default_source)),
             subject: event.subject.as_deref(),
             partition_key: event.partition_key.as_deref(),
             payload,
             coalesce_key: event.coalesce_key.as_deref(),
-            priority: self.priority_of(event),
-            droppable: self.inner.limits.is_droppable(&event.event_type),
+            priority: event
+                .priority
+                .unwrap_or_else(|| settings.priority_for(&event.event_type)),
+            droppable: settings.limits.is_droppable(&event.event_type),
             created_at: now,
-            expires_at: self
-                .lifetime_of(event)
+            expires_at: event
+                .expires_in
+                .or_else(|| settings.lifetime_for(&event.event_type))
                 .map(|d| now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))),
             now,
         };
@@ -571,9 +605,14 @@ impl Outbox {
         self.inner.clock.clone()
     }
 
+    /// Makes the next enqueue read the file's settings again.
+    pub(crate) fn refresh_settings(&self) {
+        self.inner.live.invalidate();
+    }
+
     /// The CloudEvents `source` of events that set none.
-    pub(crate) fn default_source(&self) -> &str {
-        &self.inner.default_source
+    pub(crate) fn default_source(&self) -> String {
+        self.inner.live.get().default_source.clone()
     }
 
     /// A wake channel for a relay starting on this outbox.

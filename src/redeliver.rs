@@ -94,10 +94,10 @@ impl Outbox {
         let count = self.transaction(|tx| {
             let chosen = select(tx, redelivery)?;
             let now = self.now_ms();
-            if self.limits().is_set() {
+            let limits = &self.current_settings().limits;
+            if limits.is_set() {
                 let bytes = chosen.iter().map(|d| d.payload.len() as i64).sum();
-                self.limits()
-                    .make_room(tx, chosen.len() as i64, bytes, now)?;
+                limits.make_room(tx, chosen.len() as i64, bytes, now)?;
             }
             let mut count = 0;
             for d in &chosen {

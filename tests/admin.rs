@@ -57,7 +57,8 @@ fn assert_totals_exact(outbox: &Outbox) {
     assert_eq!((stats.pending, stats.pending_bytes), (count, bytes));
     let triggers: i64 = conn
         .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'",
+            "SELECT COUNT(*) FROM sqlite_master
+              WHERE type = 'trigger' AND name LIKE 'outbox_events_pending_%'",
             [],
             |r| r.get(0),
         )

@@ -323,9 +323,10 @@ impl Writer {
         let limit = lane.claim_limit();
         self.claim_seq += 1;
         let owner = format!("{}:{}:{}", self.relay_id, self.start_id, self.claim_seq);
+        let default_source = self.outbox.default_source();
         let request = ClaimRequest {
             destination: lane.name(),
-            default_source: self.outbox.default_source(),
+            default_source: &default_source,
             owner: &owner,
             now,
             lease_ms: self.lease_ms,

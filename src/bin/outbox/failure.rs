@@ -15,6 +15,7 @@ impl From<Error> for Failure {
         let code = match e {
             Error::PayloadTooLarge { .. }
             | Error::InvalidPriority { .. }
+            | Error::InvalidSetting { .. }
             | Error::InvalidExpiry { .. }
             | Error::InvalidBundle { .. }
             | Error::InvalidEventType { .. }

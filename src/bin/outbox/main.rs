@@ -1,11 +1,12 @@
 //! `outbox`: inspect, deliver, retry and prune an outbox database from the shell, with or
 //! without the app running.
 //!
-//! One file per command group: `enqueue.rs`, `relay.rs`, `inspect.rs` (stats, list, show,
+//! One file per command group: `enqueue.rs`, `config.rs`, `relay.rs`, `inspect.rs` (stats, list, show,
 //! health), `repair.rs` (retry, purge-dead, prune, enable) and `ingest.rs` (the receiving
 //! end, in PostgreSQL); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
 
 mod bundle;
+mod config;
 mod enqueue;
 mod failure;
 mod ingest;
@@ -52,6 +53,8 @@ enum Command {
     Init,
     /// Commit one event, or one per line of JSON from stdin with --jsonl.
     Enqueue(enqueue::EnqueueArgs),
+    /// Show or change the settings every writer of the file follows (routes, limits, …).
+    Config(config::ConfigArgs),
     /// Deliver pending events to a URL until SIGINT/SIGTERM (or until none is pending).
     Relay(relay::RelayArgs),
     /// Receive signed events from devices and store each once in PostgreSQL (no --db).
@@ -139,6 +142,7 @@ fn run(cli: Cli) -> Outcome {
             unreachable!("handled above")
         }
         Command::Enqueue(args) => enqueue::run(&outbox, args),
+        Command::Config(args) => config::run(&outbox, args),
         Command::Relay(args) => relay::run(&outbox, args),
         Command::Stats(args) => inspect::stats(&outbox, args),
         Command::List(args) => inspect::list(&outbox, args),
