@@ -187,7 +187,7 @@ ALTER TABLE outbox_events ADD COLUMN exported_at INTEGER;
 -- Settings every writer follows (src/settings.rs has the keys): routes, storage limits and
 -- policies, the default source, priorities, lifetimes, the payload limit. The Rust
 -- builder writes what it was given, `outbox config set` checks and writes one, the
--- enqueue trigger below reads them on every insert.
+-- enqueue triggers below read them on every insert.
 CREATE TABLE outbox_settings (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -204,7 +204,7 @@ CREATE INDEX outbox_events_idempotency_key
 --   INSERT INTO outbox_enqueue (type, data, key, idempotency_key, subject, source,
 --                               coalesce_key, priority, expires_in_ms) VALUES (...);
 --
--- every column but `type` optional; `data` is JSON text. The trigger gives the event what
+-- every column but `type` optional; `data` is JSON text. The triggers give the event what
 -- `Outbox::enqueue` gives it: checks that fail the statement with `RAISE(ABORT, 'outbox:
 -- …')` (the caller's transaction and its other writes stay usable), routing, a coalesced
 -- event replaced, room made under the storage limits, an idempotency key's repeat ignored,
@@ -214,163 +214,70 @@ CREATE VIEW outbox_enqueue (type, data, key, idempotency_key, subject, source, c
                             priority, expires_in_ms)
     AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
 
+-- Internal, not part of the contract: making way for an event (rows replaced by
+-- coalescing, dropped under a storage limit, or the event refused when nothing can make
+-- room). The enqueue trigger inserts here only when the event has a coalescing key or a
+-- limit is set, so the common event costs one test (a trigger of its own with a WHEN
+-- clause would cost every insert the setup of its program).
+CREATE VIEW outbox_enqueue_make_way (type, coalesce_key, routes, rows, bytes, ms)
+    AS SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+
 CREATE TRIGGER outbox_enqueue_insert INSTEAD OF INSERT ON outbox_enqueue
 BEGIN
     -- Checks, with Outbox::enqueue's limits.
-    SELECT RAISE(ABORT, 'outbox: type must be text of 1 to 255 bytes')
-     WHERE typeof(NEW.type) <> 'text' OR length(CAST(NEW.type AS BLOB)) NOT BETWEEN 1 AND 255;
-    SELECT RAISE(ABORT, 'outbox: data must be JSON text (leave it out for null)')
-     WHERE NEW.data IS NOT NULL AND (typeof(NEW.data) <> 'text' OR NOT json_valid(NEW.data));
-    SELECT RAISE(ABORT, 'outbox: key must be text of at most 255 bytes')
-     WHERE NEW.key IS NOT NULL
-       AND (typeof(NEW.key) <> 'text' OR length(CAST(NEW.key AS BLOB)) > 255);
-    SELECT RAISE(ABORT, 'outbox: idempotency_key must be text of at most 255 bytes')
-     WHERE NEW.idempotency_key IS NOT NULL
-       AND (typeof(NEW.idempotency_key) <> 'text' OR length(CAST(NEW.idempotency_key AS BLOB)) > 255);
-    SELECT RAISE(ABORT, 'outbox: subject must be text of at most 255 bytes')
-     WHERE NEW.subject IS NOT NULL
-       AND (typeof(NEW.subject) <> 'text' OR length(CAST(NEW.subject AS BLOB)) > 255);
-    SELECT RAISE(ABORT, 'outbox: coalesce_key must be text of at most 255 bytes')
-     WHERE NEW.coalesce_key IS NOT NULL
-       AND (typeof(NEW.coalesce_key) <> 'text' OR length(CAST(NEW.coalesce_key AS BLOB)) > 255);
-    SELECT RAISE(ABORT, 'outbox: source must be text of at most 1024 bytes')
-     WHERE NEW.source IS NOT NULL
-       AND (typeof(NEW.source) <> 'text' OR length(CAST(NEW.source AS BLOB)) > 1024);
-    SELECT RAISE(ABORT, 'outbox: priority must be a whole number from 0 (least urgent) to 9 (most urgent)')
-     WHERE NEW.priority IS NOT NULL
-       AND (typeof(NEW.priority) <> 'integer' OR NEW.priority NOT BETWEEN 0 AND 9);
-    SELECT RAISE(ABORT, 'outbox: expires_in_ms must be a whole number of milliseconds, at least 1')
-     WHERE NEW.expires_in_ms IS NOT NULL
-       AND (typeof(NEW.expires_in_ms) <> 'integer' OR NEW.expires_in_ms < 1);
-    SELECT RAISE(ABORT, 'outbox: data is over the payload limit (setting payload_limit, 262144 bytes unless set)')
-     WHERE length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)) > COALESCE((SELECT CAST(value AS INTEGER) FROM outbox_settings
-                               WHERE key = 'payload_limit'), 262144);
-    SELECT RAISE(ABORT, 'outbox: no route matches this type (settings route:<pattern>)')
-     WHERE json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) = 0;
+    SELECT CASE
+           WHEN typeof(NEW.type) <> 'text' OR length(CAST(NEW.type AS BLOB)) NOT BETWEEN 1 AND 255
+           THEN RAISE(ABORT, 'outbox: type must be text of 1 to 255 bytes')
+           WHEN NEW.data IS NOT NULL AND (typeof(NEW.data) <> 'text' OR NOT json_valid(NEW.data))
+           THEN RAISE(ABORT, 'outbox: data must be JSON text (leave it out for null)')
+           WHEN NEW.key IS NOT NULL AND (typeof(NEW.key) <> 'text'
+                OR length(CAST(NEW.key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: key must be text of at most 255 bytes')
+           WHEN NEW.idempotency_key IS NOT NULL AND (typeof(NEW.idempotency_key) <> 'text'
+                OR length(CAST(NEW.idempotency_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: idempotency_key must be text of at most 255 bytes')
+           WHEN NEW.subject IS NOT NULL AND (typeof(NEW.subject) <> 'text'
+                OR length(CAST(NEW.subject AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: subject must be text of at most 255 bytes')
+           WHEN NEW.coalesce_key IS NOT NULL AND (typeof(NEW.coalesce_key) <> 'text'
+                OR length(CAST(NEW.coalesce_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: coalesce_key must be text of at most 255 bytes')
+           WHEN NEW.source IS NOT NULL AND (typeof(NEW.source) <> 'text'
+                OR length(CAST(NEW.source AS BLOB)) > 1024)
+           THEN RAISE(ABORT, 'outbox: source must be text of at most 1024 bytes')
+           WHEN NEW.priority IS NOT NULL
+                AND (typeof(NEW.priority) <> 'integer' OR NEW.priority NOT BETWEEN 0 AND 9)
+           THEN RAISE(ABORT, 'outbox: priority must be a whole number from 0 (least urgent) to 9 (most urgent)')
+           WHEN NEW.expires_in_ms IS NOT NULL
+                AND (typeof(NEW.expires_in_ms) <> 'integer' OR NEW.expires_in_ms < 1)
+           THEN RAISE(ABORT, 'outbox: expires_in_ms must be a whole number of milliseconds, at least 1')
+           WHEN length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB))
+                > COALESCE((SELECT CAST(value AS INTEGER) FROM outbox_settings
+                             WHERE key = 'payload_limit'), 262144)
+           THEN RAISE(ABORT, 'outbox: data is over the payload limit (setting payload_limit, 262144 bytes unless set)')
+           END;
 
-    -- Coalescing: pending, unleased events of this type and coalescing key are replaced.
-    -- Rows leaving are marked dead_at = -1 (out of pending, in the dead index) for the
-    -- three statements of `leave` that count them, unpark their keys' next events and
-    -- delete them; a repeated idempotency key changes nothing.
-    UPDATE outbox_events SET dead_at = -1
-     WHERE NEW.coalesce_key IS NOT NULL AND (NEW.idempotency_key IS NULL OR EXISTS (
-        SELECT 1 FROM json_each((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) AS d
-         WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e
-                            WHERE e.destination = d.value
-                              AND e.idempotency_key = NEW.idempotency_key)))
-       AND event_type = NEW.type AND coalesce_key = NEW.coalesce_key
-       AND destination IN (SELECT value FROM json_each((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)))
-       AND delivered_at IS NULL AND dead_at IS NULL
-       AND (lease_expires_at IS NULL OR lease_expires_at <= MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)));
-    UPDATE outbox_stats
-       SET coalesced = coalesced + (SELECT COUNT(*) FROM outbox_events WHERE dead_at = -1),
-           high_water = MAX(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
-     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events WHERE dead_at = -1);
-    UPDATE outbox_events SET available_at = MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0))
-     WHERE available_at = 9223372036854775807 AND id IN (
-           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
-                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
-                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
-             FROM outbox_events AS v WHERE v.dead_at = -1 AND v.partition_key IS NOT NULL);
-    DELETE FROM outbox_events WHERE dead_at = -1;
-
-    -- Storage limits: the oldest pending, unleased events of drop_oldest types make room.
-    UPDATE outbox_events SET dead_at = -1
-     WHERE (COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) > 0 OR COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) > 0) AND (NEW.idempotency_key IS NULL OR EXISTS (
-        SELECT 1 FROM json_each((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) AS d
-         WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e
-                            WHERE e.destination = d.value
-                              AND e.idempotency_key = NEW.idempotency_key)))
-       AND droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)))
-       AND id <= max(CASE WHEN COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) > 0 THEN (SELECT id FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)))
-                 ORDER BY id LIMIT 1 OFFSET COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) - 1) ELSE 0 END,
-                     CASE WHEN COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) > 0 THEN (SELECT id FROM (
-                   SELECT id, SUM(length(CAST(payload AS BLOB))) OVER (ORDER BY id) AS run
-                     FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0))))
-                 WHERE run >= COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + json_array_length((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)) - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) ORDER BY id LIMIT 1) ELSE 0 END);
-    UPDATE outbox_stats
-       SET dropped = dropped + (SELECT COUNT(*) FROM outbox_events WHERE dead_at = -1),
-           high_water = MAX(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
-     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events WHERE dead_at = -1);
-    UPDATE outbox_events SET available_at = MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0))
-     WHERE available_at = 9223372036854775807 AND id IN (
-           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
-                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
-                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
-             FROM outbox_events AS v WHERE v.dead_at = -1 AND v.partition_key IS NOT NULL);
-    DELETE FROM outbox_events WHERE dead_at = -1;
+    -- Make way (only with a coalescing key or a storage limit, and never for a repeated
+    -- idempotency key, which changes nothing at all).
+    INSERT INTO outbox_enqueue_make_way (type, coalesce_key, routes, rows, bytes, ms)
+    SELECT NEW.type, NEW.coalesce_key, routes, json_array_length(routes),
+           json_array_length(routes) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)),
+           max(CAST(strftime('%s', 'now') AS INTEGER) * 1000
+                   + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
+               COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0))
+      FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END AS routes
+             WHERE NEW.coalesce_key IS NOT NULL OR EXISTS (SELECT 1 FROM outbox_settings WHERE key IN ('max_pending', 'max_pending_bytes')))
+     WHERE NEW.idempotency_key IS NULL OR EXISTS (
+               SELECT 1 FROM json_each(routes) AS d
+                WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e
+                                   WHERE e.destination = d.value
+                                     AND e.idempotency_key = NEW.idempotency_key));
 
     -- One row per destination, one event id for all of them.
     INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type, source,
@@ -386,44 +293,106 @@ BEGIN
                        AND k.delivered_at IS NULL AND k.dead_at IS NULL)
                 THEN 9223372036854775807 ELSE x.ms END,
            NEW.coalesce_key,
-           COALESCE((SELECT s.value = 'drop_oldest' FROM outbox_settings AS s
-             WHERE s.key >= 'policy:' AND s.key < 'policy;'
-               AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1)))
-             ORDER BY substr(s.key, -1) <> '*' DESC, length(s.key) DESC LIMIT 1), 0),
-           COALESCE(NEW.priority, (SELECT CAST(s.value AS INTEGER) FROM outbox_settings AS s
-             WHERE s.key >= 'priority:' AND s.key < 'priority;'
-               AND (substr(s.key, 10) = NEW.type OR (substr(substr(s.key, 10), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 10)) - 1) = substr(substr(s.key, 10), 1, length(substr(s.key, 10)) - 1)))
-             ORDER BY substr(s.key, -1) <> '*' DESC, length(s.key) DESC LIMIT 1), 5),
-           x.ms + COALESCE(NEW.expires_in_ms, (SELECT CAST(s.value AS INTEGER) FROM outbox_settings AS s
-             WHERE s.key >= 'expiry:' AND s.key < 'expiry;'
-               AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1)))
-             ORDER BY substr(s.key, -1) <> '*' DESC, length(s.key) DESC LIMIT 1))
+           COALESCE((SELECT value FROM (SELECT s.value = 'drop_oldest' AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'policy:' AND s.key < 'policy;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'policy:' AND s.key < 'policy;')), 0),
+           COALESCE(NEW.priority, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'priority:' AND s.key < 'priority;'
+                   AND (substr(s.key, 10) = NEW.type OR (substr(substr(s.key, 10), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 10)) - 1) = substr(substr(s.key, 10), 1, length(substr(s.key, 10)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'priority:' AND s.key < 'priority;')), 5),
+           x.ms + COALESCE(NEW.expires_in_ms, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'expiry:' AND s.key < 'expiry;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'expiry:' AND s.key < 'expiry;')))
       FROM (SELECT ms, printf('%08x-%04x-7%s-%s%s-%s', ms >> 16, ms & 65535, substr(h, 1, 3),
-                       substr('89ab', 1 + (abs(random()) % 4), 1), substr(h, 4, 3), substr(h, 7, 12)) AS eid,
+                         substr('89ab', 1 + (abs(random()) % 4), 1), substr(h, 4, 3), substr(h, 7, 12)) AS eid,
                    max(COALESCE((SELECT MAX(id) FROM outbox_events), 0),
                        (SELECT high_water FROM outbox_stats WHERE id = 1)) AS top
-              FROM (SELECT MAX(CAST(strftime('%s', 'now') AS INTEGER) * 1000
-                     + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
-                 COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)) AS ms, lower(hex(randomblob(9))) AS h) LIMIT 1) AS x,
-           json_each((CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
-        THEN (SELECT json_group_array(DISTINCT d.value)
-                FROM outbox_settings AS s, json_each(s.value) AS d
-               WHERE s.key >= 'route:' AND s.key < 'route;'
-                 AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
-                  AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
-        ELSE '["default"]' END)) AS d
+              FROM (SELECT max(CAST(strftime('%s', 'now') AS INTEGER) * 1000
+                   + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER),
+               COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)) AS ms, lower(hex(randomblob(9))) AS h) LIMIT 1) AS x,
+           json_each(COALESCE(NULLIF(CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END, '[]'),
+                     RAISE(ABORT, 'outbox: no route matches this type (settings route:<pattern>)'))) AS d
      WHERE true
     ON CONFLICT DO NOTHING;
 
+END;
+
+-- Coalescing replaces the pending, unleased events of this type and coalescing key; a
+-- storage limit drops the oldest pending, unleased events of drop_oldest types until
+-- NEW.rows rows of NEW.bytes bytes fit, as Outbox::enqueue does, or refuses the event.
+-- Rows leaving are marked dead_at = -1 (out of pending, into the dead index) for the
+-- statements that count them, unpark their keys' next events and delete them.
+CREATE TRIGGER outbox_enqueue_make_way_insert INSTEAD OF INSERT ON outbox_enqueue_make_way
+BEGIN
+    UPDATE outbox_events SET dead_at = -1
+     WHERE NEW.coalesce_key IS NOT NULL
+       AND event_type = NEW.type AND coalesce_key = NEW.coalesce_key
+       AND destination IN (SELECT value FROM json_each(NEW.routes))
+       AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms);
+    UPDATE outbox_stats
+       SET coalesced = coalesced + (SELECT COUNT(*) FROM outbox_events
+                               WHERE dead_at = -1 AND delivered_at IS NULL),
+           high_water = max(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events
+                               WHERE dead_at = -1 AND delivered_at IS NULL);
+    UPDATE outbox_events SET available_at = NEW.ms
+     WHERE available_at = 9223372036854775807 AND id IN (
+           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
+                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
+                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+             FROM outbox_events AS v
+            WHERE v.dead_at = -1 AND v.delivered_at IS NULL AND v.partition_key IS NOT NULL);
+    DELETE FROM outbox_events WHERE dead_at = -1 AND delivered_at IS NULL;
+    UPDATE outbox_events SET dead_at = -1
+     WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms)
+       AND id <= max(
+           CASE WHEN COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) > 0
+                THEN (SELECT id FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms)
+                       ORDER BY id LIMIT 1 OFFSET COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) - 1)
+                ELSE 0 END,
+           CASE WHEN COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) > 0
+                THEN (SELECT id FROM (
+                          SELECT id, SUM(length(CAST(payload AS BLOB))) OVER (ORDER BY id) AS run
+                            FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms))
+                       WHERE run >= COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) ORDER BY id LIMIT 1)
+                ELSE 0 END);
+    UPDATE outbox_stats
+       SET dropped = dropped + (SELECT COUNT(*) FROM outbox_events
+                               WHERE dead_at = -1 AND delivered_at IS NULL),
+           high_water = max(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events
+                               WHERE dead_at = -1 AND delivered_at IS NULL);
+    UPDATE outbox_events SET available_at = NEW.ms
+     WHERE available_at = 9223372036854775807 AND id IN (
+           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
+                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
+                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+             FROM outbox_events AS v
+            WHERE v.dead_at = -1 AND v.delivered_at IS NULL AND v.partition_key IS NOT NULL);
+    DELETE FROM outbox_events WHERE dead_at = -1 AND delivered_at IS NULL;
     -- Over a limit with nothing left to drop: the whole statement is undone.
-    SELECT RAISE(ABORT, 'outbox: full: the max_pending setting is reached and no drop_oldest policy makes room')
-     WHERE changes() > 0 AND (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending') IS NOT NULL
-       AND (SELECT pending_count FROM outbox_stats WHERE id = 1) > (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending');
-    SELECT RAISE(ABORT, 'outbox: full: the max_pending_bytes setting is reached and no drop_oldest policy makes room')
-     WHERE changes() > 0 AND (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes') IS NOT NULL
-       AND (SELECT pending_bytes FROM outbox_stats WHERE id = 1) > (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes');
+    SELECT CASE
+           WHEN (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending') < (SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows
+           THEN RAISE(ABORT, 'outbox: full: the max_pending setting is reached and no drop_oldest policy makes room')
+           WHEN (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes') < (SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes
+           THEN RAISE(ABORT, 'outbox: full: the max_pending_bytes setting is reached and no drop_oldest policy makes room')
+           END;
 END;
 

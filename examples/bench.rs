@@ -114,6 +114,52 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
     }
 }
 
+/// The SQL contract (`INSERT INTO outbox_enqueue`, as an app in another language writes)
+/// against `Outbox::enqueue`, the same business row and event per transaction, each on its
+/// own file, alternating in the same run.
+fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Line {
+    let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
+    let open = |name: &str| {
+        let path = dir.join(format!("{name}-{file}.db"));
+        let outbox = Outbox::open(&path).unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=4096; {BUSINESS_TABLE}"
+        ))
+        .unwrap();
+        (outbox, conn)
+    };
+    let (rust, mut rust_conn) = open("rust");
+    let (_sql, mut sql_conn) = open("sql");
+    let (mut n1, mut n2) = (0, 0);
+    let (s, r) = alternate(
+        5,
+        || {
+            let t = Instant::now();
+            for _ in 0..txs {
+                n1 += per_tx;
+                sql_enqueue_tx(&mut sql_conn, n1, per_tx);
+            }
+            rate((txs * per_tx) as usize, t.elapsed())
+        },
+        || {
+            let t = Instant::now();
+            for _ in 0..txs {
+                n2 += per_tx;
+                outbox_enqueue_tx(&rust, &mut rust_conn, n2, per_tx);
+            }
+            rate((txs * per_tx) as usize, t.elapsed())
+        },
+    );
+    Line {
+        what: format!("enqueue through SQL (INSERT INTO outbox_enqueue), {label}"),
+        outbox: format!("{} events", per_s(s)),
+        baseline: format!("{} (Outbox::enqueue)", per_s(r)),
+        ratio: format!("{:.2}×", s / r),
+        target: "≥ 0.8×",
+    }
+}
+
 fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let outbox = Outbox::open(dir.join("drain-latency.db")).unwrap();
     outbox
@@ -734,6 +780,11 @@ fn main() {
             100,
             40,
         ));
+    }
+    if run("sql") {
+        eprintln!("sql…");
+        lines.push(enqueue_sql(dir, "NORMAL, 1 event/tx", 1, 3_000));
+        lines.push(enqueue_sql(dir, "NORMAL, 100 events/tx", 100, 40));
     }
     if run("claim") {
         eprintln!("claim…");

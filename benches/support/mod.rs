@@ -139,6 +139,29 @@ pub fn bare_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
 }
 
 /// The same through the outbox, on the caller's own connection.
+/// One transaction of an app in another language: per event, a business row and
+/// `INSERT INTO outbox_enqueue` (the SQL contract), in an IMMEDIATE transaction.
+pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
+    let tx = conn
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    for i in 0..events {
+        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
+            .unwrap()
+            .execute(params!["customer-7", n + i])
+            .unwrap();
+        let data = serde_json::to_string(&order_data(n + i)).unwrap();
+        tx.prepare_cached(
+            "INSERT INTO outbox_enqueue (type, data, key) VALUES ('order.created', ?1, ?2)",
+        )
+        .unwrap()
+        .execute(params![data, "customer-7"])
+        .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// One transaction of a Rust app: per event, a business row and `Outbox::enqueue`.
 pub fn outbox_enqueue_tx(
     outbox: &sqlite_outbox::Outbox,
     conn: &mut Connection,
