@@ -99,6 +99,34 @@
 //! ([`Error::FieldTooLong`]) are found before anything is written: the transaction stays
 //! usable and commits the rest.
 //!
+//! # Enqueueing from any language: the SQL contract
+//!
+//! An app in another language enqueues with one statement in its own transaction on the same
+//! file, and `outbox relay` runs beside it (the README shows the same order in Python, Node
+//! and Go, and a systemd unit and a launchd plist for the relay):
+//!
+//! ```sql
+//! INSERT INTO outbox_enqueue (type, data, key, idempotency_key, subject, source,
+//!                             coalesce_key, priority, expires_in_ms) VALUES (...);
+//! ```
+//!
+//! Every column but `type` may be left out; `data` is JSON text (`null` when left out). The
+//! triggers behind the view (schema version 9, in `schema.sql`) give the event exactly what
+//! [`Outbox::enqueue`] gives it: a UUIDv7 id whose time never goes back in commit order,
+//! routing, parking behind its key, coalescing, idempotency (a repeat is no error and adds
+//! nothing), the storage limits, the type's default priority and lifetime, and a row id above
+//! every id ever given. Bad input fails the statement with `RAISE(ABORT, 'outbox: …')`,
+//! naming the field and its limit; the caller's transaction stays usable. The new event's id
+//! is read back by its idempotency key:
+//! `SELECT event_id FROM outbox_events WHERE idempotency_key = ? ORDER BY id LIMIT 1`. It
+//! needs SQLite 3.40 or later and no extension; the contract is stable from schema 9 on.
+//!
+//! Routes, storage limits and policies, the default source, priorities, lifetimes and the
+//! payload limit are [settings kept in the file](settings): the builder writes what it was
+//! given at [`OutboxBuilder::open`], `outbox config set KEY VALUE` (or
+//! [`Outbox::set_setting`]) changes one with checks, and every writer follows them, a running
+//! [`Outbox`] within a quarter second of a change.
+//!
 //! # What it promises
 //!
 //! 1. A committed event is delivered at least once, whatever happens after the commit: the

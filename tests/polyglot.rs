@@ -263,3 +263,69 @@ fn python_and_node_apps_enqueue_in_their_own_transactions_and_the_sidecar_relay_
         }
     }
 }
+
+#[test]
+fn the_documented_examples_in_python_and_node_run_as_the_readme_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shop.db");
+    assert!(common::outbox_cli(&db, &["init"]).status.success());
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sql");
+    let mut ran = Vec::new();
+    for (language, order) in [("python", "42"), ("node", "43")] {
+        let mut command = match writer(language) {
+            Ok(_) if language == "python" => {
+                let mut c = Command::new("python3");
+                c.arg(examples.join("place_order.py"));
+                c
+            }
+            Ok(_) => {
+                let mut c = Command::new("node");
+                c.arg(examples.join("place_order.js"))
+                    .env("NODE_PATH", polyglot_dir().join("node_modules"));
+                c
+            }
+            Err(why) if required() => panic!("OUTBOX_REQUIRE_POLYGLOT=1 but {why}"),
+            Err(why) => {
+                eprintln!("skipped: the {language} example ({why})");
+                continue;
+            }
+        };
+        let child = command
+            .arg(&db)
+            .arg(order)
+            .arg("990")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = finish(child, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(
+            output.status.success(),
+            "{language}: {stdout} {:?}",
+            output.stderr
+        );
+        assert!(
+            stdout.contains(&format!("order {order} committed with event 01")),
+            "{language}: {stdout}"
+        );
+        assert!(
+            stdout.contains("refused: outbox: data must be JSON text"),
+            "{language}: {stdout}"
+        );
+        ran.push(order);
+    }
+    let outbox = Outbox::open_existing(&db).unwrap();
+    let rows = stored(&outbox);
+    assert_eq!(
+        rows.len(),
+        ran.len(),
+        "one event per example run, the bad one refused"
+    );
+    for (row, order) in rows.iter().zip(&ran) {
+        assert_eq!(
+            row.2.as_deref(),
+            Some(format!("order-{order}-created").as_str())
+        );
+    }
+}

@@ -24,9 +24,9 @@ enum ConfigAction {
         json: bool,
     },
     /// Check and store one setting. Keys: default_source, payload_limit, max_pending,
-    /// max_pending_bytes, route:<pattern> (destinations, comma-separated),
-    /// policy:<pattern> (drop_oldest or reject), priority:<pattern> (0 to 9),
-    /// expiry:<pattern> (a lifetime: 10m, 1h, or milliseconds).
+    /// max_pending_bytes, route:PATTERN (destinations, comma-separated),
+    /// policy:PATTERN (drop_oldest or reject), priority:PATTERN (0 to 9),
+    /// expiry:PATTERN (a lifetime: 10m, 1h, or milliseconds).
     Set { key: String, value: String },
     /// Remove one setting (it takes its default again).
     Unset { key: String },
