@@ -430,3 +430,42 @@ fn many_writers_get_unique_ids_in_commit_order() {
     let due = rows.iter().filter(|r| r.6 != i64::MAX).count();
     assert_eq!(due, 1, "one head for the key, the rest parked");
 }
+
+#[test]
+fn a_byte_limit_drops_the_oldest_droppable_events_until_the_new_one_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("bytes.db")).unwrap();
+    let conn = app_connection(&outbox);
+    // Ten telemetry readings of 100 bytes of data each, keyed, then a 350-byte limit.
+    let reading = |n: usize| format!("\"{}{}\"", n, "x".repeat(97));
+    for n in 0..10 {
+        enqueue_sql(&conn, "telemetry.temp", &reading(n), Some("sensor-1"));
+    }
+    outbox
+        .set_setting("policy:telemetry.*", "drop_oldest")
+        .unwrap();
+    outbox.set_setting("max_pending_bytes", "350").unwrap();
+    // Room for 101 more bytes needs the oldest eight gone (1,000 + 101 - 350 = 751 bytes).
+    enqueue_sql(&conn, "telemetry.temp", &reading(10), Some("sensor-1"));
+    let rows = stored(&outbox);
+    let kept: Vec<String> = rows.iter().map(|r| r.4[1..2].to_string()).collect();
+    assert_eq!(
+        kept,
+        ["8", "9", "1"],
+        "the two newest and the new one: {kept:?}"
+    );
+    assert_eq!(outbox.stats().unwrap().dropped, 8);
+    assert_eq!(outbox.stats().unwrap().pending_bytes, 100 + 100 + 101);
+    // The key's new head is due, the rest parked behind it.
+    assert_ne!(rows[0].6, i64::MAX, "the oldest left is unparked");
+    assert!(rows[1..].iter().all(|r| r.6 == i64::MAX));
+    // An event larger than the whole budget never fits, and nothing is dropped for it.
+    let err = conn
+        .execute(
+            "INSERT INTO outbox_enqueue (type, data) VALUES ('telemetry.temp', ?1)",
+            [format!("\"{}\"", "y".repeat(400))],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("max_pending_bytes"), "{err}");
+    assert_eq!(stored(&outbox), rows);
+}
