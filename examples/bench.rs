@@ -160,6 +160,165 @@ fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Lin
     }
 }
 
+/// Side by side with honker 0.5 (a queue in the app's SQLite file, enqueued in the app's
+/// transaction: the closest design to this crate), each with its own defaults, on its own
+/// file, alternating in the same run: enqueue one and 100 events per transaction (with the
+/// business row), claim + ack one at a time and in batches of 100, at NORMAL and FULL.
+/// Events are unkeyed here: honker has no partition keys. honker deletes a job on ack; this
+/// crate keeps the row as delivered history.
+fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
+    use honker::{EnqueueOpts, QueueOpts};
+    let mut lines = Vec::new();
+    let round = std::cell::Cell::new(0);
+    let next_file = |name: &str| {
+        round.set(round.get() + 1);
+        dir.join(format!("vs-{name}-{}.db", round.get()))
+    };
+    for (sync, pragma) in [(Synchronous::Normal, "NORMAL"), (Synchronous::Full, "FULL")] {
+        let ours_open = |path: &std::path::Path| {
+            let outbox = Outbox::builder().synchronous(sync).open(path).unwrap();
+            let own = Connection::open(path).unwrap();
+            own.execute_batch(&format!("PRAGMA synchronous={pragma}; {BUSINESS_TABLE}"))
+                .unwrap();
+            (outbox, own)
+        };
+        let honker_open = |path: &std::path::Path| {
+            let db = honker::Database::open(path).unwrap();
+            db.with_conn(|c| {
+                c.execute_batch(&format!("PRAGMA synchronous={pragma}; {BUSINESS_TABLE}"))
+            })
+            .unwrap();
+            let queue = db.queue("orders", QueueOpts::default());
+            (db, queue)
+        };
+        let enqueue_txs = if sync == Synchronous::Full {
+            300
+        } else {
+            3_000
+        };
+        for (per_tx, txs) in [(1, enqueue_txs), (100, 40)] {
+            let (outbox, mut own) = ours_open(&next_file("ours"));
+            let (db, queue) = honker_open(&next_file("honker"));
+            let (mut n1, mut n2) = (0i64, 0i64);
+            let (o, h) = alternate(
+                5,
+                || {
+                    let t = Instant::now();
+                    for _ in 0..txs {
+                        let tx = own
+                            .transaction_with_behavior(
+                                sqlite_outbox::rusqlite::TransactionBehavior::Immediate,
+                            )
+                            .unwrap();
+                        for _ in 0..per_tx {
+                            n1 += 1;
+                            tx.prepare_cached(
+                                "INSERT INTO orders (customer, total) VALUES (?1, ?2)",
+                            )
+                            .unwrap()
+                            .execute(sqlite_outbox::rusqlite::params!["customer-7", n1])
+                            .unwrap();
+                            outbox
+                                .enqueue(&tx, Event::new("order.created", order_data(n1)))
+                                .unwrap();
+                        }
+                        tx.commit().unwrap();
+                    }
+                    rate((txs * per_tx) as usize, t.elapsed())
+                },
+                || {
+                    let t = Instant::now();
+                    for _ in 0..txs {
+                        let tx = db.transaction().unwrap();
+                        for _ in 0..per_tx {
+                            n2 += 1;
+                            tx.execute(
+                                "INSERT INTO orders (customer, total) VALUES (?1, ?2)",
+                                sqlite_outbox::rusqlite::params!["customer-7", n2],
+                            )
+                            .unwrap();
+                            queue
+                                .enqueue_tx(&tx, &order_data(n2), EnqueueOpts::default())
+                                .unwrap();
+                        }
+                        tx.commit().unwrap();
+                    }
+                    rate((txs * per_tx) as usize, t.elapsed())
+                },
+            );
+            lines.push(Line {
+                what: format!("vs honker: enqueue, {pragma}, {per_tx} event(s)/tx"),
+                outbox: format!("{} events", per_s(o)),
+                baseline: format!("{} (honker)", per_s(h)),
+                ratio: format!("{:.2}×", o / h),
+                target: "> 1×",
+            });
+        }
+        let events = if sync == Synchronous::Full {
+            600
+        } else {
+            5_000
+        };
+        for (batch, n) in [(1i64, events), (100, events * 10)] {
+            let (o, h) = alternate(
+                3,
+                || {
+                    let (outbox, _) = ours_open(&next_file("ours-claim"));
+                    fill_pending(&outbox, n);
+                    let mut conn = outbox.connection().unwrap();
+                    let t = Instant::now();
+                    let mut done = 0;
+                    for seq in 0.. {
+                        let owner = format!("bench:{seq}");
+                        let claimed =
+                            sqlite_outbox::internal::claim(&conn, "default", &owner, FAR, batch)
+                                .unwrap();
+                        if claimed.is_empty() {
+                            break;
+                        }
+                        done += sqlite_outbox::internal::ack_delivered(&mut conn, &claimed, FAR)
+                            .unwrap();
+                    }
+                    assert_eq!(done, n);
+                    rate(n, t.elapsed())
+                },
+                || {
+                    let (db, queue) = honker_open(&next_file("honker-claim"));
+                    for chunk in 0..n.div_ceil(10_000) {
+                        let tx = db.transaction().unwrap();
+                        for i in chunk * 10_000..((chunk + 1) * 10_000).min(n) {
+                            queue
+                                .enqueue_tx(&tx, &order_data(i as i64), EnqueueOpts::default())
+                                .unwrap();
+                        }
+                        tx.commit().unwrap();
+                    }
+                    let t = Instant::now();
+                    let mut done = 0;
+                    loop {
+                        let jobs = queue.claim_batch("bench", batch).unwrap();
+                        if jobs.is_empty() {
+                            break;
+                        }
+                        let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+                        done += queue.ack_batch(&ids, "bench").unwrap() as usize;
+                    }
+                    assert_eq!(done, n);
+                    rate(n, t.elapsed())
+                },
+            );
+            lines.push(Line {
+                what: format!("vs honker: claim + ack, {pragma}, batches of {batch}, {n} queued"),
+                outbox: format!("{} events", per_s(o)),
+                baseline: format!("{} (honker)", per_s(h)),
+                ratio: format!("{:.2}×", o / h),
+                target: "> 1×",
+            });
+        }
+    }
+    lines
+}
+
 fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let outbox = Outbox::open(dir.join("drain-latency.db")).unwrap();
     outbox
@@ -785,6 +944,10 @@ fn main() {
         eprintln!("sql…");
         lines.push(enqueue_sql(dir, "NORMAL, 1 event/tx", 1, 3_000));
         lines.push(enqueue_sql(dir, "NORMAL, 100 events/tx", 100, 40));
+    }
+    if run("honker") {
+        eprintln!("honker…");
+        lines.extend(versus_honker(dir));
     }
     if run("claim") {
         eprintln!("claim…");
