@@ -337,8 +337,9 @@ END;
 -- Coalescing replaces the pending, unleased events of this type and coalescing key; a
 -- storage limit drops the oldest pending, unleased events of drop_oldest types until
 -- NEW.rows rows of NEW.bytes bytes fit, as Outbox::enqueue does, or refuses the event.
--- Rows leaving are marked dead_at = -1 (out of pending, into the dead index) for the
--- statements that count them, unpark their keys' next events and delete them.
+-- Rows leaving are marked dead_at = -1 (replaced) or -2 (dropped): out of pending, into
+-- the dead index, where the statements that count them, unpark their keys' next events and
+-- delete them find them.
 CREATE TRIGGER outbox_enqueue_make_way_insert INSTEAD OF INSERT ON outbox_enqueue_make_way
 BEGIN
     UPDATE outbox_events SET dead_at = -1
@@ -346,21 +347,7 @@ BEGIN
        AND event_type = NEW.type AND coalesce_key = NEW.coalesce_key
        AND destination IN (SELECT value FROM json_each(NEW.routes))
        AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms);
-    UPDATE outbox_stats
-       SET coalesced = coalesced + (SELECT COUNT(*) FROM outbox_events
-                               WHERE dead_at = -1 AND delivered_at IS NULL),
-           high_water = max(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
-     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events
-                               WHERE dead_at = -1 AND delivered_at IS NULL);
-    UPDATE outbox_events SET available_at = NEW.ms
-     WHERE available_at = 9223372036854775807 AND id IN (
-           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
-                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
-                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
-             FROM outbox_events AS v
-            WHERE v.dead_at = -1 AND v.delivered_at IS NULL AND v.partition_key IS NOT NULL);
-    DELETE FROM outbox_events WHERE dead_at = -1 AND delivered_at IS NULL;
-    UPDATE outbox_events SET dead_at = -1
+    UPDATE outbox_events SET dead_at = -2
      WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= NEW.ms)
        AND id <= max(
            CASE WHEN COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) > 0
@@ -374,19 +361,22 @@ BEGIN
                        WHERE run >= COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) ORDER BY id LIMIT 1)
                 ELSE 0 END);
     UPDATE outbox_stats
-       SET dropped = dropped + (SELECT COUNT(*) FROM outbox_events
-                               WHERE dead_at = -1 AND delivered_at IS NULL),
+       SET coalesced = coalesced + (SELECT COUNT(*) FROM outbox_events
+                                     WHERE dead_at = -1 AND delivered_at IS NULL),
+           dropped = dropped + (SELECT COUNT(*) FROM outbox_events
+                                 WHERE dead_at = -2 AND delivered_at IS NULL),
            high_water = max(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
      WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events
-                               WHERE dead_at = -1 AND delivered_at IS NULL);
+                               WHERE dead_at IN (-1, -2) AND delivered_at IS NULL);
     UPDATE outbox_events SET available_at = NEW.ms
      WHERE available_at = 9223372036854775807 AND id IN (
            SELECT (SELECT MIN(k.id) FROM outbox_events AS k
                     WHERE k.partition_key = v.partition_key AND k.destination = v.destination
                       AND k.delivered_at IS NULL AND k.dead_at IS NULL)
              FROM outbox_events AS v
-            WHERE v.dead_at = -1 AND v.delivered_at IS NULL AND v.partition_key IS NOT NULL);
-    DELETE FROM outbox_events WHERE dead_at = -1 AND delivered_at IS NULL;
+            WHERE v.dead_at IN (-1, -2) AND v.delivered_at IS NULL
+              AND v.partition_key IS NOT NULL);
+    DELETE FROM outbox_events WHERE dead_at IN (-1, -2) AND delivered_at IS NULL;
     -- Over a limit with nothing left to drop: the whole statement is undone.
     SELECT CASE
            WHEN (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending') < (SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows

@@ -212,12 +212,7 @@ fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
                             .unwrap();
                         for _ in 0..per_tx {
                             n1 += 1;
-                            tx.prepare_cached(
-                                "INSERT INTO orders (customer, total) VALUES (?1, ?2)",
-                            )
-                            .unwrap()
-                            .execute(sqlite_outbox::rusqlite::params!["customer-7", n1])
-                            .unwrap();
+                            insert_order(&tx, n1);
                             outbox
                                 .enqueue(&tx, Event::new("order.created", order_data(n1)))
                                 .unwrap();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{wait_until, TestReceiver};
+use common::{v7_millis, wait_until, TestReceiver};
 use sqlite_outbox::Outbox;
 
 /// How many orders each app writes, and every how many it rolls one back.
@@ -98,13 +98,6 @@ fn stored(outbox: &Outbox) -> Vec<(i64, String, Option<String>)> {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap()
-}
-
-fn v7_millis(id: &str) -> u64 {
-    let uuid = uuid::Uuid::parse_str(id).unwrap();
-    assert_eq!(uuid.get_version_num(), 7, "{id}");
-    let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
-    secs * 1000 + u64::from(nanos) / 1_000_000
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fast, wait_until, TestReceiver};
+use common::{fast, v7_millis, wait_until, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::rusqlite::{params, Connection, ErrorCode};
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
@@ -63,15 +63,6 @@ fn stored(outbox: &Outbox) -> Vec<Stored> {
     .unwrap()
     .collect::<Result<_, _>>()
     .unwrap()
-}
-
-/// The millisecond time a UUIDv7 carries, checking that it is one.
-fn v7_millis(id: &str) -> u64 {
-    let uuid = uuid::Uuid::parse_str(id).unwrap();
-    assert_eq!(uuid.get_version_num(), 7, "{id}");
-    assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
-    let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
-    secs * 1000 + u64::from(nanos) / 1_000_000
 }
 
 fn enqueue_sql(conn: &Connection, event_type: &str, data: &str, key: Option<&str>) {

@@ -109,6 +109,14 @@ pub fn bare_connection(path: &std::path::Path, synchronous: &str) -> Connection 
     conn
 }
 
+/// The business row every enqueue bench writes beside its event.
+pub fn insert_order(tx: &sqlite_outbox::rusqlite::Transaction<'_>, n: i64) {
+    tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
+        .unwrap()
+        .execute(params!["customer-7", n])
+        .unwrap();
+}
+
 /// One bare transaction: per event, a business row and an outbox row (fresh UUIDv7 id,
 /// serialized data), in an IMMEDIATE transaction.
 pub fn bare_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
@@ -116,10 +124,7 @@ pub fn bare_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
         .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     for i in 0..events {
-        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
-            .unwrap()
-            .execute(params!["customer-7", n + i])
-            .unwrap();
+        insert_order(&tx, n + i);
         let payload = serde_json::to_string(&order_data(n + i)).unwrap();
         tx.prepare_cached(
             "INSERT INTO outbox_events (event_id, destination, event_type, partition_key,
@@ -146,10 +151,7 @@ pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
         .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     for i in 0..events {
-        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
-            .unwrap()
-            .execute(params!["customer-7", n + i])
-            .unwrap();
+        insert_order(&tx, n + i);
         let data = serde_json::to_string(&order_data(n + i)).unwrap();
         tx.prepare_cached(
             "INSERT INTO outbox_enqueue (type, data, key) VALUES ('order.created', ?1, ?2)",
@@ -172,10 +174,7 @@ pub fn outbox_enqueue_tx(
         .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     for i in 0..events {
-        tx.prepare_cached("INSERT INTO orders (customer, total) VALUES (?1, ?2)")
-            .unwrap()
-            .execute(params!["customer-7", n + i])
-            .unwrap();
+        insert_order(&tx, n + i);
         outbox
             .enqueue(
                 &tx,

@@ -335,3 +335,13 @@ pub fn stored_event_ids(path: &std::path::Path) -> std::collections::HashSet<Str
         .collect::<Result<_, _>>()
         .unwrap()
 }
+
+/// The millisecond time a UUIDv7 carries, checking that it is one (version 7, RFC 4122
+/// variant).
+pub fn v7_millis(id: &str) -> u64 {
+    let uuid = uuid::Uuid::parse_str(id).unwrap();
+    assert_eq!(uuid.get_version_num(), 7, "{id}");
+    assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
+    let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
+    secs * 1000 + u64::from(nanos) / 1_000_000
+}
