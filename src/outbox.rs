@@ -58,7 +58,7 @@ impl fmt::Debug for Outbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbox")
             .field("path", &self.inner.path)
-            .field("settings", &self.inner.live.get())
+            .field("settings", &self.inner.live.peek())
             .finish_non_exhaustive()
     }
 }

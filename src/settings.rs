@@ -486,6 +486,14 @@ impl LiveSettings {
         }
     }
 
+    /// The settings last read, without looking at the file (for `Debug`).
+    pub fn peek(&self) -> Arc<Settings> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Makes the next [`get`](Self::get) read the file again.
     pub fn invalidate(&self) {
         let mut refresh = self.refresh.lock().unwrap_or_else(|p| p.into_inner());
@@ -503,10 +511,7 @@ impl LiveSettings {
                 }
             }
         }
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.peek()
     }
 }
 

@@ -460,3 +460,34 @@ fn a_byte_limit_drops_the_oldest_droppable_events_until_the_new_one_fits() {
     assert!(err.to_string().contains("max_pending_bytes"), "{err}");
     assert_eq!(stored(&outbox), rows);
 }
+
+#[test]
+fn a_coalesced_event_makes_its_own_room_before_anything_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("both.db")).unwrap();
+    outbox.set_setting("max_pending", "3").unwrap();
+    outbox
+        .set_setting("policy:telemetry.*", "drop_oldest")
+        .unwrap();
+    let conn = app_connection(&outbox);
+    let reading = |sensor: &str, value: i64| {
+        conn.execute(
+            "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('telemetry.temp', ?1, ?2)",
+            params![value.to_string(), sensor],
+        )
+        .unwrap();
+    };
+    reading("a", 1);
+    reading("b", 2);
+    reading("c", 3);
+    // Full, but the new reading of "a" replaces the pending one: nothing is dropped.
+    reading("a", 4);
+    let stats = outbox.stats().unwrap();
+    assert_eq!((stats.coalesced, stats.dropped, stats.pending), (1, 0, 3));
+    // A new sensor needs room: the oldest reading ("b") goes.
+    reading("d", 5);
+    let stats = outbox.stats().unwrap();
+    assert_eq!((stats.coalesced, stats.dropped, stats.pending), (1, 1, 3));
+    let data: Vec<String> = stored(&outbox).into_iter().map(|r| r.4).collect();
+    assert_eq!(data, ["3", "4", "5"]);
+}
