@@ -218,8 +218,10 @@ impl OutboxBuilder {
     }
 
     /// Sets the storage policy of event types matching `pattern` (same patterns as
-    /// [`route`](Self::route)). Types without a policy are [`StoragePolicy::Reject`]: they are
-    /// never dropped to make room.
+    /// [`route`](Self::route)); the most specific matching pattern wins, so
+    /// `storage_policy("*", DropOldest)` with `storage_policy("order.*", Reject)` keeps orders.
+    /// Types without a policy are [`StoragePolicy::Reject`]: they are never dropped to make
+    /// room.
     pub fn storage_policy(mut self, pattern: impl Into<String>, policy: StoragePolicy) -> Self {
         let pattern = pattern.into();
         self.limits.policies.retain(|(p, _)| *p != pattern);
