@@ -90,25 +90,33 @@ fn a_retry_scheduled_before_the_clock_jumped_back_a_day_comes_after_its_backoff_
     let relay = outbox
         .relay(quick(RelayConfig::transport(
             move |_: &[OutboundEvent]| {
-                // The first attempt fails; it is retried 50-100 ms later on the clock of then.
-                let status = if seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                    503
+                // The first attempt fails and asks for 2 s (a jittered backoff could be near
+                // zero, and the retry could then come before the test jumps the clock); it is
+                // retried 2 s later on the clock of then.
+                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+                let (status, retry_after) = if first {
+                    (503, Some(Duration::from_secs(2)))
                 } else {
-                    204
+                    (204, None)
                 };
                 Attempt::Answered {
                     status,
-                    retry_after: None,
+                    retry_after,
                     detail: format!("HTTP {status}"),
                 }
             },
         )))
         .start()
         .unwrap();
-    assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
+    assert!(
+        wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1),
+        "{:?}, {} calls",
+        rows(&outbox),
+        calls.load(Ordering::SeqCst)
+    );
     // The clock jumps back a day while the relay runs.
     clock.set_right();
-    let delivered = wait_until(Duration::from_secs(10), || rows(&outbox)[0].delivered);
+    let delivered = wait_until(Duration::from_secs(15), || rows(&outbox)[0].delivered);
     relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
