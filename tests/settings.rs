@@ -187,3 +187,58 @@ fn the_cli_shows_checks_and_follows_the_settings() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no route"));
 }
+
+#[test]
+fn settings_changed_while_a_relay_runs_apply_to_the_next_events_and_nothing_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("running.db");
+    let outbox = Outbox::open(&db).unwrap();
+    let receiver = common::TestReceiver::ok();
+    let relay = outbox
+        .relay(common::fast(sqlite_outbox::RelayConfig::http(
+            receiver.url(),
+        )))
+        .start()
+        .unwrap();
+    let app = sqlite_outbox::rusqlite::Connection::open(&db).unwrap();
+    let insert = |n: i64| {
+        app.execute(
+            "INSERT INTO outbox_enqueue (type, data) VALUES ('order.created', ?1)",
+            [n.to_string()],
+        )
+        .unwrap();
+    };
+    insert(1);
+    assert!(wait_until(Duration::from_secs(20), || receiver
+        .event_count()
+        == 1));
+    // The operator changes the source and the payload limit while the relay runs.
+    for (key, value) in [("default_source", "/plant/9"), ("payload_limit", "1000")] {
+        let o = outbox_cli(&db, &["config", "set", key, value]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    insert(2);
+    let big = format!("\"{}\"", "x".repeat(2_000));
+    let refused = app
+        .execute(
+            "INSERT INTO outbox_enqueue (type, data) VALUES ('order.created', ?1)",
+            [big],
+        )
+        .unwrap_err();
+    assert!(refused.to_string().contains("payload limit"), "{refused}");
+    assert!(wait_until(Duration::from_secs(20), || receiver
+        .event_count()
+        == 2));
+    let shutdown = relay.shutdown();
+    let sources: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.body["source"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(sources, ["/sqlite-outbox", "/plant/9"]);
+    assert_eq!(
+        (shutdown.abandoned, shutdown.writer_restarts),
+        (0, 0),
+        "{shutdown:?}"
+    );
+}
