@@ -68,6 +68,17 @@ fn alternate(rounds: usize, mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f
     (xs[rounds / 2], ys[rounds / 2])
 }
 
+/// Runs `txs` transactions of `per_tx` events through `one_tx` (given the running event
+/// count `next` after each), and returns events per second.
+fn rate_of_txs(txs: i64, per_tx: i64, next: &mut i64, mut one_tx: impl FnMut(i64)) -> f64 {
+    let t = Instant::now();
+    for _ in 0..txs {
+        *next += per_tx;
+        one_tx(*next);
+    }
+    rate((txs * per_tx) as usize, t.elapsed())
+}
+
 fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, txs: i64) -> Line {
     let pragma = if sync == Synchronous::Full {
         "FULL"
@@ -89,20 +100,14 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
     let (o, b) = alternate(
         5,
         || {
-            let t = Instant::now();
-            for _ in 0..txs {
-                n1 += per_tx;
-                outbox_enqueue_tx(&outbox, &mut own, n1, per_tx);
-            }
-            rate((txs * per_tx) as usize, t.elapsed())
+            rate_of_txs(txs, per_tx, &mut n1, |n| {
+                outbox_enqueue_tx(&outbox, &mut own, n, per_tx)
+            })
         },
         || {
-            let t = Instant::now();
-            for _ in 0..txs {
-                n2 += per_tx;
-                bare_enqueue_tx(&mut bare, n2, per_tx);
-            }
-            rate((txs * per_tx) as usize, t.elapsed())
+            rate_of_txs(txs, per_tx, &mut n2, |n| {
+                bare_enqueue_tx(&mut bare, n, per_tx)
+            })
         },
     );
     Line {
@@ -135,20 +140,14 @@ fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Lin
     let (s, r) = alternate(
         5,
         || {
-            let t = Instant::now();
-            for _ in 0..txs {
-                n1 += per_tx;
-                sql_enqueue_tx(&mut sql_conn, n1, per_tx);
-            }
-            rate((txs * per_tx) as usize, t.elapsed())
+            rate_of_txs(txs, per_tx, &mut n1, |n| {
+                sql_enqueue_tx(&mut sql_conn, n, per_tx)
+            })
         },
         || {
-            let t = Instant::now();
-            for _ in 0..txs {
-                n2 += per_tx;
-                outbox_enqueue_tx(&rust, &mut rust_conn, n2, per_tx);
-            }
-            rate((txs * per_tx) as usize, t.elapsed())
+            rate_of_txs(txs, per_tx, &mut n2, |n| {
+                outbox_enqueue_tx(&rust, &mut rust_conn, n, per_tx)
+            })
         },
     );
     Line {
