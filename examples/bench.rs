@@ -659,7 +659,7 @@ fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
             outbox: ms(p99),
             baseline: "".into(),
             ratio: "".into(),
-            target: "≤ 10 ms",
+            target: "≤ 2 ms",
         },
     ]
 }
