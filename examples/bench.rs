@@ -40,6 +40,32 @@ struct Line {
     target: &'static str,
 }
 
+impl Line {
+    /// A row of two rates measured in the same run: ours against a baseline (named in
+    /// brackets after its figure when `baseline_name` is not empty), and their ratio.
+    fn rates(
+        what: String,
+        unit: &str,
+        ours: f64,
+        baseline: f64,
+        baseline_name: &str,
+        target: &'static str,
+    ) -> Line {
+        let baseline_figure = if baseline_name.is_empty() {
+            per_s(baseline)
+        } else {
+            format!("{} ({baseline_name})", per_s(baseline))
+        };
+        Line {
+            what,
+            outbox: format!("{} {unit}", per_s(ours)),
+            baseline: baseline_figure,
+            ratio: format!("{:.2}×", ours / baseline),
+            target,
+        }
+    }
+}
+
 fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
@@ -110,13 +136,7 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
             })
         },
     );
-    Line {
-        what: format!("enqueue, {label}"),
-        outbox: format!("{} events", per_s(o)),
-        baseline: per_s(b),
-        ratio: format!("{:.2}×", o / b),
-        target: "≥ 0.9×",
-    }
+    Line::rates(format!("enqueue, {label}"), "events", o, b, "", "≥ 0.9×")
 }
 
 /// The SQL contract (`INSERT INTO outbox_enqueue`, as an app in another language writes)
@@ -150,13 +170,14 @@ fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Lin
             })
         },
     );
-    Line {
-        what: format!("enqueue through SQL (INSERT INTO outbox_enqueue), {label}"),
-        outbox: format!("{} events", per_s(s)),
-        baseline: format!("{} (Outbox::enqueue)", per_s(r)),
-        ratio: format!("{:.2}×", s / r),
-        target: "≥ 0.8×",
-    }
+    Line::rates(
+        format!("enqueue through SQL (INSERT INTO outbox_enqueue), {label}"),
+        "events",
+        s,
+        r,
+        "Outbox::enqueue",
+        "≥ 0.8×",
+    )
 }
 
 /// Side by side with honker 0.5 (a queue in the app's SQLite file, enqueued in the app's
@@ -240,13 +261,14 @@ fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
                     rate((txs * per_tx) as usize, t.elapsed())
                 },
             );
-            lines.push(Line {
-                what: format!("vs honker: enqueue, {pragma}, {per_tx} event(s)/tx"),
-                outbox: format!("{} events", per_s(o)),
-                baseline: format!("{} (honker)", per_s(h)),
-                ratio: format!("{:.2}×", o / h),
-                target: "> 1×",
-            });
+            lines.push(Line::rates(
+                format!("vs honker: enqueue, {pragma}, {per_tx} event(s)/tx"),
+                "events",
+                o,
+                h,
+                "honker",
+                "> 1×",
+            ));
         }
         let events = if sync == Synchronous::Full {
             600
@@ -301,13 +323,14 @@ fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
                     rate(n, t.elapsed())
                 },
             );
-            lines.push(Line {
-                what: format!("vs honker: claim + ack, {pragma}, batches of {batch}, {n} queued"),
-                outbox: format!("{} events", per_s(o)),
-                baseline: format!("{} (honker)", per_s(h)),
-                ratio: format!("{:.2}×", o / h),
-                target: "> 1×",
-            });
+            lines.push(Line::rates(
+                format!("vs honker: claim + ack, {pragma}, batches of {batch}, {n} queued"),
+                "events",
+                o,
+                h,
+                "honker",
+                "> 1×",
+            ));
         }
     }
     lines
@@ -393,13 +416,14 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
             rate(done, t.elapsed())
         },
     );
-    let mut lines = vec![Line {
-        what: "claim + ack, batches of 100".into(),
-        outbox: format!("{} rows", per_s(o)),
-        baseline: per_s(b),
-        ratio: format!("{:.2}×", o / b),
-        target: "",
-    }];
+    let mut lines = vec![Line::rates(
+        "claim + ack, batches of 100".into(),
+        "rows",
+        o,
+        b,
+        "",
+        "",
+    )];
     // The claim's latency must not grow with delivered history.
     let claim_latency = |history: usize| {
         let path = dir.join(format!("history-{history}.db"));
@@ -716,15 +740,14 @@ fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
                 )
             },
         );
-        lines.push(Line {
-            what: format!(
-                "relay to Mosquitto, QoS 1, {window} in flight ({workers} workers × {batch})"
-            ),
-            outbox: format!("{} events", per_s(o)),
-            baseline: format!("{} (bare rumqttc)", per_s(b)),
-            ratio: format!("{:.2}×", o / b),
-            target: "≥ 0.7×",
-        });
+        lines.push(Line::rates(
+            format!("relay to Mosquitto, QoS 1, {window} in flight ({workers} workers × {batch})"),
+            "events",
+            o,
+            b,
+            "bare rumqttc",
+            "≥ 0.7×",
+        ));
     }
     lines
 }
@@ -839,13 +862,14 @@ fn barrier_drain(dir: &std::path::Path, receiver: &CountingReceiver, on_disk: bo
     } else {
         "backlog just committed"
     };
-    Line {
-        what: format!("relay, 100 events/request, 4 workers, {backlog}: barrier on / off"),
-        outbox: format!("{} events", per_s(on)),
-        baseline: format!("{} (barrier off)", per_s(off)),
-        ratio: format!("{:.2}×", on / off),
-        target: "≥ 0.9×",
-    }
+    Line::rates(
+        format!("relay, 100 events/request, 4 workers, {backlog}: barrier on / off"),
+        "events",
+        on,
+        off,
+        "barrier off",
+        "≥ 0.9×",
+    )
 }
 
 /// Runs in a child process: drains the backlog at `path` to `url`, prints peak RSS in KiB.

@@ -264,19 +264,7 @@ fn the_cli_exports_and_imports_and_import_gives_up_with_exit_1() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains(&ids[0]));
     // Nobody listening: every attempt fails, and import gives up with exit 1.
     let down = format!("http://127.0.0.1:{}/events", closed_port());
-    let o = outbox_cli(
-        &db,
-        &[
-            "import",
-            file.to_str().unwrap(),
-            "--secret",
-            SECRET,
-            "--url",
-            &down,
-            "--max-attempts",
-            "1",
-        ],
-    );
+    let o = import_cli(&db, &file, &down, &["--max-attempts", "1"]);
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -285,17 +273,7 @@ fn the_cli_exports_and_imports_and_import_gives_up_with_exit_1() {
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("delivered 0 events, 5 given up"));
     let receiver = verifying_receiver();
-    let o = outbox_cli(
-        &db,
-        &[
-            "import",
-            file.to_str().unwrap(),
-            "--secret",
-            SECRET,
-            "--url",
-            &receiver.url(),
-        ],
-    );
+    let o = import_cli(&db, &file, &receiver.url(), &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(receiver.event_ids(), ids);
     for args in [
@@ -305,4 +283,23 @@ fn the_cli_exports_and_imports_and_import_gives_up_with_exit_1() {
         let o = outbox_cli(&db, &args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
     }
+}
+
+/// `outbox import FILE --secret SECRET --url URL` with `extra` flags.
+fn import_cli(
+    db: &std::path::Path,
+    file: &std::path::Path,
+    url: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "import",
+        file.to_str().unwrap(),
+        "--secret",
+        SECRET,
+        "--url",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    outbox_cli(db, &args)
 }
