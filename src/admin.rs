@@ -202,7 +202,7 @@ fn list_sql(state: Option<State>) -> String {
     };
     format!(
         "SELECT {RECORD_COLUMNS} FROM outbox_events {index}
-          WHERE {condition} ORDER BY {order} LIMIT ?1"
+          WHERE {condition} ORDER BY {order} LIMIT CAST(?1 AS INTEGER)"
     )
 }
 

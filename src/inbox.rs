@@ -77,7 +77,7 @@ impl Inbox {
                 .prepare_cached(
                     "DELETE FROM outbox_inbox WHERE (source, event_id) IN (
                          SELECT source, event_id FROM outbox_inbox
-                          WHERE received_at < ?1 LIMIT ?2)",
+                          WHERE received_at < ?1 LIMIT CAST(?2 AS INTEGER))",
                 )?
                 .execute(params![cutoff, PRUNE_PAGE])?;
             total += deleted;

@@ -175,6 +175,10 @@ pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 /// `limit`, so the cost depends on the due rows, not on how many rows are parked, backing
 /// off or delivered (a test pins the query plan). [`claim`] runs it for each level that
 /// has due rows, most urgent first.
+///
+/// Every `LIMIT` here is `LIMIT CAST(?n AS INTEGER)`, never a bare `LIMIT ?n`: SQLite's
+/// planner reads a bare bound limit, and a statement whose plan read a bound value is
+/// compiled again each time it is bound, which made every claim pay a full prepare.
 pub(crate) const CLAIM_SQL: &str = concat!(
     "UPDATE outbox_events
         SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
@@ -192,7 +196,7 @@ pub(crate) const CLAIM_SQL: &str = concat!(
     pending!("k."),
     "))
           ORDER BY e.available_at, e.id
-          LIMIT ?5)
+          LIMIT CAST(?5 AS INTEGER))
      RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
                partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
                lease_expires_at, expires_at"
@@ -602,6 +606,13 @@ pub(crate) enum WriteBack {
     },
 }
 
+/// Marks a list of rows delivered, each only if `owner` still holds its lease; see [`ack`].
+const ACK_SQL: &str = "UPDATE outbox_events
+    SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
+        lease_owner = NULL, lease_expires_at = NULL
+  WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
+ RETURNING id";
+
 /// Marks `events`, all claimed by `owner`, delivered in one statement and unparks the next
 /// event of each of their keys; returns the ids whose lease `owner` still held (the others
 /// were taken over and are left alone).
@@ -614,13 +625,7 @@ pub(crate) fn ack(
     let list = json_ids(events.iter().map(|e| e.id));
     // A set: an ack covers up to a few hundred rows, and each is looked up below.
     let acked: HashSet<i64> = conn
-        .prepare_cached(
-            "UPDATE outbox_events
-                SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
-                    lease_owner = NULL, lease_expires_at = NULL
-              WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
-             RETURNING id",
-        )?
+        .prepare_cached(ACK_SQL)?
         .query_map(params![list, owner, now], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     for event in events {
@@ -770,23 +775,26 @@ pub(crate) struct ExpiredRow {
     pub event_type: String,
 }
 
+/// Expires due rows; see [`expire`].
+const EXPIRE_SQL: &str = concat!(
+    "UPDATE outbox_events
+        SET dead_at = ?1, expired_at = ?1, lease_owner = NULL, lease_expires_at = NULL,
+            last_error = 'expired: not delivered by its deadline'
+      WHERE id IN (
+         SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_expiring
+          WHERE e.expires_at IS NOT NULL AND e.expires_at <= ?1 AND ",
+    pending!("e."),
+    " AND ",
+    lease_claimable!("e.", "?1", "?3"),
+    " LIMIT CAST(?2 AS INTEGER))
+     RETURNING event_id, destination, event_type, partition_key"
+);
+
 /// Marks up to `limit` pending rows whose deadline is past as expired, except rows leased
 /// to a relay right now (a delivery in flight is never expired under it), unparks each
 /// one's key, and counts them. Walks the expiring index only.
 pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<ExpiredRow>> {
-    let mut stmt = conn.prepare_cached(concat!(
-        "UPDATE outbox_events
-            SET dead_at = ?1, expired_at = ?1, lease_owner = NULL, lease_expires_at = NULL,
-                last_error = 'expired: not delivered by its deadline'
-          WHERE id IN (
-             SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_expiring
-              WHERE e.expires_at IS NOT NULL AND e.expires_at <= ?1 AND ",
-        pending!("e."),
-        " AND ",
-        lease_claimable!("e.", "?1", "?3"),
-        " LIMIT ?2)
-         RETURNING event_id, destination, event_type, partition_key"
-    ))?;
+    let mut stmt = conn.prepare_cached(EXPIRE_SQL)?;
     let rows = stmt
         .query_map(
             params![now, limit, now.saturating_add(LEASE_CLOCK_SKEW_MS)],
@@ -835,7 +843,7 @@ pub(crate) fn lease_for_export(
         pending!("e."),
         " AND e.destination = ?4 AND ",
         lease_claimable!("e.", "?3", "?7"),
-        " ORDER BY e.id LIMIT ?5)
+        " ORDER BY e.id LIMIT CAST(?5 AS INTEGER))
          RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
                    partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
                    lease_expires_at, expires_at"
@@ -984,7 +992,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
         Finished::DeliveredBefore(cutoff) => (
             "DELETE FROM outbox_events WHERE id IN (
                  SELECT id FROM outbox_events INDEXED BY outbox_events_delivered
-                  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT ?2)
+                  WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT CAST(?2 AS INTEGER))
              RETURNING destination, delivered_at IS NOT NULL",
             cutoff,
         ),
@@ -993,7 +1001,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                  SELECT id FROM outbox_events INDEXED BY outbox_events_dead
                   WHERE dead_at IS NOT NULL AND delivered_at IS NULL
                     AND (expired_at IS NOT NULL OR exported_at IS NOT NULL)
-                    AND dead_at < ?1 LIMIT ?2)
+                    AND dead_at < ?1 LIMIT CAST(?2 AS INTEGER))
              RETURNING destination, 0",
             cutoff,
         ),
@@ -1002,7 +1010,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                 "DELETE FROM outbox_events WHERE id IN (
                      SELECT id FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
                 dead!(),
-                " AND dead_at <= ?1 LIMIT ?2) RETURNING destination, 0"
+                " AND dead_at <= ?1 LIMIT CAST(?2 AS INTEGER)) RETURNING destination, 0"
             ),
             cutoff,
         ),
@@ -1315,6 +1323,36 @@ mod tests {
                 ("honest".into(), 60_000)
             ]
         );
+    }
+
+    /// How often SQLite compiled `sql` again since the connection cached it.
+    fn reprepares(conn: &Connection, sql: &str) -> i32 {
+        conn.prepare_cached(sql)
+            .unwrap()
+            .get_status(rusqlite::StatementStatus::RePrepare)
+    }
+
+    #[test]
+    fn the_hot_statements_are_compiled_once_whatever_they_are_given() {
+        // SQLite compiles a statement again on every run when its plan looked at a bound
+        // value (a `LIMIT ?`, for one): a claim then cost a full prepare each time.
+        let (_d, mut conn) = db();
+        for _ in 0..10 {
+            insert_raw(&conn, Some("k"), 0);
+            insert_raw(&conn, None, 0);
+        }
+        for (round, limit) in [(0, 3), (1, 5), (2, 2)] {
+            let owner = format!("relay-{round}");
+            let got = claim_events(&conn, &req(&owner, round, limit));
+            assert!(!got.is_empty());
+            let refs: Vec<&OutboundEvent> = got.iter().collect();
+            assert_eq!(ack(&conn, &owner, &refs, round).unwrap().len(), got.len());
+            assert_eq!(expire(&conn, round, limit).unwrap().len(), 0);
+            delete_page(&mut conn, Finished::DeliveredBefore(round)).unwrap();
+        }
+        for sql in [CLAIM_SQL, DUE_LEVELS_SQL, ACK_SQL, EXPIRE_SQL] {
+            assert_eq!(reprepares(&conn, sql), 0, "{sql}");
+        }
     }
 
     #[test]
