@@ -230,7 +230,7 @@ pub fn bare_claim_ack(conn: &mut Connection, batch: i64) -> usize {
                   WHERE id IN (SELECT id FROM outbox_events
                                 WHERE delivered_at IS NULL AND dead_at IS NULL
                                   AND destination = 'default' AND available_at <= 9e15
-                                ORDER BY available_at, id LIMIT ?1)
+                                ORDER BY available_at, id LIMIT CAST(?1 AS INTEGER))
                  RETURNING id",
             )
             .unwrap()
