@@ -54,6 +54,67 @@ impl CountingReceiver {
     }
 }
 
+/// A receiver on 127.0.0.1 that notes when each event first arrived, by its data's
+/// `order_id` (see [`order_data`]), for per-event commit-to-receipt latencies.
+pub struct TimingReceiver {
+    pub url: String,
+    arrivals: Arc<std::sync::Mutex<std::collections::HashMap<i64, Instant>>>,
+    _server: HttpServer,
+}
+
+impl TimingReceiver {
+    pub fn start() -> TimingReceiver {
+        let arrivals = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+        let noted = arrivals.clone();
+        let server = HttpServer::bind("127.0.0.1:0", move |request| {
+            let now = Instant::now();
+            let mut noted = noted.lock().unwrap();
+            for id in order_ids(&request.body) {
+                noted.entry(id).or_insert(now);
+            }
+            Response::status(204)
+        })
+        .expect("bind receiver");
+        TimingReceiver {
+            url: format!("http://127.0.0.1:{}/events", server.port()),
+            arrivals,
+            _server: server,
+        }
+    }
+
+    /// When the event of `order_id` first arrived.
+    pub fn arrived(&self, order_id: i64) -> Option<Instant> {
+        self.arrivals.lock().unwrap().get(&order_id).copied()
+    }
+
+    /// Waits until `n` distinct events arrived (or `limit` passes); returns whether they did.
+    pub fn wait_for(&self, n: usize, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.arrivals.lock().unwrap().len() < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+/// The `order_id`s of the CloudEvents in a body: one event, or a batch (a JSON array).
+fn order_ids(body: &[u8]) -> Vec<i64> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    let events = match value {
+        serde_json::Value::Array(events) => events,
+        one => vec![one],
+    };
+    events
+        .iter()
+        .filter_map(|e| e["data"]["order_id"].as_i64())
+        .collect()
+}
+
 /// Events in a body: one per `"specversion"` member (a batch holds several).
 fn count_events(body: &[u8]) -> u64 {
     let needle = b"\"specversion\"";
