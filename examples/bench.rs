@@ -985,7 +985,7 @@ fn peak_rss(dir: &std::path::Path, receiver: &CountingReceiver) -> Line {
         outbox: format!("{:.1} MiB", kib as f64 / 1024.0),
         baseline: "".into(),
         ratio: "".into(),
-        target: "≤ 32 MiB",
+        target: "≤ 16 MiB",
     }
 }
 
