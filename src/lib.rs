@@ -577,10 +577,11 @@
 //! | both | the file is never corrupt | the file is never corrupt |
 //!
 //! **No ghosts, in either mode.** A relay never sends an event before the transaction that
-//! committed it is on disk, whatever the app chose: the claim that takes events for sending
-//! commits with `synchronous=FULL` when another connection has committed since its last
-//! sync, and that one sync of the append-only WAL covers every commit before it
-//! (`src/relay/barrier.rs`). Without it, at `Normal` a relay could deliver an event a
+//! committed it is on disk, whatever the app chose: after the claim that takes events for
+//! sending has committed, and before they go out, the relay syncs the WAL file when another
+//! connection has committed since its last sync, and that one sync of the append-only WAL
+//! covers every commit before it (`src/relay/barrier.rs`). The sync runs after the claim
+//! has released SQLite's write lock, so the app's commits never wait for it. Without it, at `Normal` a relay could deliver an event a
 //! millisecond after its commit and a power cut could then roll the commit back, leaving the
 //! receiver with an event for a change the device no longer has. Draining a backlog costs
 //! one sync; while the app keeps committing, about one per claim (see the README's
@@ -654,6 +655,7 @@ mod queue;
 pub mod receive;
 mod redeliver;
 mod relay;
+mod right_of_way;
 pub mod settings;
 mod signature;
 mod telemetry;

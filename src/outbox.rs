@@ -19,6 +19,7 @@ use crate::queue::{self, NewRow};
 use crate::relay::config::RelayConfig;
 use crate::relay::wake::Wakers;
 use crate::relay::Relay;
+use crate::right_of_way::RightOfWay;
 use crate::settings::{Explicit, LiveSettings, Settings};
 
 /// A handle to one outbox database file. Cheap to clone; clones share the pool.
@@ -50,6 +51,9 @@ struct Inner {
     live: LiveSettings,
     /// The relays of this process to wake after a local commit.
     wakers: Wakers,
+    /// The app's write transactions (and a relay's WAL catch-up), which the relay's writer
+    /// lets go first.
+    right_of_way: RightOfWay,
     /// Who hears of delivered and dead events.
     subscribers: crate::notices::Subscribers,
 }
@@ -299,6 +303,7 @@ impl OutboxBuilder {
                 settings,
                 clock: self.clock,
                 wakers: Wakers::default(),
+                right_of_way: RightOfWay::default(),
                 subscribers: Default::default(),
             }),
         })
@@ -514,6 +519,12 @@ impl Outbox {
     /// timeout) instead of failing half-way with `SQLITE_BUSY`. If `f` returns an error the
     /// transaction rolls back and the error is returned.
     ///
+    /// A relay started from this `Outbox` lets these transactions go first: before each of
+    /// its own writes it waits (up to 5 ms) while one wants or holds the lock, so a commit
+    /// made here while the relay drains a backlog waits for at most the one relay
+    /// transaction already under way. Commits through connections of the app's own are
+    /// not seen, and take their turn at SQLite's lock.
+    ///
     /// # Errors
     ///
     /// Whatever `f` returns, a pool timeout, or the commit's SQLite error.
@@ -522,11 +533,19 @@ impl Outbox {
         F: FnOnce(&Transaction<'_>) -> Result<T>,
     {
         let mut conn = self.connection()?;
+        // Marked before asking for the lock: a relay of this outbox then lets it go first.
+        let turn = self.inner.right_of_way.take();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = f(&tx)?;
         tx.commit()?;
+        drop(turn);
         self.notify();
         Ok(value)
+    }
+
+    /// The writes that go before the relay's (see [`crate::right_of_way`]).
+    pub(crate) fn right_of_way(&self) -> &RightOfWay {
+        &self.inner.right_of_way
     }
 
     /// Wakes a relay running in this process so it claims newly committed events at once.

@@ -133,6 +133,7 @@ impl Relay {
         // The workers hold the only senders: once they are gone, the writer knows.
         drop(reports_tx);
         let shutdown_timeout = config.shutdown_timeout;
+        let checkpointed = outbox.clone();
         let (writer, stop_tx) = Writer::new(
             outbox,
             conn,
@@ -144,7 +145,8 @@ impl Relay {
         );
         let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
         let (checkpoint_stop_tx, checkpoint_stop) = bounded::<()>(0);
-        let checkpointer = Checkpointer::new(checkpoint_conn, &relay_id, checkpoint_stop);
+        let checkpointer =
+            Checkpointer::new(checkpoint_conn, checkpointed, &relay_id, checkpoint_stop);
         let checkpointer =
             Watched::spawn("outbox-checkpoint".to_string(), move || checkpointer.run())?;
         log::info!("relay {relay_id}: started");

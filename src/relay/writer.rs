@@ -31,6 +31,11 @@ use crate::transport::OutboundEvent;
 /// enough that the write lock is held well under a millisecond, so the app's own commits
 /// never wait long behind the relay.
 const MAX_ACKS_PER_TX: usize = 200;
+/// The longest the writer lets the app's write transactions of the same `Outbox` (and the
+/// checkpointer's catch-up) go first before a write of its own (see
+/// [`crate::right_of_way`]): an app thread that keeps a transaction open must not stop the
+/// relay.
+const GIVE_WAY_LIMIT: Duration = Duration::from_millis(5);
 /// How often the writer looks for events past their deadline.
 const EXPIRY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long the writer may wait to gather more outcomes into one ack transaction.
@@ -332,6 +337,7 @@ impl Writer {
             lease_ms: self.lease_ms,
             limit: limit as i64,
         };
+        self.outbox.right_of_way().wait_until_clear(GIVE_WAY_LIMIT);
         // Nothing is sent before its commit is on disk (see `barrier`).
         let claimed = self
             .barrier
@@ -552,6 +558,7 @@ impl Writer {
     /// Records every outcome in one transaction; returns, per outcome, whether its lease was
     /// still ours (and so whether it was recorded).
     fn write(&mut self, outcomes: &[(&OutboundEvent, &WriteBack)], now: i64) -> Result<Vec<bool>> {
+        self.outbox.right_of_way().wait_until_clear(GIVE_WAY_LIMIT);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
