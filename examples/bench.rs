@@ -457,6 +457,71 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
 
 /// What the operator's calls cost beside a million delivered rows, against the same calls
 /// on a file without history: each must cost what it returns.
+/// A week offline: enqueue, claim and stats with 1,000,000 events pending, against the same
+/// on a file with 1,000 pending, in the same run.
+fn growth_beside_backlog(dir: &std::path::Path) -> Vec<Line> {
+    let build = |pending: usize| {
+        let outbox = Outbox::open(dir.join(format!("backlog-{pending}.db"))).unwrap();
+        outbox
+            .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
+            .unwrap();
+        fill_pending(&outbox, pending);
+        outbox
+    };
+    let (small, large) = (build(1_000), build(1_000_000));
+    let median = |f: &mut dyn FnMut() -> Duration| {
+        let mut samples: Vec<Duration> = (0..21).map(|_| f()).collect();
+        quantile(&mut samples, 0.5)
+    };
+    let next = std::cell::Cell::new(0);
+    let enqueue_rate = |outbox: &Outbox| {
+        let t = Instant::now();
+        for _ in 0..2_000 {
+            next.set(next.get() + 1);
+            let n = next.get();
+            outbox
+                .transaction(|tx| {
+                    tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
+                    outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        rate(2_000, t.elapsed())
+    };
+    let (large_rate, small_rate) = alternate(3, || enqueue_rate(&large), || enqueue_rate(&small));
+    let claim = |outbox: &Outbox| {
+        let conn = outbox.connection().unwrap();
+        median(&mut || timed_claim_and_release(&conn, "growth", FAR, 100))
+    };
+    let stats = |outbox: &Outbox| {
+        median(&mut || {
+            let t = Instant::now();
+            drop(outbox.stats().unwrap());
+            t.elapsed()
+        })
+    };
+    let latency = |what: &str, o: Duration, b: Duration| Line {
+        what: format!("{what} beside 1M pending"),
+        outbox: ms(o),
+        baseline: format!("{} (1k pending)", ms(b)),
+        ratio: format!("{:.2}×", o.as_secs_f64() / b.as_secs_f64()),
+        target: "≤ 1.2×",
+    };
+    vec![
+        Line::rates(
+            "enqueue, 1 event/tx, beside 1M pending".into(),
+            "events",
+            large_rate,
+            small_rate,
+            "1k pending",
+            "≥ 0.83×",
+        ),
+        latency("claim of 100", claim(&large), claim(&small)),
+        latency("stats", stats(&large), stats(&small)),
+    ]
+}
+
 fn admin_beside_history(dir: &std::path::Path) -> Vec<Line> {
     use sqlite_outbox::admin::{DeadFilter, HealthThresholds, State};
     // 1k pending, 20 dead, and `history` delivered rows (counted as the relay counts them).
@@ -1061,6 +1126,10 @@ fn main() {
     if run("admin") {
         eprintln!("admin…");
         lines.extend(admin_beside_history(dir));
+    }
+    if run("growth") {
+        eprintln!("growth…");
+        lines.extend(growth_beside_backlog(dir));
     }
     if run("memory") {
         eprintln!("memory…");
