@@ -1,4 +1,4 @@
-//! A short run of every benchmark comparison, in under two minutes, printed as one table:
+//! A short run of every benchmark comparison, in about three minutes, printed as one table:
 //! each figure, its bare baseline measured in the same run, and the ratio.
 //!
 //! ```text
