@@ -336,6 +336,17 @@ fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
     lines
 }
 
+/// One app transaction: order `n`'s row and the event announcing it.
+fn commit_order(outbox: &Outbox, n: i64) {
+    outbox
+        .transaction(|tx| {
+            tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
+            outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// The app's commits (an order row and its event, one transaction each) at a steady 2,000
 /// a second, a busy desktop app, not a tight loop: an app that never pauses would leave no
 /// room for any checkpoint. Stops after `count` commits or once `enough` says so.
@@ -352,13 +363,7 @@ fn paced_commits(outbox: &Outbox, count: usize, enough: impl Fn() -> bool) -> Ve
             std::thread::sleep(wait);
         }
         let t = Instant::now();
-        outbox
-            .transaction(|tx| {
-                tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
-                outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
-                Ok(())
-            })
-            .unwrap();
+        commit_order(outbox, n);
         samples.push(t.elapsed());
     }
     samples
@@ -478,14 +483,7 @@ fn growth_beside_backlog(dir: &std::path::Path) -> Vec<Line> {
         let t = Instant::now();
         for _ in 0..2_000 {
             next.set(next.get() + 1);
-            let n = next.get();
-            outbox
-                .transaction(|tx| {
-                    tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
-                    outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
-                    Ok(())
-                })
-                .unwrap();
+            commit_order(outbox, next.get());
         }
         rate(2_000, t.elapsed())
     };
