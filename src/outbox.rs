@@ -520,8 +520,9 @@ impl Outbox {
     /// transaction rolls back and the error is returned.
     ///
     /// A relay started from this `Outbox` lets these transactions go first: before each of
-    /// its own writes it waits (up to 5 ms) while one wants or holds the lock, so a commit
-    /// made here while the relay drains a backlog waits for at most the one relay
+    /// its own writes it waits (up to 5 ms) for those that want or hold the lock at that
+    /// moment (not for later ones, so an app committing flat out cannot stop it), and a
+    /// commit made here while the relay drains a backlog waits for at most the one relay
     /// transaction already under way. Commits through connections of the app's own are
     /// not seen, and take their turn at SQLite's lock.
     ///
