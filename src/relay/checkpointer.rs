@@ -159,9 +159,8 @@ impl Checkpointer {
     /// with a RESTART checkpoint, which has nothing left to copy, so it holds the write
     /// lock only for a moment and syncs nothing. True once the next write starts the WAL
     /// over (no reader is in the way).
-    fn catch_up(&mut self) -> bool {
-        let outbox = self.outbox.clone();
-        let _turn = outbox.right_of_way().take();
+    fn catch_up(&self) -> bool {
+        let _turn = self.outbox.right_of_way().take();
         for _ in 0..CATCH_UP_PASSES {
             match self.passive() {
                 Ok((frames, copied)) if copied >= frames => {
