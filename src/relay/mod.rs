@@ -19,6 +19,7 @@
 //! started, records what finishes before the deadline, and returns its report. The handle
 //! then joins every thread that has ended by the deadline and counts the rest as detached.
 
+pub(crate) mod backlog;
 mod barrier;
 mod checkpointer;
 pub(crate) mod config;

@@ -5,19 +5,22 @@
 //! They update the destination's gate themselves, the moment a decision is known, so
 //! requests already queued behind a failure are handed back instead of sent.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::clock::Clock;
+use crate::relay::backlog::{Backlog, SETTLING_PER_WORKER};
 use crate::relay::config::RelayConfig;
 use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::writer::panic_message;
+use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
@@ -174,15 +177,35 @@ impl Worker {
     /// Delivers jobs until the lane closes (the writer dropped the job sender) or the
     /// writer stops listening.
     ///
-    /// A request the transport left on its way (MQTT: published, PUBACKs to come) is
-    /// awaited only once the next queued job has been handed over too, so the connection
-    /// always has this worker's next request ready behind the current one. Each request's
-    /// report still goes to the writer as soon as its own outcome is known.
+    /// A transport may leave a request on its way (MQTT: published, PUBACKs to come):
+    /// - if it settles the outcomes on a thread of its own, the report goes to the writer
+    ///   from that thread, and this worker goes on to its next job at once, up to
+    ///   [`SETTLING_PER_WORKER`] requests ahead (see [`backlog`](crate::relay::backlog));
+    /// - else the request is awaited only once the next queued job has been handed over
+    ///   too, so the connection always has this worker's next request ready behind it.
     pub fn run(self) {
+        let backlog = Arc::new(Backlog::default());
+        let mut settling: VecDeque<(Instant, Arc<Outcomes>)> = VecDeque::new();
         let mut on_its_way: Option<OnItsWay> = None;
         loop {
+            expire_overdue(&mut settling);
+            if backlog.open() >= SETTLING_PER_WORKER {
+                // Woken once half are answered, or at the oldest one's deadline. (None
+                // listed but some open: their reports are being sent right now.)
+                let deadline = settling
+                    .front()
+                    .map_or_else(|| Instant::now() + REPORTING_NOW, |(d, _)| *d);
+                backlog.wait_for(SETTLING_PER_WORKER / 2, deadline);
+                continue;
+            }
             let next = if on_its_way.is_some() {
                 self.jobs.try_recv().ok()
+            } else if let Some((deadline, _)) = settling.front() {
+                match self.jobs.recv_deadline(*deadline) {
+                    Ok(job) => Some(job),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
             } else {
                 match self.jobs.recv() {
                     Ok(job) => Some(job),
@@ -222,8 +245,12 @@ impl Worker {
                     }
                 }
             }
-            let done = match self.start(events) {
+            let done = match self.start(events, &backlog) {
                 Started::Done(report) => Some(report),
+                Started::Settling(deadline, outcomes) => {
+                    settling.push_back((deadline, outcomes));
+                    None
+                }
                 Started::OnItsWay(request) => on_its_way
                     .replace(request)
                     .map(|earlier| self.finish(earlier)),
@@ -233,6 +260,15 @@ impl Worker {
                     return;
                 }
             }
+        }
+        // The lane closed: every request still settling is reported before the worker
+        // ends, by its answer or at its deadline.
+        while backlog.open() > 0 {
+            expire_overdue(&mut settling);
+            let Some((deadline, _)) = settling.front() else {
+                break;
+            };
+            backlog.wait_for(0, *deadline);
         }
     }
 
@@ -263,7 +299,7 @@ impl Worker {
 
     /// Hands `events` to the transport: a report if the outcome is already known (sent and
     /// answered, skipped, panicked), else the request on its way.
-    fn start(&self, events: Job) -> Started {
+    fn start(&self, events: Job, backlog: &Arc<Backlog>) -> Started {
         // Paced first, so that the lease is judged when the request would really start.
         let paced = !self.gate.is_closed() && self.pace(&events);
         let now = self.clock.now_ms();
@@ -276,12 +312,19 @@ impl Worker {
             let report = Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
             return Started::Done(report);
         }
-        match catch_unwind(AssertUnwindSafe(|| self.transport.start_each(&events))) {
-            Ok(sending) if sending.is_done() => Started::Done(self.finish(OnItsWay {
+        let sending = catch_unwind(AssertUnwindSafe(|| self.transport.start_each(&events)))
+            .map(Sending::into_settling);
+        match sending {
+            Ok(Ok((outcomes, deadline))) => {
+                backlog.opened();
+                outcomes.then(self.reporter(events, Arc::clone(backlog)));
+                Started::Settling(deadline, outcomes)
+            }
+            Ok(Err(sending)) if sending.is_done() => Started::Done(self.finish(OnItsWay {
                 events,
                 sending: Ok(sending),
             })),
-            Ok(sending) => Started::OnItsWay(OnItsWay {
+            Ok(Err(sending)) => Started::OnItsWay(OnItsWay {
                 events,
                 sending: Ok(sending),
             }),
@@ -290,6 +333,26 @@ impl Worker {
                 sending: Err(panic_message(&*panic)),
             })),
         }
+    }
+
+    /// What reports a request's outcomes from the thread that settles the last of them:
+    /// decides them, tells the gate, sends the report, and counts the request done.
+    fn reporter(&self, events: Job, backlog: Arc<Backlog>) -> Then {
+        let lane = self.lane;
+        let policy = self.policy;
+        let clock = Arc::clone(&self.clock);
+        let gate = Arc::clone(&self.gate);
+        let reports = self.reports.clone();
+        Box::new(move |attempts| {
+            let now = clock.now_ms();
+            let report = Report::decide_each(lane, events, &attempts, &policy, now);
+            if let Some(change) = report.gate_change() {
+                gate.apply(change);
+            }
+            // A writer that stopped listening has shut down: the leases expire instead.
+            let _ = reports.send(report);
+            backlog.closed();
+        })
     }
 
     /// Waits for a request's outcomes, decides them, and tells the gate.
@@ -319,6 +382,9 @@ impl Worker {
 enum Started {
     /// Its outcome is known.
     Done(Report),
+    /// Its outcomes are settled by the transport and reported from there; they count as
+    /// failed if not all are in by the deadline.
+    Settling(Instant, Arc<Outcomes>),
     /// It is on its way; its outcome is awaited later.
     OnItsWay(OnItsWay),
 }
@@ -329,6 +395,21 @@ struct OnItsWay {
     events: Job,
     sending: std::result::Result<Sending, String>,
 }
+
+/// Forgets the requests at the front that are answered, and settles as failed those past
+/// their deadline (their report then goes out from this thread).
+fn expire_overdue(settling: &mut VecDeque<(Instant, Arc<Outcomes>)>) {
+    while let Some((deadline, outcomes)) = settling.front() {
+        if !outcomes.is_settled() && Instant::now() < *deadline {
+            break;
+        }
+        outcomes.expire();
+        settling.pop_front();
+    }
+}
+
+/// The longest a worker waits for reports that are being sent as it looks.
+const REPORTING_NOW: Duration = Duration::from_millis(10);
 
 /// How long a pacing worker sleeps before it looks at the gate again.
 const PACE_SLICE: Duration = Duration::from_millis(50);
@@ -445,6 +526,133 @@ mod tests {
         let (log, reported) = run_worker(3, false);
         assert_eq!(log, ["start 1", "start 2", "start 3"]);
         assert_eq!(reported, [1, 2, 3]);
+    }
+
+    /// The outcomes a [`Settled`] transport left open, in the order it started them.
+    type Open = Arc<std::sync::Mutex<Vec<Arc<Outcomes>>>>;
+
+    /// A transport that leaves each request's outcomes open for the test to settle, as
+    /// MQTT's connection thread does with PUBACKs.
+    struct Settled {
+        open: Open,
+        timeout: Duration,
+    }
+
+    impl Transport for Settled {
+        fn send(&self, _: &[OutboundEvent]) -> Attempt {
+            delivered()
+        }
+
+        fn start_each(&self, events: &[OutboundEvent]) -> Sending {
+            let outcomes = Outcomes::new(events.len(), "no answer in time".into());
+            self.open.lock().unwrap().push(Arc::clone(&outcomes));
+            Sending::settling(outcomes, self.timeout)
+        }
+    }
+
+    /// Starts a worker on `jobs` single-event jobs through a [`Settled`] transport.
+    fn settled_worker(
+        jobs: i64,
+        timeout: Duration,
+    ) -> (Open, Receiver<Report>, std::thread::JoinHandle<()>) {
+        let config = RelayConfig::new();
+        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+        let (reports, reports_rx) = crossbeam_channel::unbounded();
+        for id in 1..=jobs {
+            let mut e = event(id);
+            e.lease_expires_at = i64::MAX;
+            jobs_tx.send(vec![e]).unwrap();
+        }
+        drop(jobs_tx);
+        let worker = Worker {
+            lane: 0,
+            jobs: jobs_rx,
+            reports,
+            transport: Arc::new(Settled {
+                open: Arc::clone(&open),
+                timeout,
+            }),
+            gate: Arc::new(Gate::new(config.offline)),
+            pacer: None,
+            clock: Arc::new(crate::clock::SystemClock),
+            lease_ms: config.lease_ms(),
+            policy: Policy::new(&config),
+        };
+        let thread = std::thread::spawn(move || worker.run());
+        (open, reports_rx, thread)
+    }
+
+    fn wait_for_started(open: &std::sync::Mutex<Vec<Arc<Outcomes>>>, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while open.lock().unwrap().len() < n {
+            assert!(Instant::now() < deadline, "{n} requests were never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn outcomes_settled_elsewhere_are_reported_from_there_and_the_worker_runs_ahead() {
+        let (open, reports, worker) = settled_worker(7, Duration::from_secs(60));
+        // The worker hands over requests without waiting for answers, up to its bound.
+        wait_for_started(&open, SETTLING_PER_WORKER);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(open.lock().unwrap().len(), SETTLING_PER_WORKER, "bounded");
+        assert!(
+            reports.try_recv().is_err(),
+            "nothing is reported before it is answered"
+        );
+        // One answer is not enough room: the worker waits until half are answered.
+        open.lock().unwrap()[0].settle(0, delivered());
+        let first = reports.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            first.decided()[0].0.id,
+            1,
+            "reported by the settling thread"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(open.lock().unwrap().len(), SETTLING_PER_WORKER);
+        open.lock().unwrap()[1].settle(0, delivered());
+        wait_for_started(&open, SETTLING_PER_WORKER + 2);
+        // Answer the rest as they come; every request is reported once.
+        let mut answered = 2;
+        while answered < 7 {
+            wait_for_started(&open, answered + 1);
+            open.lock().unwrap()[answered].settle(0, delivered());
+            answered += 1;
+        }
+        worker.join().unwrap();
+        let mut ids: Vec<i64> = std::iter::once(first)
+            .chain(reports.try_iter())
+            .map(|r| {
+                assert_eq!(
+                    r.decided()[0].1.write_back,
+                    crate::queue::WriteBack::Delivered
+                );
+                r.decided()[0].0.id
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn outcomes_never_settled_fail_at_their_deadline_and_the_worker_still_ends() {
+        let (open, reports, worker) = settled_worker(2, Duration::from_millis(100));
+        worker.join().unwrap();
+        assert_eq!(open.lock().unwrap().len(), 2);
+        let reports: Vec<Report> = reports.try_iter().collect();
+        assert_eq!(reports.len(), 2, "each unanswered request is reported");
+        for report in reports {
+            assert!(
+                matches!(
+                    &report.decided()[0].1.write_back,
+                    crate::queue::WriteBack::Retry { error, .. } if error.contains("no answer in time")
+                ),
+                "{:?}",
+                report.decided()[0].1.write_back
+            );
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod clock_offset;
 mod http;
 #[cfg(feature = "mqtt")]
 mod mqtt;
-mod sending;
+pub(crate) mod sending;
 
 use std::time::Duration;
 

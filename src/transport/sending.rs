@@ -1,6 +1,9 @@
 //! A request on its way: what [`Transport::start_each`](super::Transport::start_each) returns,
 //! so a worker can hand the next request to the transport before this one is answered.
 
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
 use super::Attempt;
 
 /// The outcomes of a request, now or later. [`wait`](Self::wait) gives one outcome per
@@ -14,6 +17,12 @@ enum State {
     Done(Vec<Attempt>),
     /// Sent; waiting for the answers blocks, bounded by the transport's own timeout.
     Waiting(Box<dyn FnOnce() -> Vec<Attempt> + Send>),
+    /// Sent; the answers are filled in by a thread of the transport's (MQTT's connection
+    /// thread), and the unanswered ones count as failed after `deadline`.
+    Settling {
+        outcomes: Arc<Outcomes>,
+        deadline: Instant,
+    },
 }
 
 impl Sending {
@@ -32,6 +41,17 @@ impl Sending {
         }
     }
 
+    /// A request whose outcomes the transport settles one by one in `outcomes`; those not
+    /// settled within `timeout` count as failed attempts.
+    pub(crate) fn settling(outcomes: Arc<Outcomes>, timeout: Duration) -> Sending {
+        Sending {
+            state: State::Settling {
+                outcomes,
+                deadline: Instant::now() + timeout,
+            },
+        }
+    }
+
     /// Whether the outcomes are known without waiting.
     pub fn is_done(&self) -> bool {
         matches!(self.state, State::Done(_))
@@ -42,6 +62,17 @@ impl Sending {
         match self.state {
             State::Done(attempts) => attempts,
             State::Waiting(wait) => wait(),
+            State::Settling { outcomes, deadline } => outcomes.wait_until(deadline),
+        }
+    }
+
+    /// The outcomes being settled and their deadline, when the transport settles them on a
+    /// thread of its own: the relay then has them reported from that thread instead of
+    /// waiting. Otherwise the `Sending` back.
+    pub(crate) fn into_settling(self) -> std::result::Result<(Arc<Outcomes>, Instant), Sending> {
+        match self.state {
+            State::Settling { outcomes, deadline } => Ok((outcomes, deadline)),
+            state => Err(Sending { state }),
         }
     }
 }
@@ -51,4 +82,141 @@ impl std::fmt::Debug for Sending {
         let state = if self.is_done() { "done" } else { "waiting" };
         f.debug_struct("Sending").field("state", &state).finish()
     }
+}
+
+/// What to do with a request's outcomes once the last one is in.
+pub(crate) type Then = Box<dyn FnOnce(Vec<Attempt>) + Send>;
+
+/// The outcomes of one request's events, filled in one by one, from any thread, as the
+/// answers come (MQTT: one PUBACK per event). Either a thread waits for them
+/// ([`Sending::wait`]) or they are handed on by whoever settles the last one
+/// ([`then`](Self::then)): the relay's workers use the latter, so an answer does not have
+/// to wake a worker only for it to pass the answer on.
+pub(crate) struct Outcomes {
+    state: Mutex<Slots>,
+    settled: Condvar,
+    /// What an outcome not settled by the deadline says.
+    timeout_reason: String,
+}
+
+struct Slots {
+    waiting: usize,
+    slots: Vec<Option<Attempt>>,
+    then: Option<Then>,
+    /// Whether a thread waits on `settled` (a notify with no waiter would still cost a
+    /// system call on every request).
+    watched: bool,
+}
+
+impl Outcomes {
+    /// Outcomes for `events` events; `timeout_reason` is what one not settled in time says.
+    pub fn new(events: usize, timeout_reason: String) -> Arc<Outcomes> {
+        Arc::new(Outcomes {
+            state: Mutex::new(Slots {
+                waiting: events,
+                slots: vec![None; events],
+                then: None,
+                watched: false,
+            }),
+            settled: Condvar::new(),
+            timeout_reason,
+        })
+    }
+
+    /// Records the outcome of event `index` (the first one recorded stands). The last one
+    /// runs what [`then`](Self::then) left, on this thread, after the lock is released.
+    pub fn settle(&self, index: usize, outcome: Attempt) {
+        let mut state = self.lock();
+        if let Some(slot @ None) = state.slots.get_mut(index) {
+            *slot = Some(outcome);
+            state.waiting -= 1;
+            self.on_last(state);
+        }
+    }
+
+    /// Settles every outcome still open as failed for want of an answer in time.
+    pub fn expire(&self) {
+        let mut state = self.lock();
+        if state.waiting == 0 {
+            return;
+        }
+        for slot in state.slots.iter_mut().filter(|s| s.is_none()) {
+            *slot = Some(Attempt::Failed {
+                reason: self.timeout_reason.clone(),
+            });
+        }
+        state.waiting = 0;
+        self.on_last(state);
+    }
+
+    /// Once every outcome is in: hands them to `then`, or wakes the waiter.
+    fn on_last(&self, mut state: MutexGuard<'_, Slots>) {
+        if state.waiting > 0 {
+            return;
+        }
+        if let Some(then) = state.then.take() {
+            let outcomes = take_all(&mut state.slots);
+            drop(state);
+            then(outcomes);
+        } else if state.watched {
+            self.settled.notify_all();
+        }
+    }
+
+    /// Hands the outcomes to `then` once all are in: at once if they are, else on the
+    /// thread that settles the last one.
+    pub fn then(&self, then: Then) {
+        let mut state = self.lock();
+        if state.waiting == 0 {
+            let outcomes = take_all(&mut state.slots);
+            drop(state);
+            then(outcomes);
+        } else {
+            state.then = Some(then);
+        }
+    }
+
+    /// Whether every outcome is in.
+    pub fn is_settled(&self) -> bool {
+        self.lock().waiting == 0
+    }
+
+    /// Waits until every outcome is in, or `deadline`: then the open ones count as failed.
+    fn wait_until(&self, deadline: Instant) -> Vec<Attempt> {
+        let mut state = self.lock();
+        state.watched = true;
+        while state.waiting > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(state);
+                self.expire();
+                state = self.lock();
+                break;
+            }
+            state = match self.settled.wait_timeout(state, left) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        take_all(&mut state.slots)
+    }
+
+    /// Locks the slots, also after a panic elsewhere poisoned the lock (every change under
+    /// it is one assignment).
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn take_all(slots: &mut [Option<Attempt>]) -> Vec<Attempt> {
+    slots
+        .iter_mut()
+        .map(|slot| {
+            slot.take().unwrap_or_else(|| Attempt::Failed {
+                reason: "the outcome was already taken".into(),
+            })
+        })
+        .collect()
 }

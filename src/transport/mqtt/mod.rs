@@ -28,6 +28,8 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::error::{Error, Result};
+use crate::relay::backlog::SETTLING_PER_WORKER;
+use crate::transport::sending::Outcomes;
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 use crate::wire;
 pub use protocol::MqttVersion;
@@ -43,7 +45,7 @@ const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf
 const BINARY_CONTENT_TYPE: &str = "application/json";
 
 /// Unacknowledged publishes one connection allows at most (rumqttc's packet id window). A
-/// relay narrows it to its workers × batch size; the request channel holds twice this many.
+/// relay narrows it to its workers × batch size.
 pub(crate) const IN_FLIGHT_LIMIT: u16 = 1024;
 
 /// Settings of an MQTT destination. Setters never fail; [`Relay::start`](crate::Relay::start)
@@ -308,6 +310,12 @@ impl MqttTransport {
         config: &MqttConfig,
         window: usize,
     ) -> Result<MqttTransport> {
+        // The request channel holds what the relay's workers run ahead of the window (each
+        // up to `SETTLING_PER_WORKER` requests), so handing over a publish never fails
+        // while the connection is up.
+        let queue = window
+            .saturating_mul(SETTLING_PER_WORKER)
+            .max(2 * usize::from(IN_FLIGHT_LIMIT));
         let window = window.clamp(1, usize::from(IN_FLIGHT_LIMIT));
         let topic = config.check(destination)?;
         let address = parse_url(url)?;
@@ -337,6 +345,7 @@ impl MqttTransport {
             credentials: config.credentials.clone(),
             max_outgoing_packet: config.max_packet_bytes,
             in_flight: u16::try_from(window).unwrap_or(IN_FLIGHT_LIMIT),
+            queue,
             transport,
         };
         let link = SharedLink::default();
@@ -464,18 +473,20 @@ impl Transport for MqttTransport {
     /// Publishes every event and returns at once: the PUBACKs are awaited in
     /// [`Sending::wait`], bounded by the ack timeout.
     fn start_each(&self, events: &[OutboundEvent]) -> Sending {
-        let ticket = session::Ticket::new(events.len());
+        let outcomes = Outcomes::new(
+            events.len(),
+            format!("no PUBACK within {:?}", self.ack_timeout),
+        );
         let broker_limit = session::broker_max_packet(&self.link).map(|b| b as usize);
         let mut ready = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
             match self.prepare(event, broker_limit) {
                 Ok(publication) => ready.push((index, publication)),
-                Err(attempt) => ticket.settle(index, attempt),
+                Err(attempt) => outcomes.settle(index, attempt),
             }
         }
-        session::publish_all(&self.link, ready, &ticket);
-        let ack_timeout = self.ack_timeout;
-        Sending::waiting(move || ticket.wait(ack_timeout))
+        session::publish_all(&self.link, ready, &outcomes);
+        Sending::settling(outcomes, self.ack_timeout)
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct ConnectOptions {
     pub credentials: Option<(String, String)>,
     pub max_outgoing_packet: usize,
     pub in_flight: u16,
+    /// Publishes the request channel holds (in flight or queued behind the window).
+    pub queue: usize,
     pub transport: Transport,
 }
 
@@ -94,8 +96,9 @@ pub(crate) enum Happening {
 
 impl ConnectOptions {
     /// A fresh client and event loop: a new request channel and new state, so nothing of an
-    /// earlier connection is replayed. `capacity` is the request channel's depth.
-    pub fn connect(&self, capacity: usize) -> (Client, Connection) {
+    /// earlier connection is replayed.
+    pub fn connect(&self) -> (Client, Connection) {
+        let capacity = self.queue;
         // Publishes are small and their PUBACK is awaited: Nagle's algorithm would hold them
         // back behind delayed ACKs.
         let mut network = NetworkOptions::new();

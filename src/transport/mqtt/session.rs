@@ -14,76 +14,18 @@
 //! one, so nothing rumqttc kept is ever replayed behind the relay's back.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::protocol::{AckVerdict, Client, ConnectOptions, Happening, Publication};
-use super::IN_FLIGHT_LIMIT;
+use crate::transport::sending::Outcomes;
 use crate::transport::Attempt;
 
 /// First pause after a failed connection; doubles up to [`RECONNECT_PAUSE_CAP`].
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const RECONNECT_PAUSE_CAP: Duration = Duration::from_secs(5);
-
-/// What a sender waits on for the publishes of one request, one slot per event: each slot
-/// is filled by that publish's PUBACK or by the connection's failure. One blocking wait per
-/// request, on a condition variable: a channel per publish made the waiting workers spin
-/// on two cores.
-pub(crate) struct Ticket {
-    state: Mutex<TicketState>,
-    settled: Condvar,
-}
-
-struct TicketState {
-    waiting: usize,
-    outcomes: Vec<Option<Attempt>>,
-}
-
-impl Ticket {
-    /// A ticket for `publishes` publishes, each of which must be settled or skipped.
-    pub fn new(publishes: usize) -> Arc<Ticket> {
-        Arc::new(Ticket {
-            state: Mutex::new(TicketState {
-                waiting: publishes,
-                outcomes: vec![None; publishes],
-            }),
-            settled: Condvar::new(),
-        })
-    }
-
-    /// Records the outcome of publish `index` (the first one recorded stands).
-    pub fn settle(&self, index: usize, outcome: Attempt) {
-        let mut state = lock_ok(&self.state);
-        if let Some(slot @ None) = state.outcomes.get_mut(index) {
-            *slot = Some(outcome);
-            state.waiting = state.waiting.saturating_sub(1);
-            if state.waiting == 0 {
-                self.settled.notify_all();
-            }
-        }
-    }
-
-    /// Waits until every publish is settled, or `timeout`: one outcome per publish, a
-    /// publish without its PUBACK by then counting as a failed attempt.
-    pub fn wait(&self, timeout: Duration) -> Vec<Attempt> {
-        let state = lock_ok(&self.state);
-        let (mut state, _) = self
-            .settled
-            .wait_timeout_while(state, timeout, |s| s.waiting > 0)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        state
-            .outcomes
-            .iter_mut()
-            .map(|slot| {
-                slot.take().unwrap_or_else(|| Attempt::Failed {
-                    reason: format!("no PUBACK within {timeout:?}"),
-                })
-            })
-            .collect()
-    }
-}
 
 fn delivered() -> Attempt {
     Attempt::Answered {
@@ -98,11 +40,11 @@ fn delivered() -> Attempt {
 pub(crate) struct Link {
     /// The client of the current connection, until it fails.
     client: Option<Client>,
-    /// Publishes handed to the client that have no packet id yet, oldest first: the ticket
-    /// and the publish's slot in it.
-    unnumbered: VecDeque<(Arc<Ticket>, usize)>,
+    /// Publishes handed to the client that have no packet id yet, oldest first: the request's
+    /// outcomes and the publish's slot in them.
+    unnumbered: VecDeque<(Arc<Outcomes>, usize)>,
     /// Publishes sent and waiting for their PUBACK, by packet id.
-    in_flight: HashMap<u16, (Arc<Ticket>, usize)>,
+    in_flight: HashMap<u16, (Arc<Outcomes>, usize)>,
     /// The last connection error, for "unreachable" answers while reconnecting.
     last_error: Option<String>,
     /// The largest packet the broker said it takes (MQTT 5 CONNACK), for this connection.
@@ -130,12 +72,12 @@ pub(crate) fn broker_max_packet(link: &Mutex<Link>) -> Option<u32> {
 
 /// Hands QoS 1 publishes to the current connection, under one lock (the connection thread
 /// takes the same lock for every packet id and PUBACK). Each `(index, publication)` is
-/// settled in slot `index` of `ticket` by its PUBACK, or by the connection's failure, or at
+/// settled in slot `index` of `outcomes` by its PUBACK, or by the connection's failure, or at
 /// once if there is no connection.
 pub(crate) fn publish_all(
     link: &Mutex<Link>,
     publications: Vec<(usize, Publication)>,
-    ticket: &Arc<Ticket>,
+    outcomes: &Arc<Outcomes>,
 ) {
     let mut link = lock(link);
     for (index, publication) in publications {
@@ -144,13 +86,13 @@ pub(crate) fn publish_all(
                 .last_error
                 .clone()
                 .unwrap_or_else(|| "not connected to the broker".into());
-            ticket.settle(index, Attempt::Unreachable { reason });
+            outcomes.settle(index, Attempt::Unreachable { reason });
             continue;
         };
         // `try_publish`: never block while holding the lock the connection thread needs.
         match client.try_publish(publication) {
-            Ok(()) => link.unnumbered.push_back((Arc::clone(ticket), index)),
-            Err(e) => ticket.settle(
+            Ok(()) => link.unnumbered.push_back((Arc::clone(outcomes), index)),
+            Err(e) => outcomes.settle(
                 index,
                 Attempt::Unreachable {
                     reason: format!("the MQTT client refused the publish: {e}"),
@@ -165,10 +107,9 @@ pub(crate) fn publish_all(
 pub(crate) fn run(options: ConnectOptions, link: SharedLink, stop: Receiver<()>, broker: String) {
     let mut pause = RECONNECT_PAUSE;
     loop {
-        // The request channel holds every publish the window allows and as many again
-        // queued behind them (a worker hands over its next request before the last is
-        // answered), so `try_publish` only fails when the connection is gone.
-        let (client, mut connection) = options.connect(2 * usize::from(IN_FLIGHT_LIMIT));
+        // The request channel holds every publish the window allows and what the workers
+        // queue behind them, so `try_publish` only fails when the connection is gone.
+        let (client, mut connection) = options.connect();
         lock(&link).client = Some(client);
         let reason = loop {
             if !matches!(stop.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
@@ -191,8 +132,8 @@ pub(crate) fn run(options: ConnectOptions, link: SharedLink, stop: Receiver<()>,
                 }
                 Happening::Acked { pkid, verdict } => {
                     let acked = lock(&link).in_flight.remove(&pkid);
-                    if let Some((ticket, index)) = acked {
-                        ticket.settle(index, outcome(verdict));
+                    if let Some((outcomes, index)) = acked {
+                        outcomes.settle(index, outcome(verdict));
                     }
                 }
                 Happening::Disconnected | Happening::Ended => return,
@@ -227,13 +168,13 @@ fn fail_all(link: &Mutex<Link>, reason: &str) {
     link.broker_max_packet = None;
     link.last_error = Some(reason.to_string());
     let link = &mut *link;
-    let waiting: Vec<(Arc<Ticket>, usize)> = link
+    let waiting: Vec<(Arc<Outcomes>, usize)> = link
         .unnumbered
         .drain(..)
         .chain(link.in_flight.drain().map(|(_, t)| t))
         .collect();
-    for (ticket, index) in waiting {
-        ticket.settle(
+    for (outcomes, index) in waiting {
+        outcomes.settle(
             index,
             Attempt::Unreachable {
                 reason: reason.to_string(),
