@@ -418,7 +418,7 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
         || {
             fill_bare_pending(&mut bare, n);
             let t = Instant::now();
-            let done = bare_claim_ack(&mut bare, 100);
+            let done = bare_claim_ack(&mut bare, 100, FAR);
             rate(done, t.elapsed())
         },
     );

@@ -197,9 +197,8 @@ pub(crate) const CLAIM_SQL: &str = concat!(
     "))
           ORDER BY e.available_at, e.id
           LIMIT CAST(?5 AS INTEGER))
-     RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
-               partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
-               lease_expires_at, expires_at"
+     RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
+               idempotency_key, payload, created_at, attempts, expires_at"
 );
 
 /// The priority levels of a destination that have a row due (leased or not), most urgent
@@ -486,11 +485,16 @@ fn claim_level(
     limit: i64,
     claimed: &mut Claimed,
 ) -> Result<()> {
+    let lease = Lease {
+        destination: req.destination,
+        owner: req.owner,
+        expires_at: req.now.saturating_add(req.lease_ms),
+    };
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
     let rows = stmt.query_map(
         params![
             req.owner,
-            req.now.saturating_add(req.lease_ms),
+            lease.expires_at,
             req.now,
             req.destination,
             limit,
@@ -501,7 +505,7 @@ fn claim_level(
         |r| {
             // The row id is an INTEGER PRIMARY KEY: always readable.
             let id: i64 = r.get(0)?;
-            Ok(decode_event(r).map_err(|e| Unreadable {
+            Ok(decode_event(r, &lease).map_err(|e| Unreadable {
                 id,
                 error: format!("unreadable row: {e}"),
             }))
@@ -516,23 +520,31 @@ fn claim_level(
     Ok(())
 }
 
-/// Reads one row of the claim's `RETURNING` list.
-fn decode_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboundEvent> {
+/// The lease a claim writes, which every row it returns carries: known before the claim,
+/// so not read back from each row.
+struct Lease<'a> {
+    destination: &'a str,
+    owner: &'a str,
+    expires_at: i64,
+}
+
+/// Reads one row of the claim's `RETURNING` list (what the claim did not write itself).
+fn decode_event(r: &rusqlite::Row<'_>, lease: &Lease<'_>) -> rusqlite::Result<OutboundEvent> {
     Ok(OutboundEvent {
         id: r.get(0)?,
         event_id: r.get(1)?,
-        destination: r.get(2)?,
-        event_type: r.get(3)?,
-        source: r.get(4)?,
-        subject: r.get(5)?,
-        partition_key: r.get(6)?,
-        idempotency_key: r.get(7)?,
-        payload: r.get(8)?,
-        created_at: r.get(9)?,
-        attempts: r.get(10)?,
-        lease_owner: r.get(11)?,
-        lease_expires_at: r.get(12)?,
-        expires_at: r.get(13)?,
+        destination: lease.destination.to_string(),
+        event_type: r.get(2)?,
+        source: r.get(3)?,
+        subject: r.get(4)?,
+        partition_key: r.get(5)?,
+        idempotency_key: r.get(6)?,
+        payload: r.get(7)?,
+        created_at: r.get(8)?,
+        attempts: r.get(9)?,
+        lease_owner: lease.owner.to_string(),
+        lease_expires_at: lease.expires_at,
+        expires_at: r.get(10)?,
     })
 }
 
@@ -606,28 +618,36 @@ pub(crate) enum WriteBack {
     },
 }
 
-/// Marks a list of rows delivered, each only if `owner` still holds its lease; see [`ack`].
+/// Marks one row delivered if `owner` still holds its lease; see [`ack`].
 const ACK_SQL: &str = "UPDATE outbox_events
     SET delivered_at = ?3, last_attempted_at = ?3, attempts = attempts + 1,
         lease_owner = NULL, lease_expires_at = NULL
-  WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
- RETURNING id";
+  WHERE id = ?1 AND lease_owner = ?2";
 
-/// Marks `events`, all claimed by `owner`, delivered in one statement and unparks the next
-/// event of each of their keys; returns the ids whose lease `owner` still held (the others
-/// were taken over and are left alone).
+/// Marks `events`, all claimed by `owner`, delivered and unparks the next event of each of
+/// their keys; returns the ids whose lease `owner` still held (the others were taken over
+/// and are left alone).
+///
+/// One run of one compiled statement per row, inside the caller's transaction: measured
+/// faster than a single `UPDATE … WHERE id IN (SELECT value FROM json_each(?)) RETURNING
+/// id` for the whole batch (claim + ack of 100s: 121k–130k/s that way, 145k–147k/s this
+/// way), which parses the list, builds a temporary index of it, and writes each returned
+/// id to a temporary table before the first is read.
 pub(crate) fn ack(
     conn: &Connection,
     owner: &str,
     events: &[&OutboundEvent],
     now: i64,
 ) -> Result<HashSet<i64>> {
-    let list = json_ids(events.iter().map(|e| e.id));
+    let mut stmt = conn.prepare_cached(ACK_SQL)?;
     // A set: an ack covers up to a few hundred rows, and each is looked up below.
-    let acked: HashSet<i64> = conn
-        .prepare_cached(ACK_SQL)?
-        .query_map(params![list, owner, now], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let mut acked = HashSet::with_capacity(events.len());
+    for event in events {
+        if stmt.execute(params![event.id, owner, now])? == 1 {
+            acked.insert(event.id);
+        }
+    }
+    drop(stmt);
     for event in events {
         if let Some(key) = &event.partition_key {
             if acked.contains(&event.id) {
@@ -722,8 +742,8 @@ pub(crate) fn write_back(
 }
 
 /// Records many outcomes (call inside one transaction); returns, per outcome, whether its
-/// lease was still held. Deliveries of one claim go in one statement: the common case, and
-/// the hot path.
+/// lease was still held. Deliveries of one claim go through [`ack`] together: the common
+/// case, and the hot path.
 pub(crate) fn record(
     conn: &Connection,
     outcomes: &[(&OutboundEvent, &WriteBack)],
@@ -844,22 +864,26 @@ pub(crate) fn lease_for_export(
         " AND e.destination = ?4 AND ",
         lease_claimable!("e.", "?3", "?7"),
         " ORDER BY e.id LIMIT CAST(?5 AS INTEGER))
-         RETURNING id, event_id, destination, event_type, COALESCE(source, ?6), subject,
-                   partition_key, idempotency_key, payload, created_at, attempts, lease_owner,
-                   lease_expires_at, expires_at"
+         RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
+                   idempotency_key, payload, created_at, attempts, expires_at"
     ))?;
+    let lease = Lease {
+        destination,
+        owner,
+        expires_at: now.saturating_add(lease_ms),
+    };
     let mut events = stmt
         .query_map(
             params![
                 owner,
-                now.saturating_add(lease_ms),
+                lease.expires_at,
                 now,
                 destination,
                 limit,
                 default_source,
                 now.saturating_add(LEASE_CLOCK_SKEW_MS)
             ],
-            decode_event,
+            |r| decode_event(r, &lease),
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     events.sort_unstable_by_key(|e| e.id);
