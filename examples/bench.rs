@@ -427,8 +427,8 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
         "rows",
         o,
         b,
-        "",
-        "",
+        "bare loop, same table",
+        "≥ 0.8×",
     )];
     // The claim's latency must not grow with delivered history.
     let claim_latency = |history: usize| {
@@ -627,54 +627,79 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let batch_body = sqlite_outbox::wire::batch_body(&batch).unwrap();
     let mut lines = Vec::new();
     let mut round = 0;
-    for (label, workers, batch_size, target) in [
-        ("relay, 1 event/request, 1 worker", 1, None, "≥ 0.7×"),
-        ("relay, 1 event/request, 4 workers", 4, None, "≥ 0.7×"),
-        (
-            "relay, 100 events/request, 4 workers",
-            4,
-            Some(100),
-            "≥ 150k/s",
-        ),
-    ] {
+    for workers in [1, 4, 8, 16] {
         let (o, b) = alternate(
             1,
             || {
                 round += 1;
                 let path = dir.join(format!("relay-{round}.db"));
-                rate(n, timed_drain(&path, receiver, n, workers, batch_size))
+                rate(n, timed_drain(&path, receiver, n, workers, None))
             },
             || {
                 let start = receiver.count();
                 let t = Instant::now();
-                match batch_size {
-                    None => bare_posts(
-                        &receiver.url,
-                        &single_body,
-                        "application/cloudevents+json",
-                        n,
-                        workers,
-                    ),
-                    Some(size) => bare_posts(
-                        &receiver.url,
-                        &batch_body,
-                        "application/cloudevents-batch+json",
-                        n / size,
-                        workers,
-                    ),
-                }
+                bare_posts(
+                    &receiver.url,
+                    &single_body,
+                    "application/cloudevents+json",
+                    n,
+                    workers,
+                );
                 assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
                 rate(n, t.elapsed())
             },
         );
-        lines.push(Line {
-            what: label.into(),
-            outbox: format!("{} events", per_s(o)),
-            baseline: format!("{} (bare ureq)", per_s(b)),
-            ratio: format!("{:.2}×", o / b),
-            target,
-        });
+        let plural = if workers == 1 { "" } else { "s" };
+        lines.push(Line::rates(
+            format!("relay, 1 event/request, {workers} worker{plural}"),
+            "events",
+            o,
+            b,
+            "bare ureq",
+            "≥ 0.85×",
+        ));
     }
+    // Batches: the receiver takes 100 events a request far faster than any claim + ack, so
+    // the bound to compare with is the bare claim + ack loop (batches of 100, the crate's
+    // own table), in the same run; the bare ureq rate is shown beside it.
+    let n = 100_000;
+    let mut bare_file = bare_connection(&dir.join("relay-bare-claim.db"), "NORMAL");
+    let (o, b) = alternate(
+        3,
+        || {
+            round += 1;
+            let path = dir.join(format!("relay-{round}.db"));
+            rate(n, timed_drain(&path, receiver, n, 4, Some(100)))
+        },
+        || {
+            fill_bare_pending(&mut bare_file, n);
+            let t = Instant::now();
+            let done = bare_claim_ack(&mut bare_file, 100, FAR);
+            rate(done, t.elapsed())
+        },
+    );
+    let start = receiver.count();
+    let t = Instant::now();
+    bare_posts(
+        &receiver.url,
+        &batch_body,
+        "application/cloudevents-batch+json",
+        n / 100,
+        4,
+    );
+    assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
+    let ureq = rate(n, t.elapsed());
+    lines.push(Line::rates(
+        format!(
+            "relay, 100 events/request, 4 workers (bare ureq posts the same: {})",
+            per_s(ureq)
+        ),
+        "events",
+        o,
+        b,
+        "bare claim + ack",
+        "≥ 0.8×, ≥ 250k/s",
+    ));
     lines
 }
 
