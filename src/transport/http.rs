@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use ureq::Agent;
 
+use super::resolver::CachingResolver;
+
 use crate::backoff::parse_retry_after;
 use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
 use crate::error::{Error, Result};
@@ -192,7 +194,7 @@ impl HttpTransport {
                 ))
             })?;
         }
-        let agent: Agent = Agent::config_builder()
+        let agent_config = ureq::config::Config::builder()
             .http_status_as_error(false)
             .max_redirects(0)
             .proxy(None)
@@ -202,8 +204,13 @@ impl HttpTransport {
             .max_idle_connections(config.max_idle_connections)
             .max_idle_connections_per_host(config.max_idle_connections)
             .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
+            .build();
+        // A lookup per host every 30 s, not per request (see `resolver`).
+        let agent = Agent::with_parts(
+            agent_config,
+            ureq::unversioned::transport::DefaultConnector::default(),
+            CachingResolver::default(),
+        );
         Ok(HttpTransport {
             agent,
             url: url.to_string(),

@@ -25,6 +25,7 @@ mod clock_offset;
 mod http;
 #[cfg(feature = "mqtt")]
 mod mqtt;
+mod resolver;
 pub(crate) mod sending;
 
 use std::time::Duration;
