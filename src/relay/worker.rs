@@ -468,11 +468,10 @@ mod tests {
         }
     }
 
-    /// Runs one worker over jobs of one event each (ids 1..=n, all queued before it starts)
-    /// and returns the transport's log and the ids of the reports in the order they came.
-    fn run_worker(n: i64, pipelined: bool) -> (Vec<String>, Vec<i64>) {
+    /// A worker of lane 0 sending through `transport`, with jobs of one event each (ids
+    /// 1..=n, leases that never end) queued and the lane closed behind them.
+    fn worker_over(n: i64, transport: Arc<dyn Transport>) -> (Worker, Receiver<Report>) {
         let config = RelayConfig::new();
-        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (jobs_tx, jobs) = crossbeam_channel::unbounded();
         let (reports, reports_rx) = crossbeam_channel::unbounded();
         for id in 1..=n {
@@ -485,16 +484,25 @@ mod tests {
             lane: 0,
             jobs,
             reports,
-            transport: Arc::new(Logging {
-                log: Arc::clone(&log),
-                pipelined,
-            }),
+            transport,
             gate: Arc::new(Gate::new(config.offline)),
             pacer: None,
             clock: Arc::new(crate::clock::SystemClock),
             lease_ms: config.lease_ms(),
             policy: Policy::new(&config),
         };
+        (worker, reports_rx)
+    }
+
+    /// Runs one worker over jobs of one event each (ids 1..=n, all queued before it starts)
+    /// and returns the transport's log and the ids of the reports in the order they came.
+    fn run_worker(n: i64, pipelined: bool) -> (Vec<String>, Vec<i64>) {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let transport = Logging {
+            log: Arc::clone(&log),
+            pipelined,
+        };
+        let (worker, reports_rx) = worker_over(n, Arc::new(transport));
         worker.run();
         let reported = reports_rx
             .try_iter()
@@ -555,30 +563,12 @@ mod tests {
         jobs: i64,
         timeout: Duration,
     ) -> (Open, Receiver<Report>, std::thread::JoinHandle<()>) {
-        let config = RelayConfig::new();
         let open = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
-        let (reports, reports_rx) = crossbeam_channel::unbounded();
-        for id in 1..=jobs {
-            let mut e = event(id);
-            e.lease_expires_at = i64::MAX;
-            jobs_tx.send(vec![e]).unwrap();
-        }
-        drop(jobs_tx);
-        let worker = Worker {
-            lane: 0,
-            jobs: jobs_rx,
-            reports,
-            transport: Arc::new(Settled {
-                open: Arc::clone(&open),
-                timeout,
-            }),
-            gate: Arc::new(Gate::new(config.offline)),
-            pacer: None,
-            clock: Arc::new(crate::clock::SystemClock),
-            lease_ms: config.lease_ms(),
-            policy: Policy::new(&config),
+        let transport = Settled {
+            open: Arc::clone(&open),
+            timeout,
         };
+        let (worker, reports_rx) = worker_over(jobs, Arc::new(transport));
         let thread = std::thread::spawn(move || worker.run());
         (open, reports_rx, thread)
     }
