@@ -494,6 +494,13 @@ mod tests {
         (worker, reports_rx)
     }
 
+    /// The id of a single-event report's event, which must have been delivered.
+    fn delivered_id(report: Report) -> i64 {
+        let (event, decision) = &report.decided()[0];
+        assert_eq!(decision.write_back, crate::queue::WriteBack::Delivered);
+        event.id
+    }
+
     /// Runs one worker over jobs of one event each (ids 1..=n, all queued before it starts)
     /// and returns the transport's log and the ids of the reports in the order they came.
     fn run_worker(n: i64, pipelined: bool) -> (Vec<String>, Vec<i64>) {
@@ -504,16 +511,7 @@ mod tests {
         };
         let (worker, reports_rx) = worker_over(n, Arc::new(transport));
         worker.run();
-        let reported = reports_rx
-            .try_iter()
-            .map(|r| {
-                assert_eq!(
-                    r.decided()[0].1.write_back,
-                    crate::queue::WriteBack::Delivered
-                );
-                r.decided()[0].0.id
-            })
-            .collect();
+        let reported = reports_rx.try_iter().map(delivered_id).collect();
         let log = log.lock().unwrap().clone();
         (log, reported)
     }
@@ -614,13 +612,7 @@ mod tests {
         worker.join().unwrap();
         let mut ids: Vec<i64> = std::iter::once(first)
             .chain(reports.try_iter())
-            .map(|r| {
-                assert_eq!(
-                    r.decided()[0].1.write_back,
-                    crate::queue::WriteBack::Delivered
-                );
-                r.decided()[0].0.id
-            })
+            .map(delivered_id)
             .collect();
         ids.sort_unstable();
         assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7]);
