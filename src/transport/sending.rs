@@ -220,3 +220,94 @@ fn take_all(slots: &mut [Option<Attempt>]) -> Vec<Attempt> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered() -> Attempt {
+        Attempt::Answered {
+            status: 200,
+            retry_after: None,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_waiter_gets_every_outcome_settled_from_another_thread() {
+        let outcomes = Outcomes::new(2, "no answer in time".into());
+        let sending = Sending::settling(Arc::clone(&outcomes), Duration::from_secs(10));
+        let settler = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            outcomes.settle(1, delivered());
+            outcomes.settle(0, Attempt::Unsendable { reason: "x".into() });
+            // A second outcome for a slot is ignored: the first one stands.
+            outcomes.settle(0, delivered());
+        });
+        let started = Instant::now();
+        let got = sending.wait();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "woken, not timed out"
+        );
+        assert_eq!(
+            got,
+            [Attempt::Unsendable { reason: "x".into() }, delivered()]
+        );
+        settler.join().unwrap();
+    }
+
+    #[test]
+    fn what_is_not_settled_by_the_deadline_fails() {
+        let outcomes = Outcomes::new(2, "no answer in time".into());
+        outcomes.settle(0, delivered());
+        let got = Sending::settling(outcomes, Duration::from_millis(30)).wait();
+        assert_eq!(
+            got,
+            [
+                delivered(),
+                Attempt::Failed {
+                    reason: "no answer in time".into()
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn then_runs_once_with_every_outcome_on_the_thread_that_settles_the_last() {
+        let outcomes = Outcomes::new(2, "no answer in time".into());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        outcomes.then(Box::new(move |attempts| {
+            let name = std::thread::current().name().map(str::to_string);
+            tx.send((attempts, name)).unwrap();
+        }));
+        outcomes.settle(0, delivered());
+        assert!(rx.try_recv().is_err(), "not before the last outcome");
+        let last = Arc::clone(&outcomes);
+        std::thread::Builder::new()
+            .name("settler".into())
+            .spawn(move || last.settle(1, delivered()))
+            .unwrap()
+            .join()
+            .unwrap();
+        let (attempts, thread) = rx.try_recv().unwrap();
+        assert_eq!(attempts, [delivered(), delivered()]);
+        assert_eq!(thread.as_deref(), Some("settler"));
+        outcomes.expire();
+        assert!(rx.try_recv().is_err(), "once only");
+    }
+
+    #[test]
+    fn then_on_settled_outcomes_runs_at_once() {
+        let outcomes = Outcomes::new(1, "no answer in time".into());
+        outcomes.expire();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        outcomes.then(Box::new(move |attempts| tx.send(attempts).unwrap()));
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            [Attempt::Failed {
+                reason: "no answer in time".into()
+            }]
+        );
+    }
+}
