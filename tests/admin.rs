@@ -102,6 +102,46 @@ fn stats_count_states_destinations_attempts_and_sizes() {
 }
 
 #[test]
+fn stats_count_leased_rows_and_merge_never_attempted_pending_and_dead_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("stats-leased.db"))
+        .unwrap();
+    enqueue(&outbox, "a", 4);
+    set(
+        &outbox,
+        &format!(
+            "UPDATE outbox_events SET dead_at = 1, last_error = 'unreadable' WHERE id = 1;
+             UPDATE outbox_events SET attempts = 1 WHERE id = 2;
+             UPDATE outbox_events SET lease_owner = 'r', lease_expires_at = {} WHERE id = 3;
+             UPDATE outbox_events SET lease_owner = 'old', lease_expires_at = {} WHERE id = 4;",
+            T0 + 60_000,
+            T0 - 1
+        ),
+    );
+    let s = outbox.stats().unwrap();
+    assert_eq!(
+        (s.pending, s.dead, s.in_flight),
+        (3, 1, 1),
+        "an expired lease is not in flight"
+    );
+    // Rows 3 and 4 (pending) and row 1 (dead) spent no attempt; row 2 spent one.
+    assert_eq!(s.attempts_histogram, vec![(0, 3), (1, 1)]);
+    let payloads: i64 = outbox
+        .connection()
+        .unwrap()
+        .query_row(
+            "SELECT SUM(octet_length(payload)) FROM outbox_events WHERE id > 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(s.pending_bytes, payloads);
+}
+
+#[test]
 fn list_show_and_dead_letters_with_their_errors() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("list.db")).unwrap();
