@@ -293,10 +293,12 @@
 //! - Per-key order holds as for HTTP (one event of a key in flight). Each delivery worker
 //!   publishes one event, or with [`Destination::batch`]`(n, …)` `n` back to back, and the
 //!   connection keeps at most `workers × n` publishes unacknowledged (the in-flight window,
-//!   narrowed further by the broker's receive maximum). A worker hands its next request to
-//!   the connection before it awaits the last one's PUBACKs; that request waits in the
-//!   client, in order, until a PUBACK makes room, so the window never idles while a worker
-//!   wakes up. Each event keeps its own outcome (an oversize one is dead-lettered alone). Mosquitto sends its
+//!   narrowed further by the broker's receive maximum). A worker does not wait for
+//!   PUBACKs: it hands the connection up to four requests, which wait in the client, in
+//!   order, until a PUBACK makes room, so the window never idles while a worker wakes up;
+//!   the connection thread that takes a request's last PUBACK reports its outcome to the
+//!   relay, and a publish unanswered within the ack timeout counts as a failed attempt.
+//!   Each event keeps its own outcome (an oversize one is dead-lettered alone). Mosquitto sends its
 //!   PUBACKs with Nagle's algorithm on unless `set_tcp_nodelay true` is in its config; a
 //!   publisher that awaits a batch's PUBACKs then stalls on TCP's delayed ACK (about 40 ms
 //!   per batch, measured), so set it.
