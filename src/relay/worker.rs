@@ -344,13 +344,26 @@ impl Worker {
         let gate = Arc::clone(&self.gate);
         let reports = self.reports.clone();
         Box::new(move |attempts| {
-            let now = clock.now_ms();
-            let report = Report::decide_each(lane, events, &attempts, &policy, now);
-            if let Some(change) = report.gate_change() {
-                gate.apply(change);
+            // This runs on the transport's thread (MQTT's connection): a panic here (a
+            // clock that panics) must not take the connection down with it.
+            let decided = catch_unwind(AssertUnwindSafe(|| {
+                Report::decide_each(lane, events, &attempts, &policy, clock.now_ms())
+            }));
+            match decided {
+                Ok(report) => {
+                    if let Some(change) = report.gate_change() {
+                        gate.apply(change);
+                    }
+                    // A writer that stopped listening has shut down: the leases expire
+                    // instead.
+                    let _ = reports.send(report);
+                }
+                Err(panic) => log::error!(
+                    "the outcomes of a request could not be decided ({}); its events' leases \
+                     expire and they are delivered again",
+                    panic_message(&*panic)
+                ),
             }
-            // A writer that stopped listening has shut down: the leases expire instead.
-            let _ = reports.send(report);
             backlog.closed();
         })
     }
@@ -635,6 +648,45 @@ mod tests {
                 report.decided()[0].1.write_back
             );
         }
+    }
+
+    /// A wall clock that panics when read from a thread named "settler".
+    struct PanicsOnSettler;
+
+    impl crate::clock::Clock for PanicsOnSettler {
+        fn now_ms(&self) -> i64 {
+            assert_ne!(
+                std::thread::current().name(),
+                Some("settler"),
+                "clock broke"
+            );
+            crate::clock::SystemClock.now_ms()
+        }
+    }
+
+    #[test]
+    fn a_panic_deciding_outcomes_spares_the_settling_thread_and_frees_the_worker() {
+        let open: Open = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let transport = Settled {
+            open: Arc::clone(&open),
+            timeout: Duration::from_secs(60),
+        };
+        let (mut worker, reports) = worker_over(1, Arc::new(transport));
+        worker.clock = Arc::new(PanicsOnSettler);
+        let worker = std::thread::spawn(move || worker.run());
+        wait_for_started(&open, 1);
+        let outcomes = Arc::clone(&open.lock().unwrap()[0]);
+        let settler = std::thread::Builder::new()
+            .name("settler".into())
+            .spawn(move || outcomes.settle(0, delivered()))
+            .unwrap();
+        assert!(settler.join().is_ok(), "the panic stayed in the report");
+        // The worker is not left waiting for a report that will never come.
+        worker.join().unwrap();
+        assert!(
+            reports.try_recv().is_err(),
+            "no report: the leases expire instead"
+        );
     }
 
     #[test]
