@@ -66,6 +66,17 @@ impl Line {
     }
 }
 
+impl Line {
+    /// The ratio column with the spread of the rounds' own ratios beside the median's.
+    fn with_spread(mut self, alternated: &Alternated) -> Line {
+        self.ratio = format!(
+            "{} ({:.2}–{:.2} over {} rounds)",
+            self.ratio, alternated.lowest_ratio, alternated.highest_ratio, alternated.rounds
+        );
+        self
+    }
+}
+
 fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
@@ -83,15 +94,44 @@ fn ms(d: Duration) -> String {
 }
 
 /// Median of `rounds` alternating runs of `a` and `b`, so drift hits both alike.
-fn alternate(rounds: usize, mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> (f64, f64) {
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+fn alternate(rounds: usize, a: impl FnMut() -> f64, b: impl FnMut() -> f64) -> (f64, f64) {
+    let alternated = alternate_spread(rounds, a, b);
+    (alternated.a, alternated.b)
+}
+
+/// What [`alternate_spread`] measured: the medians, and the spread of the rounds' ratios.
+struct Alternated {
+    a: f64,
+    b: f64,
+    lowest_ratio: f64,
+    highest_ratio: f64,
+    rounds: usize,
+}
+
+/// As [`alternate`], keeping the lowest and highest ratio `a / b` of a round, for the noisy
+/// rows (the table then shows the spread beside the median ratio).
+fn alternate_spread(
+    rounds: usize,
+    mut a: impl FnMut() -> f64,
+    mut b: impl FnMut() -> f64,
+) -> Alternated {
+    let (mut xs, mut ys, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        xs.push(a());
-        ys.push(b());
+        let (x, y) = (a(), b());
+        xs.push(x);
+        ys.push(y);
+        ratios.push(x / y);
     }
     xs.sort_by(f64::total_cmp);
     ys.sort_by(f64::total_cmp);
-    (xs[rounds / 2], ys[rounds / 2])
+    ratios.sort_by(f64::total_cmp);
+    Alternated {
+        a: xs[rounds / 2],
+        b: ys[rounds / 2],
+        lowest_ratio: ratios[0],
+        highest_ratio: ratios[rounds - 1],
+        rounds,
+    }
 }
 
 /// Runs `txs` transactions of `per_tx` events through `one_tx` (given the running event
@@ -407,8 +447,8 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
     let n = 100_000;
     let outbox = Outbox::open(dir.join("claim.db")).unwrap();
     let mut bare = bare_connection(&dir.join("bare-claim.db"), "NORMAL");
-    let (o, b) = alternate(
-        3,
+    let alternated = alternate_spread(
+        5,
         || {
             fill_pending(&outbox, n);
             let t = Instant::now();
@@ -425,11 +465,12 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
     let mut lines = vec![Line::rates(
         "claim + ack, batches of 100".into(),
         "rows",
-        o,
-        b,
+        alternated.a,
+        alternated.b,
         "bare loop, same table",
         "≥ 0.8×",
-    )];
+    )
+    .with_spread(&alternated)];
     // The claim's latency must not grow with delivered history.
     let claim_latency = |history: usize| {
         let path = dir.join(format!("history-{history}.db"));
@@ -692,8 +733,8 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     // own table), in the same run; the bare ureq rate is shown beside it.
     let n = 100_000;
     let mut bare_file = bare_connection(&dir.join("relay-bare-claim.db"), "NORMAL");
-    let (o, b) = alternate(
-        3,
+    let alternated = alternate_spread(
+        5,
         || {
             round += 1;
             let path = dir.join(format!("relay-{round}.db"));
@@ -717,17 +758,20 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     );
     assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
     let ureq = rate(n, t.elapsed());
-    lines.push(Line::rates(
-        format!(
-            "relay, 100 events/request, 4 workers (bare ureq posts the same: {})",
-            per_s(ureq)
-        ),
-        "events",
-        o,
-        b,
-        "bare claim + ack",
-        "≥ 0.8×, ≥ 250k/s",
-    ));
+    lines.push(
+        Line::rates(
+            format!(
+                "relay, 100 events/request, 4 workers (bare ureq posts the same: {})",
+                per_s(ureq)
+            ),
+            "events",
+            alternated.a,
+            alternated.b,
+            "bare claim + ack",
+            "≥ 0.8×, ≥ 250k/s",
+        )
+        .with_spread(&alternated),
+    );
     lines
 }
 
@@ -884,8 +928,8 @@ fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
     let mut lines = Vec::new();
     for (n, workers, batch) in [(10_000, 4, 1), (30_000, 4, 25), (40_000, 4, 100)] {
         let window = workers * batch;
-        let (o, b) = alternate(
-            3,
+        let alternated = alternate_spread(
+            5,
             || {
                 round.set(round.get() + 1);
                 let outbox = Outbox::open(dir.join(format!("mqtt-{}.db", round.get()))).unwrap();
@@ -920,14 +964,19 @@ fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
                 )
             },
         );
-        lines.push(Line::rates(
-            format!("relay to Mosquitto, QoS 1, {window} in flight ({workers} workers × {batch})"),
-            "events",
-            o,
-            b,
-            "bare rumqttc",
-            "≥ 0.7×",
-        ));
+        lines.push(
+            Line::rates(
+                format!(
+                    "relay to Mosquitto, QoS 1, {window} in flight ({workers} workers × {batch})"
+                ),
+                "events",
+                alternated.a,
+                alternated.b,
+                "bare rumqttc",
+                "≥ 0.7×",
+            )
+            .with_spread(&alternated),
+        );
     }
     lines
 }
