@@ -226,7 +226,7 @@ fn destination_slot(
 /// One pass over the pending rows (through the pending index), per destination: how many,
 /// the oldest commit time, the payload bytes, how many are leased right now (`?1` is now),
 /// and how many have spent attempts. One pass, because each row is read from the table for
-/// these: at a week's backlog (1M rows) four passes took 0.67 s, this one about a quarter.
+/// these: at a week's backlog (1M rows) four passes took 0.67–0.71 s, this one 0.34–0.37 s.
 pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
     "SELECT destination, COUNT(*), MIN(created_at), SUM(octet_length(payload)),
             SUM(lease_expires_at > ?1), SUM(attempts > 0)
@@ -234,6 +234,7 @@ pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
     crate::queue::pending!(""),
     " GROUP BY destination"
 );
+
 /// One row of [`PENDING_BY_DESTINATION`].
 struct PendingOf {
     destination: String,
