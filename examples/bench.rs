@@ -5,7 +5,9 @@
 //! cargo run --release --example bench
 //! ```
 //!
-//! The criterion benches under `benches/` measure the same things more thoroughly.
+//! `-- relay mqtt …` runs only those sections; `-- probe relay|bare WORKERS` runs one drain
+//! at one event per request alone, for a profiler. The criterion benches under `benches/`
+//! measure the same things more thoroughly.
 
 #[path = "../benches/support/mod.rs"]
 mod support;
@@ -986,6 +988,30 @@ fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
     Vec::new()
 }
 
+/// One drain of 60,000 events at one event per request, by the relay (`relay`) or the bare
+/// ureq loop (`bare`), alone in the process, so that a profiler sees one configuration:
+/// `perf sched record target/release/examples/bench probe relay 4`.
+fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers: usize) {
+    let n = 60_000;
+    let took = if what == "relay" {
+        timed_drain(&dir.join("probe.db"), receiver, n, workers, None)
+    } else {
+        let sample = bench_support::sample_event(&order_data(1));
+        let body = sqlite_outbox::wire::structured_body(&sample).unwrap();
+        let started = Instant::now();
+        bare_posts(
+            &receiver.url,
+            &body,
+            "application/cloudevents+json",
+            n,
+            workers,
+        );
+        assert!(receiver.wait_for(n as u64, Duration::from_secs(60)));
+        started.elapsed()
+    };
+    eprintln!("{what}, {workers} workers: {}", per_s(rate(n, took)));
+}
+
 /// Events stored per second by `ingest` servers (in this process, each with its own runtime
 /// and 8 database threads) from 8 keep-alive clients, one event per request and batches of
 /// 100, against a bare loop of the same INSERT statement over one connection, in the same
@@ -1164,6 +1190,14 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let receiver = Arc::new(CountingReceiver::start());
+    if let (Some("probe"), Some(what), Some(workers)) = (
+        args.get(1).map(String::as_str),
+        args.get(2),
+        args.get(3).and_then(|w| w.parse().ok()),
+    ) {
+        probe(dir, &receiver, what, workers);
+        return;
+    }
     if args.get(1).map(String::as_str) == Some("sweep") {
         sweep(dir, &receiver);
         return;

@@ -207,10 +207,11 @@ impl HttpTransport {
             .max_idle_connections_per_host(config.max_idle_connections)
             .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
             .build();
-        // A lookup per host every 30 s, not per request (see `resolver`).
+        // A lookup per host every 30 s, not per request (see `resolver`); each request in
+        // one write, TLS or not, and socket timeouts set only when they change (see `tcp`).
         let agent = Agent::with_parts(
             agent_config,
-            ureq::unversioned::transport::DefaultConnector::default(),
+            super::tcp::connector(),
             CachingResolver::default(),
         );
         Ok(HttpTransport {

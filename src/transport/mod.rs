@@ -27,6 +27,7 @@ mod http;
 mod mqtt;
 mod resolver;
 pub(crate) mod sending;
+mod tcp;
 
 use std::time::Duration;
 
