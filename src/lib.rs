@@ -294,7 +294,7 @@
 //!   publishes one event, or with [`Destination::batch`]`(n, …)` `n` back to back, and the
 //!   connection keeps at most `workers × n` publishes unacknowledged (the in-flight window,
 //!   narrowed further by the broker's receive maximum). A worker does not wait for
-//!   PUBACKs: it hands the connection up to four requests, which wait in the client, in
+//!   PUBACKs: it hands the connection up to sixteen requests, which wait in the client, in
 //!   order, until a PUBACK makes room, so the window never idles while a worker wakes up;
 //!   the connection thread that takes a request's last PUBACK reports its outcome to the
 //!   relay, and a publish unanswered within the ack timeout counts as a failed attempt.

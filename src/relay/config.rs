@@ -134,7 +134,10 @@ impl RelayConfig {
         self
     }
 
-    /// Sets how many events one claim takes at most. Defaults to 100.
+    /// Sets how many events one claim takes at most. Defaults to 100. A destination that
+    /// batches ([`Destination::batch`](crate::Destination::batch)) claims whole batches: at
+    /// least one per worker, and up to four per worker while that stays within four times
+    /// this.
     pub fn claim_batch(mut self, n: usize) -> Self {
         self.claim_batch = n;
         self

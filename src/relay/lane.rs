@@ -50,13 +50,23 @@ pub(crate) struct Lane {
 
 impl Lane {
     /// A lane for `destination` with `workers` delivery threads. A batching destination
-    /// claims enough for a batch per worker at once (and may have four such claims in
-    /// flight): per event, the claim and ack transactions then cost a fraction of what they
-    /// cost one event at a time.
+    /// claims at least a batch per worker at once, and up to four while that stays within
+    /// four times the configured claim (400 events by default, which hold the write lock
+    /// about a millisecond); it may have four such claims in flight. Per event, the claim
+    /// and ack transactions then cost a fraction of what they cost one event at a time,
+    /// and a claim's fixed cost (its transaction, the probe of the priority levels) is
+    /// shared by more events: 4 workers × 25 to Mosquitto delivered 54k–58k events/s with
+    /// claims of 100, 66k/s with claims of 400.
     pub fn new(destination: &Destination, workers: usize, config: &RelayConfig) -> Lane {
         let batch = destination.batching();
         let claim_batch = match batch {
-            Some(b) => config.claim_batch.max(b.max_events.saturating_mul(workers)),
+            Some(b) => {
+                let round = b.max_events.saturating_mul(workers);
+                let rounds = round
+                    .saturating_mul(4)
+                    .min(config.claim_batch.saturating_mul(4));
+                config.claim_batch.max(round).max(rounds)
+            }
             None => config.claim_batch,
         };
         let max_in_flight = config.max_in_flight.max(claim_batch.saturating_mul(4));
@@ -237,5 +247,34 @@ impl Lane {
         let unstarted = self.jobs_rx.try_iter().collect();
         self.jobs_tx = None;
         unstarted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_size(batch: Option<usize>, workers: usize, claim_batch: usize) -> usize {
+        let mut destination = Destination::http("d", "http://127.0.0.1:9/events");
+        if let Some(n) = batch {
+            destination = destination.batch(n, 1 << 20);
+        }
+        let config = RelayConfig::new().claim_batch(claim_batch);
+        Lane::new(&destination, workers, &config).claim_batch
+    }
+
+    #[test]
+    fn a_batching_destination_claims_whole_rounds_of_batches_within_four_claims() {
+        // One event a request: the configured claim.
+        assert_eq!(claim_size(None, 4, 100), 100);
+        // Four batches per worker when that stays within four claims' worth.
+        assert_eq!(claim_size(Some(25), 4, 100), 400);
+        assert_eq!(claim_size(Some(60), 2, 100), 400, "capped at four claims");
+        // One batch per worker at least, however large.
+        assert_eq!(claim_size(Some(100), 4, 100), 400);
+        assert_eq!(claim_size(Some(500), 4, 100), 2000);
+        // Never below the configured claim; a smaller configured claim keeps claims small.
+        assert_eq!(claim_size(Some(5), 1, 100), 100);
+        assert_eq!(claim_size(Some(25), 4, 10), 100);
     }
 }

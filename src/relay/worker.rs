@@ -594,11 +594,13 @@ mod tests {
 
     #[test]
     fn outcomes_settled_elsewhere_are_reported_from_there_and_the_worker_runs_ahead() {
-        let (open, reports, worker) = settled_worker(7, Duration::from_secs(60));
+        let bound = SETTLING_PER_WORKER;
+        let jobs = 2 * bound;
+        let (open, reports, worker) = settled_worker(jobs as i64, Duration::from_secs(60));
         // The worker hands over requests without waiting for answers, up to its bound.
-        wait_for_started(&open, SETTLING_PER_WORKER);
+        wait_for_started(&open, bound);
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(open.lock().unwrap().len(), SETTLING_PER_WORKER, "bounded");
+        assert_eq!(open.lock().unwrap().len(), bound, "bounded");
         assert!(
             reports.try_recv().is_err(),
             "nothing is reported before it is answered"
@@ -611,13 +613,20 @@ mod tests {
             1,
             "reported by the settling thread"
         );
+        for answered in 1..bound / 2 - 1 {
+            open.lock().unwrap()[answered].settle(0, delivered());
+        }
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(open.lock().unwrap().len(), SETTLING_PER_WORKER);
-        open.lock().unwrap()[1].settle(0, delivered());
-        wait_for_started(&open, SETTLING_PER_WORKER + 2);
+        assert_eq!(
+            open.lock().unwrap().len(),
+            bound,
+            "one answer short of half: still waiting"
+        );
+        open.lock().unwrap()[bound / 2 - 1].settle(0, delivered());
+        wait_for_started(&open, bound + bound / 2);
         // Answer the rest as they come; every request is reported once.
-        let mut answered = 2;
-        while answered < 7 {
+        let mut answered = bound / 2;
+        while answered < jobs {
             wait_for_started(&open, answered + 1);
             open.lock().unwrap()[answered].settle(0, delivered());
             answered += 1;
@@ -628,7 +637,7 @@ mod tests {
             .map(delivered_id)
             .collect();
         ids.sort_unstable();
-        assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(ids, (1..=jobs as i64).collect::<Vec<_>>());
     }
 
     #[test]
