@@ -37,7 +37,10 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let refs: Vec<&OutboundEvent> = events.iter().collect();
-    let acked = queue::ack(&tx, &first.lease_owner, &refs, now)?.len();
+    let acked = queue::ack(&tx, &first.lease_owner, &refs, now)?
+        .into_iter()
+        .filter(|acked| *acked)
+        .count();
     tx.commit()?;
     Ok(acked)
 }
