@@ -650,14 +650,12 @@ pub(crate) fn ack(
     // The cached statement keeps its bindings: clear the owner's text off it.
     stmt.clear_bindings();
     drop(stmt);
+    // One claim is for one destination, so this is one totals statement per ack in practice.
+    let mut by_destination: Vec<(&str, i64)> = Vec::new();
     for (event, _) in events.iter().zip(&acked).filter(|(_, acked)| **acked) {
         if let Some(key) = &event.partition_key {
             unpark_next(conn, key, &event.destination, now)?;
         }
-    }
-    // One claim is for one destination, so this is one statement per ack in practice.
-    let mut by_destination: Vec<(&str, i64)> = Vec::new();
-    for (event, _) in events.iter().zip(&acked).filter(|(_, acked)| **acked) {
         match by_destination
             .iter_mut()
             .find(|(d, _)| *d == event.destination)

@@ -32,10 +32,10 @@ use ureq::unversioned::transport::{
 use ureq::{Error, Timeout};
 
 /// The most request bytes held back to go out in one write.
-pub(crate) const MAX_HELD: usize = 64 * 1024;
+const MAX_HELD: usize = 64 * 1024;
 
 /// The step a timeout is rounded up to.
-pub(crate) const GRAIN: Duration = Duration::from_millis(250);
+const GRAIN: Duration = Duration::from_millis(250);
 
 /// The shortest connect timeout an address is given when a host has several.
 const MIN_CONNECT_PER_ADDRESS: Duration = Duration::from_millis(10);
