@@ -8,30 +8,54 @@
 //! before each write transaction of its own: an app commit then waits for at most the one
 //! relay transaction already under way. The relay's checkpointer takes the right of way
 //! too, while it copies the last of the WAL into the database: with the relay's writes
-//! held off it catches up, and the WAL starts over without a blocking checkpoint holding
-//! the app's commits back. Apps
+//! held off (also those that began to wait before it) it catches up, each pass starting
+//! when no relay transaction and no app transaction is under way, so the next write
+//! starts the WAL over without a blocking checkpoint holding the app's commits back. Apps
 //! writing through connections of their own, or from other processes, are not seen here.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The writes that go before the relay's, in this process: how many took the right of way,
-/// and how many of those are over.
+/// and how many of those are over; the relay's write transactions; and catch-ups going on.
 #[derive(Debug, Default)]
 pub(crate) struct RightOfWay {
     turns: Mutex<Turns>,
-    one_over: Condvar,
+    changed: Condvar,
 }
 
 #[derive(Debug, Default)]
 struct Turns {
     taken: u64,
     over: u64,
+    /// Relay write transactions under way.
+    relay_writes: u64,
+    /// Checkpointer catch-ups going on (each also holds a turn).
+    catching_up: u64,
+}
+
+impl Turns {
+    /// Whether nothing but the caller's own one turn wants or holds the lock.
+    fn alone(&self) -> bool {
+        self.relay_writes == 0 && self.taken - self.over <= 1
+    }
 }
 
 /// The right of way of one write, from before it asks for the lock until it ends.
 pub(crate) struct Turn<'a> {
     right_of_way: &'a RightOfWay,
+}
+
+/// One relay write transaction, from before it asks for the lock until it ends.
+pub(crate) struct RelayWrite<'a> {
+    right_of_way: &'a RightOfWay,
+}
+
+/// A checkpointer's catch-up: a turn that relay writes wait for even when it was taken
+/// after they began to wait.
+pub(crate) struct CatchUp<'a> {
+    right_of_way: &'a RightOfWay,
+    _turn: Turn<'a>,
 }
 
 impl RightOfWay {
@@ -41,29 +65,72 @@ impl RightOfWay {
         Turn { right_of_way: self }
     }
 
-    /// Waits until as many turns are over as were taken when it was called, or `limit`
-    /// passes; returns whether they are. Turns taken meanwhile are not waited for: an app
+    /// Marks a relay write transaction under way until the returned guard is dropped, after
+    /// waiting, up to `limit`, until as many turns are over as were taken when it was
+    /// called and no catch-up goes on. Turns taken meanwhile are not waited for: an app
     /// committing flat out goes first once per relay transaction, and cannot starve the
     /// relay (waiting for no turn at all let the app's commits run 25,000 a second while
     /// the relay fell minutes behind).
-    pub fn wait_until_clear(&self, limit: Duration) -> bool {
-        let turns = lock(&self.turns);
+    pub fn relay_write(&self, limit: Duration) -> RelayWrite<'_> {
+        let mut turns = lock(&self.turns);
         let taken = turns.taken;
-        if turns.over >= taken {
-            return true;
+        let held = |t: &mut Turns| t.over < taken || t.catching_up > 0;
+        if held(&mut turns) {
+            turns = self
+                .changed
+                .wait_timeout_while(turns, limit, held)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
         }
+        turns.relay_writes += 1;
+        RelayWrite { right_of_way: self }
+    }
+
+    /// Starts a catch-up: holds relay writes off (each for at most its limit) until the
+    /// returned guard is dropped.
+    pub fn catch_up(&self) -> CatchUp<'_> {
+        let turn = self.take();
+        lock(&self.turns).catching_up += 1;
+        CatchUp {
+            right_of_way: self,
+            _turn: turn,
+        }
+    }
+}
+
+impl CatchUp<'_> {
+    /// Waits until no other write seen here is under way (no relay write transaction, no
+    /// other turn), or `limit` passes; returns whether none is.
+    pub fn wait_until_alone(&self, limit: Duration) -> bool {
+        let turns = lock(&self.right_of_way.turns);
         let (turns, _) = self
-            .one_over
-            .wait_timeout_while(turns, limit, |t| t.over < taken)
+            .right_of_way
+            .changed
+            .wait_timeout_while(turns, limit, |t| !t.alone())
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        turns.over >= taken
+        turns.alone()
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         lock(&self.right_of_way.turns).over += 1;
-        self.right_of_way.one_over.notify_all();
+        self.right_of_way.changed.notify_all();
+    }
+}
+
+impl Drop for RelayWrite<'_> {
+    fn drop(&mut self) {
+        lock(&self.right_of_way.turns).relay_writes -= 1;
+        self.right_of_way.changed.notify_all();
+    }
+}
+
+impl Drop for CatchUp<'_> {
+    fn drop(&mut self) {
+        lock(&self.right_of_way.turns).catching_up -= 1;
+        self.right_of_way.changed.notify_all();
+        // The turn is dropped next, and notifies again.
     }
 }
 
@@ -79,22 +146,34 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
+    /// Whether the relay's write got in within `limit`, as seen from its own thread.
+    fn relay_writes_within(way: &RightOfWay, limit: Duration) -> Duration {
+        let started = Instant::now();
+        drop(way.relay_write(limit));
+        started.elapsed()
+    }
+
     #[test]
     fn the_relay_waits_for_the_turns_already_taken_and_no_longer_than_its_limit() {
         let way = RightOfWay::default();
-        assert!(way.wait_until_clear(Duration::ZERO));
+        assert!(relay_writes_within(&way, Duration::from_secs(10)) < Duration::from_secs(1));
         let turn = way.take();
-        let started = Instant::now();
-        assert!(!way.wait_until_clear(Duration::from_millis(20)));
-        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert!(relay_writes_within(&way, Duration::from_millis(20)) >= Duration::from_millis(20));
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(10));
                 drop(turn);
             });
-            assert!(way.wait_until_clear(Duration::from_secs(10)));
+            let waited = relay_writes_within(&way, Duration::from_secs(10));
+            assert!(
+                waited >= Duration::from_millis(5),
+                "did not wait: {waited:?}"
+            );
+            assert!(
+                waited < Duration::from_secs(5),
+                "waited to the limit: {waited:?}"
+            );
         });
-        assert!(way.wait_until_clear(Duration::ZERO));
     }
 
     #[test]
@@ -111,12 +190,54 @@ mod tests {
                 std::thread::sleep(Duration::from_secs(2));
                 drop(second);
             });
-            let started = Instant::now();
-            assert!(way.wait_until_clear(Duration::from_secs(10)));
+            let waited = relay_writes_within(&way, Duration::from_secs(10));
+            assert!(waited < Duration::from_secs(1), "waited for the later turn");
+        });
+    }
+
+    #[test]
+    fn a_catch_up_holds_relay_writes_that_began_to_wait_before_it() {
+        let way = RightOfWay::default();
+        let app = way.take();
+        std::thread::scope(|s| {
+            let catch_up = s.spawn(|| {
+                // Taken while the relay already waits for the app's turn.
+                std::thread::sleep(Duration::from_millis(10));
+                let catch_up = way.catch_up();
+                drop(app);
+                std::thread::sleep(Duration::from_millis(50));
+                drop(catch_up);
+            });
+            let waited = relay_writes_within(&way, Duration::from_secs(10));
             assert!(
-                started.elapsed() < Duration::from_secs(1),
-                "waited for the later turn"
+                waited >= Duration::from_millis(50),
+                "went in during the catch-up"
             );
+            catch_up.join().unwrap();
+        });
+        // And no longer than the relay's limit.
+        let _catch_up = way.catch_up();
+        let waited = relay_writes_within(&way, Duration::from_millis(20));
+        assert!(waited >= Duration::from_millis(20) && waited < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_catch_up_is_alone_once_relay_writes_and_other_turns_are_over() {
+        let way = RightOfWay::default();
+        let write = way.relay_write(Duration::ZERO);
+        let app = way.take();
+        let catch_up = way.catch_up();
+        assert!(!catch_up.wait_until_alone(Duration::from_millis(10)));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(10));
+                drop(write);
+                std::thread::sleep(Duration::from_millis(10));
+                drop(app);
+            });
+            let started = Instant::now();
+            assert!(catch_up.wait_until_alone(Duration::from_secs(10)));
+            assert!(started.elapsed() >= Duration::from_millis(15));
         });
     }
 }

@@ -34,6 +34,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::database::Synchronous;
 use crate::error::Result;
 use crate::queue::Claimed;
+use crate::right_of_way::RelayWrite;
 
 /// What the barrier knows of the WAL's durability.
 pub(crate) struct Barrier {
@@ -58,13 +59,15 @@ impl Barrier {
         }
     }
 
-    /// Runs `claim` in a write transaction and, if it took events and another connection
-    /// committed since the last sync, syncs the WAL once the transaction is over. An error
+    /// Runs `claim` in a write transaction, marked under way by `write` until it ends, and,
+    /// if it took events and another connection committed since the last sync, syncs the
+    /// WAL once the transaction is over. An error
     /// of the sync is returned: the claimed events are then not sent, and go out again once
     /// their lease ends.
     pub fn claim(
         &mut self,
         conn: &mut Connection,
+        write: RelayWrite<'_>,
         claim: impl FnOnce(&Connection) -> Result<Claimed>,
     ) -> Result<Claimed> {
         if !self.enabled {
@@ -76,6 +79,7 @@ impl Barrier {
         let version = data_version(&tx)?;
         let claimed = claim(&tx)?;
         tx.commit()?;
+        drop(write);
         let needs_sync = self.usual != Synchronous::Full
             && !claimed.is_empty()
             && self.synced_version != Some(version);
@@ -123,6 +127,8 @@ mod tests {
     use super::*;
     use crate::database;
     use crate::queue::{self, ClaimRequest};
+    use crate::right_of_way::RightOfWay;
+    use std::time::Duration;
 
     fn claim_all(barrier: &mut Barrier, conn: &mut Connection) -> usize {
         let request = ClaimRequest {
@@ -133,7 +139,11 @@ mod tests {
             lease_ms: 1_000,
             limit: 100,
         };
-        let claimed = barrier.claim(conn, |c| queue::claim(c, &request)).unwrap();
+        let way = RightOfWay::default();
+        let write = way.relay_write(Duration::ZERO);
+        let claimed = barrier
+            .claim(conn, write, |c| queue::claim(c, &request))
+            .unwrap();
         claimed.events.len()
     }
 

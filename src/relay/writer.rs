@@ -181,7 +181,11 @@ impl Writer {
             }
             self.poll_for_work();
             self.expire_due();
-            self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
+            {
+                // Pruning and handing pages back write too: a catch-up must see them.
+                let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+                self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
+            }
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
@@ -337,11 +341,11 @@ impl Writer {
             lease_ms: self.lease_ms,
             limit: limit as i64,
         };
-        self.outbox.right_of_way().wait_until_clear(GIVE_WAY_LIMIT);
+        let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // Nothing is sent before its commit is on disk (see `barrier`).
         let claimed = self
             .barrier
-            .claim(&mut self.conn, |conn| queue::claim(conn, &request))?;
+            .claim(&mut self.conn, write, |conn| queue::claim(conn, &request))?;
         self.last_claim = Instant::now();
         for row in &claimed.unreadable {
             self.counters.record(&WriteBack::Dead {
@@ -459,6 +463,7 @@ impl Writer {
             }
         }
         let swept = (|| -> Result<Vec<queue::ExpiredRow>> {
+            let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -558,7 +563,7 @@ impl Writer {
     /// Records every outcome in one transaction; returns, per outcome, whether its lease was
     /// still ours (and so whether it was recorded).
     fn write(&mut self, outcomes: &[(&OutboundEvent, &WriteBack)], now: i64) -> Result<Vec<bool>> {
-        self.outbox.right_of_way().wait_until_clear(GIVE_WAY_LIMIT);
+        let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
