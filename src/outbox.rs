@@ -22,6 +22,11 @@ use crate::relay::Relay;
 use crate::right_of_way::RightOfWay;
 use crate::settings::{Explicit, LiveSettings, Settings};
 
+/// The longest an app transaction waits for a relay write transaction under way before it
+/// asks SQLite for the lock (and waits in the busy handler): relay transactions take
+/// milliseconds; past this, something else is wrong, and the busy timeout decides.
+const RELAY_WRITE_WAIT: Duration = Duration::from_millis(50);
+
 /// A handle to one outbox database file. Cheap to clone; clones share the pool.
 ///
 /// ```
@@ -523,8 +528,9 @@ impl Outbox {
     /// its own writes it waits (up to 5 ms) for those that want or hold the lock at that
     /// moment (not for later ones, so an app committing flat out cannot stop it), and a
     /// commit made here while the relay drains a backlog waits for at most the one relay
-    /// transaction already under way. Commits through connections of the app's own are
-    /// not seen, and take their turn at SQLite's lock.
+    /// transaction already under way (woken when it ends, up to 50 ms, then through
+    /// SQLite's busy handler). Commits through connections of the app's own are not seen,
+    /// and take their turn at SQLite's lock.
     ///
     /// # Errors
     ///
@@ -536,6 +542,9 @@ impl Outbox {
         let mut conn = self.connection()?;
         // Marked before asking for the lock: a relay of this outbox then lets it go first.
         let turn = self.inner.right_of_way.take();
+        self.inner
+            .right_of_way
+            .wait_for_relay_writes(RELAY_WRITE_WAIT);
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = f(&tx)?;
         tx.commit()?;
