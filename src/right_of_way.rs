@@ -7,12 +7,13 @@
 //! wants or holds the lock, and the relay's writer of the same `Outbox` waits for that
 //! before each write transaction of its own: an app commit then waits for at most the one
 //! relay transaction already under way, and waits for it here, woken once when it ends,
-//! rather than in SQLite's busy handler, which polls the lock every 25 µs. The relay's checkpointer takes the right of way
-//! too, while it copies the last of the WAL into the database: with the relay's writes
-//! held off (also those that began to wait before it) it catches up, each pass starting
-//! when no relay transaction and no app transaction is under way, so the next write
-//! starts the WAL over without a blocking checkpoint holding the app's commits back. Apps
-//! writing through connections of their own, or from other processes, are not seen here.
+//! rather than in SQLite's busy handler, which polls the lock every 25 µs. The relay's
+//! checkpointer takes the right of way too, while it copies the last of the WAL into the
+//! database: with the relay's writes held off (also those that began to wait before it)
+//! it catches up, each pass starting when no relay transaction and no app transaction is
+//! under way, so the next write starts the WAL over without a blocking checkpoint holding
+//! the app's commits back. Apps writing through connections of their own, or from other
+//! processes, are not seen here.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;

@@ -61,9 +61,8 @@ impl Barrier {
 
     /// Runs `claim` in a write transaction, marked under way by `write` until it ends, and,
     /// if it took events and another connection committed since the last sync, syncs the
-    /// WAL once the transaction is over. An error
-    /// of the sync is returned: the claimed events are then not sent, and go out again once
-    /// their lease ends.
+    /// WAL once the transaction is over. An error of the sync is returned: the claimed
+    /// events are then not sent, and go out again once their lease ends.
     pub fn claim(
         &mut self,
         conn: &mut Connection,

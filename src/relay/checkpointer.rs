@@ -94,7 +94,7 @@ enum CaughtUp {
     Copied,
     /// Writes kept landing; a RESTART copied the rest and reset the WAL.
     Restarted,
-    /// Neither: a reader or a writer was in the way.
+    /// Neither: a reader or a writer was in the way, or a checkpoint failed.
     No,
 }
 
