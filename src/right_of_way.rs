@@ -170,18 +170,17 @@ mod tests {
         started.elapsed()
     }
 
-    #[test]
-    fn the_relay_waits_for_the_turns_already_taken_and_no_longer_than_its_limit() {
-        let way = RightOfWay::default();
-        assert!(relay_writes_within(&way, Duration::from_secs(10)) < Duration::from_secs(1));
-        let turn = way.take();
-        assert!(relay_writes_within(&way, Duration::from_millis(20)) >= Duration::from_millis(20));
+    /// Runs `wait` while another thread drops `guard` after 10 ms, and checks that it
+    /// returned once the guard was gone: not at once, and not at its (long) limit.
+    fn waits_until_released<G: Send>(guard: G, wait: impl FnOnce()) {
         std::thread::scope(|s| {
-            s.spawn(|| {
+            s.spawn(move || {
                 std::thread::sleep(Duration::from_millis(10));
-                drop(turn);
+                drop(guard);
             });
-            let waited = relay_writes_within(&way, Duration::from_secs(10));
+            let started = Instant::now();
+            wait();
+            let waited = started.elapsed();
             assert!(
                 waited >= Duration::from_millis(5),
                 "did not wait: {waited:?}"
@@ -190,6 +189,17 @@ mod tests {
                 waited < Duration::from_secs(5),
                 "waited to the limit: {waited:?}"
             );
+        });
+    }
+
+    #[test]
+    fn the_relay_waits_for_the_turns_already_taken_and_no_longer_than_its_limit() {
+        let way = RightOfWay::default();
+        assert!(relay_writes_within(&way, Duration::from_secs(10)) < Duration::from_secs(1));
+        let turn = way.take();
+        assert!(relay_writes_within(&way, Duration::from_millis(20)) >= Duration::from_millis(20));
+        waits_until_released(turn, || {
+            relay_writes_within(&way, Duration::from_secs(10));
         });
     }
 
@@ -272,22 +282,6 @@ mod tests {
         let started = Instant::now();
         way.wait_for_relay_writes(Duration::from_millis(20));
         assert!(started.elapsed() >= Duration::from_millis(20));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(10));
-                drop(write);
-            });
-            let started = Instant::now();
-            way.wait_for_relay_writes(Duration::from_secs(10));
-            let waited = started.elapsed();
-            assert!(
-                waited >= Duration::from_millis(5),
-                "did not wait: {waited:?}"
-            );
-            assert!(
-                waited < Duration::from_secs(5),
-                "waited to the limit: {waited:?}"
-            );
-        });
+        waits_until_released(write, || way.wait_for_relay_writes(Duration::from_secs(10)));
     }
 }
