@@ -223,14 +223,18 @@ impl Checkpointer {
         // App commits kept landing during every pass (ten a millisecond and more). Left to
         // grow, the WAL would meet the blocking reset of a full WAL, which copies thousands
         // of frames under the write lock; a RESTART now copies only what the last pass
-        // missed. (busy, frames, copied): busy 1 when a reader or a writer was in the way.
-        let restart = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
-        match restart {
+        // missed.
+        match self.blocking_checkpoint("RESTART") {
             Ok(0) => CaughtUp::Restarted,
             _ => CaughtUp::No,
         }
+    }
+
+    /// A RESTART or TRUNCATE checkpoint; 0 once done, 1 when a reader or a writer was in
+    /// the way (no busy handler: it fails at once rather than hold writers back).
+    fn blocking_checkpoint(&self, mode: &str) -> rusqlite::Result<i64> {
+        self.conn
+            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(0))
     }
 
     /// Resets the WAL if no reader is in the way; otherwise backs off.
@@ -241,12 +245,7 @@ impl Checkpointer {
         if Instant::now() < self.next_reset {
             return;
         }
-        let busy = self
-            .conn
-            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-                r.get::<_, i64>(0)
-            });
-        if let Ok(0) = busy {
+        if let Ok(0) = self.blocking_checkpoint(mode) {
             self.reset_backoff = CHECKPOINT_INTERVAL;
             self.reset_owed = false;
             return;

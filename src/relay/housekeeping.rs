@@ -10,6 +10,7 @@ use crate::database;
 use crate::error::Result;
 use crate::queue::{self, Finished, DELETE_PAGE_ROWS, PENDING};
 use crate::relay::config::RelayConfig;
+use crate::right_of_way::RelayWrite;
 
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -43,18 +44,32 @@ impl Housekeeping {
         }
     }
 
-    /// Runs whatever is due: a page of retention or a step of reclaiming.
-    pub fn tick(&mut self, conn: &mut Connection, now_ms: i64) {
+    /// Runs whatever is due: a page of retention or a step of reclaiming. `relay_write`
+    /// marks a write of the relay's under way (see [`crate::right_of_way`]) for as long as
+    /// its guard lives: taken only when there is something to write.
+    pub fn tick<'w>(
+        &mut self,
+        conn: &mut Connection,
+        now_ms: i64,
+        relay_write: impl FnOnce() -> RelayWrite<'w>,
+    ) {
         if self.reclaiming {
-            self.reclaim_step(conn);
+            self.reclaim_step(conn, relay_write);
         } else {
-            self.retention(conn, now_ms);
+            self.retention(conn, now_ms, relay_write);
         }
     }
 
     /// Hands a bounded step of free pages back to the file system.
-    fn reclaim_step(&mut self, conn: &Connection) {
-        match database::reclaim_step(conn) {
+    fn reclaim_step<'w>(
+        &mut self,
+        conn: &Connection,
+        relay_write: impl FnOnce() -> RelayWrite<'w>,
+    ) {
+        let write = relay_write();
+        let step = database::reclaim_step(conn);
+        drop(write);
+        match step {
             Ok(left) => {
                 let progressed = self.last_free.is_none_or(|before| left < before);
                 self.reclaiming = left > 0 && progressed;
@@ -72,7 +87,12 @@ impl Housekeeping {
 
     /// Prunes delivered events past the retention, one small page per loop turn so claims
     /// and acks go on in between.
-    fn retention(&mut self, conn: &mut Connection, now_ms: i64) {
+    fn retention<'w>(
+        &mut self,
+        conn: &mut Connection,
+        now_ms: i64,
+        relay_write: impl FnOnce() -> RelayWrite<'w>,
+    ) {
         let Some(keep) = self.retention else {
             return;
         };
@@ -87,6 +107,7 @@ impl Housekeeping {
         let Some(total) = self.pruning else { return };
         let cutoff = now_ms.saturating_sub(keep.as_millis() as i64);
         // Delivered rows first, then expired and exported ones, a page per turn.
+        let write = relay_write();
         let page = queue::delete_page(conn, Finished::DeliveredBefore(cutoff)).and_then(|n| {
             if n == DELETE_PAGE_ROWS {
                 Ok(n)
@@ -94,6 +115,7 @@ impl Housekeeping {
                 queue::delete_page(conn, Finished::SettledBefore(cutoff)).map(|m| n + m)
             }
         });
+        drop(write);
         match page {
             Ok(n) if n >= DELETE_PAGE_ROWS => self.pruning = Some(total + n),
             Ok(n) => {

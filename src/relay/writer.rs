@@ -181,11 +181,11 @@ impl Writer {
             }
             self.poll_for_work();
             self.expire_due();
-            {
-                // Pruning and handing pages back write too: a catch-up must see them.
-                let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
-                self.housekeeping.tick(&mut self.conn, self.outbox.now_ms());
-            }
+            // Pruning and handing pages back write too: a catch-up must see them.
+            let outbox = &self.outbox;
+            self.housekeeping.tick(&mut self.conn, outbox.now_ms(), || {
+                outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
+            });
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
