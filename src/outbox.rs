@@ -542,9 +542,7 @@ impl Outbox {
         let mut conn = self.connection()?;
         // Marked before asking for the lock: a relay of this outbox then lets it go first.
         let turn = self.inner.right_of_way.take();
-        self.inner
-            .right_of_way
-            .wait_for_relay_writes(RELAY_WRITE_WAIT);
+        turn.wait_for_relay_writes(RELAY_WRITE_WAIT);
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = f(&tx)?;
         tx.commit()?;

@@ -57,7 +57,6 @@ pub(crate) struct RelayWrite<'a> {
 /// after they began to wait.
 pub(crate) struct CatchUp<'a> {
     right_of_way: &'a RightOfWay,
-    _turn: Turn<'a>,
 }
 
 impl RightOfWay {
@@ -88,29 +87,30 @@ impl RightOfWay {
         RelayWrite { right_of_way: self }
     }
 
-    /// For the holder of a turn: waits until no relay write transaction is under way, or
-    /// `limit` passes. The relay's next write waits for the turn, so the lock is then the
-    /// turn holder's to take; waiting here wakes it once, when the relay's transaction
-    /// ends, where SQLite's busy handler would poll the lock every 25 µs, each poll a
-    /// wakeup on cores the relay keeps busy.
-    pub fn wait_for_relay_writes(&self, limit: Duration) {
-        let turns = lock(&self.turns);
-        if turns.relay_writes > 0 {
-            let _ = self
-                .changed
-                .wait_timeout_while(turns, limit, |t| t.relay_writes > 0)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-    }
-
     /// Starts a catch-up: holds relay writes off (each for at most its limit) until the
     /// returned guard is dropped.
     pub fn catch_up(&self) -> CatchUp<'_> {
-        let turn = self.take();
-        lock(&self.turns).catching_up += 1;
-        CatchUp {
-            right_of_way: self,
-            _turn: turn,
+        let mut turns = lock(&self.turns);
+        turns.taken += 1;
+        turns.catching_up += 1;
+        CatchUp { right_of_way: self }
+    }
+}
+
+impl Turn<'_> {
+    /// Waits until no relay write transaction is under way, or `limit` passes. The relay's
+    /// next write waits for this turn, so the lock is then the turn holder's to take;
+    /// waiting here wakes it once, when the relay's transaction ends, where SQLite's busy
+    /// handler would poll the lock every 25 µs, each poll a wakeup on cores the relay keeps
+    /// busy.
+    pub fn wait_for_relay_writes(&self, limit: Duration) {
+        let turns = lock(&self.right_of_way.turns);
+        if turns.relay_writes > 0 {
+            let _ = self
+                .right_of_way
+                .changed
+                .wait_timeout_while(turns, limit, |t| t.relay_writes > 0)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 }
@@ -145,9 +145,11 @@ impl Drop for RelayWrite<'_> {
 
 impl Drop for CatchUp<'_> {
     fn drop(&mut self) {
-        lock(&self.right_of_way.turns).catching_up -= 1;
+        let mut turns = lock(&self.right_of_way.turns);
+        turns.catching_up -= 1;
+        turns.over += 1;
+        drop(turns);
         self.right_of_way.changed.notify_all();
-        // The turn is dropped next, and notifies again.
     }
 }
 
@@ -271,17 +273,19 @@ mod tests {
     #[test]
     fn a_turn_holder_waits_for_the_relay_write_under_way_and_no_longer_than_its_limit() {
         let way = RightOfWay::default();
+        let turn = way.take();
         let started = Instant::now();
-        way.wait_for_relay_writes(Duration::from_secs(10));
+        turn.wait_for_relay_writes(Duration::from_secs(10));
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "waited with none under way"
         );
         let write = way.relay_write(Duration::ZERO);
-        let _turn = way.take();
         let started = Instant::now();
-        way.wait_for_relay_writes(Duration::from_millis(20));
+        turn.wait_for_relay_writes(Duration::from_millis(20));
         assert!(started.elapsed() >= Duration::from_millis(20));
-        waits_until_released(write, || way.wait_for_relay_writes(Duration::from_secs(10)));
+        waits_until_released(write, || {
+            turn.wait_for_relay_writes(Duration::from_secs(10))
+        });
     }
 }
