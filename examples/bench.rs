@@ -165,7 +165,7 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
     bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
         .unwrap();
     let (mut n1, mut n2) = (0, 0);
-    let (o, b) = alternate(
+    let alternated = alternate_spread(
         5,
         || {
             rate_of_txs(txs, per_tx, &mut n1, |n| {
@@ -178,7 +178,21 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
             })
         },
     );
-    Line::rates(format!("enqueue, {label}"), "events", o, b, "", "≥ 0.9×")
+    // One event a transaction is what apps write: it must stay at the bare speed.
+    let target = if per_tx == 1 {
+        "≥ 0.95×"
+    } else {
+        "≥ 0.9×"
+    };
+    Line::rates(
+        format!("enqueue, {label}"),
+        "events",
+        alternated.a,
+        alternated.b,
+        "",
+        target,
+    )
+    .with_spread(&alternated)
 }
 
 /// The SQL contract (`INSERT INTO outbox_enqueue`, as an app in another language writes)
@@ -1245,7 +1259,7 @@ fn main() {
             "NORMAL, 1 event/tx",
             Synchronous::Normal,
             1,
-            3_000,
+            6_000,
         ));
         lines.push(enqueue(dir, "FULL, 1 event/tx", Synchronous::Full, 1, 300));
         lines.push(enqueue(
@@ -1253,7 +1267,7 @@ fn main() {
             "NORMAL, 100 events/tx",
             Synchronous::Normal,
             100,
-            40,
+            200,
         ));
     }
     if run("sql") {
