@@ -6,7 +6,8 @@
 //! ```
 //!
 //! `-- relay mqtt …` runs only those sections; `-- probe relay|bare WORKERS` runs one drain
-//! at one event per request alone, for a profiler. The criterion benches under `benches/`
+//! at one event per request alone, for a profiler, and `-- probe-enqueue VARIANT` one
+//! enqueue variant (see `probe_enqueue`). The criterion benches under `benches/`
 //! measure the same things more thoroughly.
 
 #[path = "../benches/support/mod.rs"]
@@ -1058,6 +1059,99 @@ fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers
     eprintln!("{what}, {workers} workers: {}", per_s(rate(n, took)));
 }
 
+/// The bare enqueue's `INSERT` with one of the crate's additions at a time, for
+/// [`probe_enqueue`]: what each costs per event, counted by a profiler.
+fn bare_insert_variant(variant: &str) -> Option<String> {
+    let (id, id_value) = match variant {
+        "bare+high-water" => (
+            "id, ",
+            "(SELECT high_water + 1 FROM outbox_stats WHERE id = 1
+               AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)), ",
+        ),
+        _ => ("", ""),
+    };
+    let available_at = match variant {
+        "bare+parking" => {
+            "CASE WHEN ?2 IS NOT NULL AND EXISTS (
+                 SELECT 1 FROM outbox_events AS k
+                  WHERE k.partition_key = ?2 AND k.destination = 'default'
+                    AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+             THEN 9223372036854775807 ELSE ?4 END"
+        }
+        _ => "?4",
+    };
+    let (columns, values) = match variant {
+        "bare+columns" => (
+            ", source, subject, idempotency_key, coalesce_key, droppable, priority, expires_at",
+            ", '/bench', NULL, NULL, NULL, 0, 5, NULL) ON CONFLICT DO NOTHING",
+        ),
+        "bare" | "bare+high-water" | "bare+parking" => ("", ")"),
+        _ => return None,
+    };
+    Some(format!(
+        "INSERT INTO outbox_events ({id}event_id, destination, event_type, partition_key,
+             payload, created_at, available_at{columns})
+         VALUES ({id_value}?1, 'default', 'order.created', ?2, ?3, ?4, {available_at}{values}"
+    ))
+}
+
+/// 100 transactions of 100 keyed events, through `Outbox::enqueue` (`outbox`), the bare
+/// loop (`bare`) or the bare loop plus one of the crate's additions (`bare+high-water`,
+/// `bare+parking`, `bare+columns`), alone in the process after the same setup (`none`
+/// stops there), so that a profiler counts one variant: `valgrind --tool=callgrind
+/// target/release/examples/bench probe-enqueue bare+parking`, less the `none` run, is
+/// what the variant costs.
+fn probe_enqueue(dir: &std::path::Path, variant: &str) {
+    let (txs, per_tx) = (100, 100);
+    let mut bare = bare_connection(&dir.join("probe-bare.db"), "NORMAL");
+    let path = dir.join("probe-outbox.db");
+    let outbox = Outbox::open(&path).unwrap();
+    let mut own = Connection::open(&path).unwrap();
+    own.execute_batch(&format!(
+        "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=4096; {BUSINESS_TABLE}"
+    ))
+    .unwrap();
+    bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
+        .unwrap();
+    let sql = bare_insert_variant(variant);
+    let started = Instant::now();
+    for t in 0..txs {
+        let n = t * per_tx;
+        match (variant, &sql) {
+            ("none", _) => return,
+            ("outbox", _) => outbox_enqueue_tx(&outbox, &mut own, n, per_tx),
+            (_, Some(sql)) => {
+                let tx = bare
+                    .transaction_with_behavior(
+                        sqlite_outbox::rusqlite::TransactionBehavior::Immediate,
+                    )
+                    .unwrap();
+                for i in 0..per_tx {
+                    insert_order(&tx, n + i);
+                    let payload = serde_json::to_string(&order_data(n + i)).unwrap();
+                    tx.prepare_cached(sql)
+                        .unwrap()
+                        .execute(sqlite_outbox::rusqlite::params![
+                            uuid::Uuid::now_v7().to_string(),
+                            "customer-7",
+                            payload,
+                            n
+                        ])
+                        .unwrap();
+                }
+                tx.commit().unwrap();
+            }
+            (_, None) => panic!(
+                "probe-enqueue: none, outbox, bare, bare+high-water, bare+parking or bare+columns"
+            ),
+        }
+    }
+    eprintln!(
+        "{variant}: {}",
+        per_s(rate((txs * per_tx) as usize, started.elapsed()))
+    );
+}
+
 /// Events stored per second by `ingest` servers (in this process, each with its own runtime
 /// and 8 database threads) from 8 keep-alive clients, one event per request and batches of
 /// 100, against a bare loop of the same INSERT statement over one connection, in the same
@@ -1242,6 +1336,10 @@ fn main() {
         args.get(3).and_then(|w| w.parse().ok()),
     ) {
         probe(dir, &receiver, what, workers);
+        return;
+    }
+    if let (Some("probe-enqueue"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {
+        probe_enqueue(dir, variant);
         return;
     }
     if args.get(1).map(String::as_str) == Some("sweep") {
