@@ -148,23 +148,35 @@ fn rate_of_txs(txs: i64, per_tx: i64, next: &mut i64, mut one_tx: impl FnMut(i64
     rate((txs * per_tx) as usize, t.elapsed())
 }
 
-fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, txs: i64) -> Line {
+/// The two files an enqueue comparison writes, named after `file`: a bare connection, and
+/// an `Outbox` with the app's own connection to its file, both at `sync` and with the same
+/// automatic checkpoint.
+fn enqueue_files(
+    dir: &std::path::Path,
+    file: &str,
+    sync: Synchronous,
+) -> (Connection, Outbox, Connection) {
     let pragma = if sync == Synchronous::Full {
         "FULL"
     } else {
         "NORMAL"
     };
-    let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
-    let mut bare = bare_connection(&dir.join(format!("bare-{file}.db")), pragma);
+    let bare = bare_connection(&dir.join(format!("bare-{file}.db")), pragma);
+    bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
+        .unwrap();
     let path = dir.join(format!("outbox-{file}.db"));
     let outbox = Outbox::builder().synchronous(sync).open(&path).unwrap();
-    let mut own = Connection::open(&path).unwrap();
+    let own = Connection::open(&path).unwrap();
     own.execute_batch(&format!(
         "PRAGMA synchronous={pragma}; PRAGMA wal_autocheckpoint=4096; {BUSINESS_TABLE}"
     ))
     .unwrap();
-    bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
-        .unwrap();
+    (bare, outbox, own)
+}
+
+fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, txs: i64) -> Line {
+    let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
+    let (mut bare, outbox, mut own) = enqueue_files(dir, &file, sync);
     let (mut n1, mut n2) = (0, 0);
     let alternated = alternate_spread(
         5,
@@ -1103,16 +1115,7 @@ fn bare_insert_variant(variant: &str) -> Option<String> {
 /// what the variant costs.
 fn probe_enqueue(dir: &std::path::Path, variant: &str) {
     let (txs, per_tx) = (100, 100);
-    let mut bare = bare_connection(&dir.join("probe-bare.db"), "NORMAL");
-    let path = dir.join("probe-outbox.db");
-    let outbox = Outbox::open(&path).unwrap();
-    let mut own = Connection::open(&path).unwrap();
-    own.execute_batch(&format!(
-        "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=4096; {BUSINESS_TABLE}"
-    ))
-    .unwrap();
-    bare.execute_batch("PRAGMA wal_autocheckpoint=4096")
-        .unwrap();
+    let (mut bare, outbox, mut own) = enqueue_files(dir, "probe", Synchronous::Normal);
     let sql = bare_insert_variant(variant);
     let started = Instant::now();
     for t in 0..txs {
