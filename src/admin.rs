@@ -206,6 +206,14 @@ fn list_sql(state: Option<State>) -> String {
     )
 }
 
+/// Column `index` of `row`: a JSON array of attempt counts, as `json_group_array` builds it.
+fn attempts_list(row: &Row<'_>, index: usize) -> rusqlite::Result<Vec<i64>> {
+    let text: String = row.get(index)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
 /// The stats of destination `name`, empty until filled in.
 fn destination_slot(
     by_name: &mut BTreeMap<String, DestinationStats>,
@@ -227,9 +235,14 @@ fn destination_slot(
 /// the oldest commit time, the payload bytes, how many are leased right now (`?1` is now),
 /// and how many have spent attempts. One pass, because each row is read from the table for
 /// these: at a week's backlog (1M rows) four passes took 0.67–0.71 s, this one 0.34–0.37 s.
+///
+/// The last column lists the attempts of each pending row that has spent some, as a JSON
+/// array: the attempts histogram then needs no second pass over the pending rows (a week
+/// offline can leave a million of them; one pass instead of two took stats from about 0.61
+/// to 0.33 s there). Rows that spent none, the usual case, add nothing to it.
 pub(crate) const PENDING_BY_DESTINATION: &str = concat!(
     "SELECT destination, COUNT(*), MIN(created_at), SUM(octet_length(payload)),
-            SUM(lease_expires_at > ?1), SUM(attempts > 0)
+            SUM(lease_expires_at > ?1), json_group_array(attempts) FILTER (WHERE attempts > 0)
        FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
     crate::queue::pending!(""),
     " GROUP BY destination"
@@ -242,7 +255,8 @@ struct PendingOf {
     oldest: Option<i64>,
     bytes: i64,
     leased: i64,
-    attempted: i64,
+    /// The attempts of each row that has spent some.
+    attempts_spent: Vec<i64>,
 }
 
 /// Dead rows per destination (the dead index).
@@ -254,18 +268,12 @@ pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
 /// Delivered rows per destination, as the queue keeps them.
 pub(crate) const DELIVERED_BY_DESTINATION: &str =
     "SELECT destination, delivered FROM outbox_delivered_totals WHERE delivered > 0";
-/// Attempts of pending rows that have spent some, and of dead rows (both through their
-/// indexes); pending rows that spent none are counted by [`PENDING_BY_DESTINATION`].
-pub(crate) const ATTEMPTS_OF_UNDELIVERED: &str = concat!(
-    "SELECT attempts, COUNT(*) FROM (
-         SELECT attempts FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
-    crate::queue::pending!(""),
-    " AND attempts > 0
-         UNION ALL
-         SELECT attempts FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
+/// Attempts of dead rows (through the dead index); pending rows' attempts come with
+/// [`PENDING_BY_DESTINATION`].
+pub(crate) const ATTEMPTS_OF_DEAD: &str = concat!(
+    "SELECT attempts, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
     crate::queue::dead!(),
-    ")
-      GROUP BY attempts ORDER BY attempts"
+    " GROUP BY attempts"
 );
 
 /// Counts for one destination.
@@ -412,13 +420,22 @@ impl Outbox {
                     oldest: r.get(2)?,
                     bytes: r.get::<_, Option<i64>>(3)?.unwrap_or(0),
                     leased: r.get::<_, Option<i64>>(4)?.unwrap_or(0),
-                    attempted: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                    attempts_spent: attempts_list(r, 5)?,
                 })
             })?
             .collect::<rusqlite::Result<_>>()?;
         let pending_bytes = pending.iter().map(|p| p.bytes).sum();
         let in_flight = pending.iter().map(|p| p.leased).sum();
-        let never_attempted: i64 = pending.iter().map(|p| p.count - p.attempted).sum();
+        let mut attempts: BTreeMap<i64, i64> = BTreeMap::new();
+        for p in &pending {
+            let never_attempted = p.count - p.attempts_spent.len() as i64;
+            if never_attempted > 0 {
+                *attempts.entry(0).or_default() += never_attempted;
+            }
+            for spent in &p.attempts_spent {
+                *attempts.entry(*spent).or_default() += 1;
+            }
+        }
         for PendingOf {
             destination: name,
             count: n,
@@ -468,17 +485,14 @@ impl Outbox {
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
-        let mut attempts_histogram: Vec<(i64, i64)> = conn
-            .prepare_cached(ATTEMPTS_OF_UNDELIVERED)?
+        let dead_attempts: Vec<(i64, i64)> = conn
+            .prepare_cached(ATTEMPTS_OF_DEAD)?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        // The pending rows that spent no attempt were counted in the pass above.
-        if never_attempted > 0 {
-            match attempts_histogram.first_mut() {
-                Some((0, n)) => *n += never_attempted,
-                _ => attempts_histogram.insert(0, (0, never_attempted)),
-            }
+        for (spent, n) in dead_attempts {
+            *attempts.entry(spent).or_default() += n;
         }
+        let attempts_histogram: Vec<(i64, i64)> = attempts.into_iter().collect();
         let (page_count, page_size): (i64, i64) = conn.query_row(
             "SELECT * FROM pragma_page_count(), pragma_page_size()",
             [],

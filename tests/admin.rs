@@ -102,6 +102,22 @@ fn stats_count_states_destinations_attempts_and_sizes() {
 }
 
 #[test]
+fn stats_add_up_pending_and_dead_rows_that_spent_the_same_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("stats-attempts.db")).unwrap();
+    enqueue(&outbox, "a", 5);
+    set(
+        &outbox,
+        "UPDATE outbox_events SET attempts = 2 WHERE id IN (1, 2);
+         UPDATE outbox_events SET attempts = 7 WHERE id = 3;
+         UPDATE outbox_events SET dead_at = 1, attempts = 2, last_error = 'HTTP 400' WHERE id = 4;",
+    );
+    let s = outbox.stats().unwrap();
+    assert_eq!((s.pending, s.dead), (4, 1));
+    assert_eq!(s.attempts_histogram, vec![(0, 1), (2, 3), (7, 1)]);
+}
+
+#[test]
 fn stats_count_leased_rows_and_merge_never_attempted_pending_and_dead_rows() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
