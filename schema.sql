@@ -107,9 +107,10 @@ INSERT INTO outbox_stats (id) VALUES (1);
 -- back. SQLite gives a new row the highest id in the table plus one, so once the newest
 -- rows are deleted (pruned, purged, replaced) their ids would be given out again, and after
 -- a quiet week a key's sequence would start again at 1. The queue therefore records the
--- highest id before it deletes anything, and an insert continues above it when the table
--- has nothing higher (src/queue.rs). AUTOINCREMENT would do the same for every writer but
--- costs one more page write per commit, 12-15% of a one-event enqueue.
+-- highest id a delete took when the table keeps nothing as high (and 0 when it does), and
+-- an insert continues above it when the table has nothing higher (src/queue.rs,
+-- `keep_ids_rising`). AUTOINCREMENT would do the same for every writer but costs one more
+-- page write per commit, 12-15% of a one-event enqueue.
 ALTER TABLE outbox_stats ADD COLUMN high_water INTEGER NOT NULL DEFAULT 0;
 UPDATE outbox_stats SET high_water = (SELECT COALESCE(MAX(id), 0) FROM outbox_events);
 

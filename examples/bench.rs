@@ -1077,7 +1077,7 @@ fn bare_insert_variant(variant: &str) -> Option<String> {
     let (id, id_value) = match variant {
         "bare+high-water" => (
             "id, ",
-            "(SELECT high_water + 1 FROM outbox_stats WHERE id = 1
+            "(SELECT high_water + 1 FROM outbox_stats WHERE id = 1 AND high_water > 0
                AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)), ",
         ),
         _ => ("", ""),

@@ -246,13 +246,15 @@ pub(crate) fn insert(
     mut inserted: impl FnMut(&str),
 ) -> Result<bool> {
     // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
-    // top were deleted; then just above the highest id ever given (see `remember_high_water`).
+    // top were deleted; then just above the highest id ever given (see `keep_ids_rising`).
+    // `high_water > 0` comes first so that, as long as no delete took the top rows (the
+    // high water is 0), the table's last id is not looked up for every row.
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
              droppable, priority, expires_at)
          VALUES ((SELECT high_water + 1 FROM outbox_stats
-                   WHERE id = 1
+                   WHERE id = 1 AND high_water > 0
                      AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
@@ -287,15 +289,29 @@ pub(crate) fn insert(
     Ok(any)
 }
 
-/// Records the highest row id before rows are deleted, so ids (the `sequence` receivers
-/// order by) never go back: called by every function here that deletes.
-fn remember_high_water(conn: &Connection) -> Result<()> {
+/// Keeps ids (the `sequence` receivers order by) from going back after a delete whose
+/// highest deleted id was `highest_deleted`: called by every function here that deletes,
+/// after it deleted, in its transaction.
+///
+/// Every id given so far is at most the larger of the high water and the table's highest
+/// id (the insert keeps that true). If the delete took the top rows, the high water becomes
+/// the highest id they had, and the next insert continues above it. If the table still
+/// holds a row at or above the high water, the high water says nothing the table does not,
+/// so it goes back to 0, where the insert need not look up the table's last id at all.
+/// The row is written only when the high water changes.
+fn keep_ids_rising(conn: &Connection, highest_deleted: Option<i64>) -> Result<()> {
+    let Some(highest_deleted) = highest_deleted else {
+        return Ok(());
+    };
     conn.prepare_cached(
-        "UPDATE outbox_stats
-            SET high_water = MAX(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
-          WHERE id = 1",
+        "UPDATE outbox_stats SET high_water = kept.high_water
+           FROM (SELECT CASE WHEN max(s.high_water, ?1)
+                                  > (SELECT COALESCE(MAX(id), 0) FROM outbox_events)
+                             THEN max(s.high_water, ?1) ELSE 0 END AS high_water
+                   FROM outbox_stats AS s WHERE s.id = 1) AS kept
+          WHERE outbox_stats.id = 1 AND outbox_stats.high_water <> kept.high_water",
     )?
-    .execute([])?;
+    .execute([highest_deleted])?;
     Ok(())
 }
 
@@ -323,26 +339,33 @@ pub(crate) fn coalesce(
     destinations: &[&str],
     now: i64,
 ) -> Result<usize> {
-    remember_high_water(tx)?;
     let mut replaced = 0;
+    let mut highest_deleted = None;
     let mut delete = tx.prepare_cached(concat!(
         "DELETE FROM outbox_events
           WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3 AND ",
         pending!(""),
         " AND ",
         lease_free!("", "?4"),
-        " RETURNING partition_key"
+        " RETURNING id, partition_key"
     ))?;
     for destination in destinations {
-        let keys: Vec<Option<String>> = delete
-            .query_map(params![event_type, key, destination, now], |r| r.get(0))?
+        let gone: Vec<(i64, Option<String>)> = delete
+            .query_map(params![event_type, key, destination, now], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
             .collect::<rusqlite::Result<_>>()?;
-        replaced += keys.len();
+        replaced += gone.len();
+        highest_deleted = highest_deleted.max(gone.iter().map(|(id, _)| *id).max());
         // A replaced event may have been its key's head.
-        for partition_key in keys.iter().flatten() {
-            unpark_next(tx, partition_key, destination, now)?;
+        for (_, partition_key) in &gone {
+            if let Some(partition_key) = partition_key {
+                unpark_next(tx, partition_key, destination, now)?;
+            }
         }
     }
+    drop(delete);
+    keep_ids_rising(tx, highest_deleted)?;
     if replaced > 0 {
         tx.prepare_cached("UPDATE outbox_stats SET coalesced = coalesced + ?1 WHERE id = 1")?
             .execute([replaced as i64])?;
@@ -387,7 +410,6 @@ pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded) -> Result<Opt
     if rows_freed < need.rows || bytes_freed < need.bytes {
         return Ok(None);
     }
-    remember_high_water(tx)?;
     let mut delete = tx.prepare_cached(
         "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
     )?;
@@ -400,6 +422,7 @@ pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded) -> Result<Opt
         }
     }
     drop(delete);
+    keep_ids_rising(tx, victims.iter().copied().max())?;
     // A dropped event may have been its key's head.
     for (key, destination) in heads {
         unpark_next(tx, &key, &destination, need.now)?;
@@ -1013,7 +1036,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
             "DELETE FROM outbox_events WHERE id IN (
                  SELECT id FROM outbox_events INDEXED BY outbox_events_delivered
                   WHERE delivered_at IS NOT NULL AND delivered_at < ?1 LIMIT CAST(?2 AS INTEGER))
-             RETURNING destination, delivered_at IS NOT NULL",
+             RETURNING destination, delivered_at IS NOT NULL, id",
             cutoff,
         ),
         Finished::SettledBefore(cutoff) => (
@@ -1022,7 +1045,7 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                   WHERE dead_at IS NOT NULL AND delivered_at IS NULL
                     AND (expired_at IS NOT NULL OR exported_at IS NOT NULL)
                     AND dead_at < ?1 LIMIT CAST(?2 AS INTEGER))
-             RETURNING destination, 0",
+             RETURNING destination, 0, id",
             cutoff,
         ),
         Finished::DeadSince(cutoff) => (
@@ -1030,21 +1053,21 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
                 "DELETE FROM outbox_events WHERE id IN (
                      SELECT id FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
                 dead!(),
-                " AND dead_at <= ?1 LIMIT CAST(?2 AS INTEGER)) RETURNING destination, 0"
+                " AND dead_at <= ?1 LIMIT CAST(?2 AS INTEGER)) RETURNING destination, 0, id"
             ),
             cutoff,
         ),
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    remember_high_water(&tx)?;
-    let gone: Vec<(String, bool)> = tx
+    let gone: Vec<(String, bool, i64)> = tx
         .prepare_cached(sql)?
         .query_map(params![cutoff, DELETE_PAGE_ROWS as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?
         .collect::<rusqlite::Result<_>>()?;
+    keep_ids_rising(&tx, gone.iter().map(|(_, _, id)| *id).max())?;
     let mut pruned: Vec<(&str, i64)> = Vec::new();
-    for (destination, _) in gone.iter().filter(|(_, delivered)| *delivered) {
+    for (destination, _, _) in gone.iter().filter(|(_, delivered, _)| *delivered) {
         match pruned.iter_mut().find(|(d, _)| d == destination) {
             Some((_, n)) => *n += 1,
             None => pruned.push((destination, 1)),
@@ -1136,10 +1159,12 @@ mod tests {
         };
         let first = insert(&mut conn, "a");
         let second = insert(&mut conn, "b");
+        assert_eq!(high_water(&conn), 0, "nothing deleted yet");
         // The newest row is replaced by coalescing: its id is not given out again.
         let tx = conn.transaction().unwrap();
         assert_eq!(coalesce(&tx, "t", "b", &["default"], 0).unwrap(), 1);
         tx.commit().unwrap();
+        assert_eq!(high_water(&conn), second);
         let third = insert(&mut conn, "c");
         assert!(third > second, "{third} after {second}");
         // Every row delivered and pruned: the table is empty, the ids go on.
@@ -1149,8 +1174,43 @@ mod tests {
             delete_page(&mut conn, Finished::DeliveredBefore(1)).unwrap(),
             2
         );
+        assert_eq!(high_water(&conn), third);
         let fourth = insert(&mut conn, "d");
         assert!(fourth > third && third > first, "{fourth} after {third}");
+        // A delete that leaves the top row in place sets the high water back to 0: the
+        // table's own highest id says as much, and the insert then skips the lookup.
+        let fifth = insert(&mut conn, "e");
+        conn.execute(
+            "UPDATE outbox_events SET delivered_at = 0 WHERE id = ?1",
+            [fourth],
+        )
+        .unwrap();
+        assert_eq!(
+            delete_page(&mut conn, Finished::DeliveredBefore(1)).unwrap(),
+            1
+        );
+        assert_eq!(high_water(&conn), 0);
+        let sixth = insert(&mut conn, "f");
+        assert_eq!(sixth, fifth + 1);
+        // A storage limit drops the newest rows: the ids still go on above them.
+        conn.execute("UPDATE outbox_events SET droppable = 1", [])
+            .unwrap();
+        let tx = conn.transaction().unwrap();
+        let need = RoomNeeded {
+            rows: 2,
+            bytes: 0,
+            now: 0,
+        };
+        assert_eq!(drop_oldest(&tx, &need).unwrap(), Some(2));
+        tx.commit().unwrap();
+        assert_eq!(high_water(&conn), sixth);
+        let seventh = insert(&mut conn, "g");
+        assert_eq!(seventh, sixth + 1);
+    }
+
+    fn high_water(conn: &Connection) -> i64 {
+        conn.query_row("SELECT high_water FROM outbox_stats", [], |r| r.get(0))
+            .unwrap()
     }
 
     #[test]
