@@ -324,3 +324,33 @@ fn dropping_the_handle_stops_the_relay() {
     assert_eq!(receiver.count(), 0);
     assert!(!rows(&outbox)[0].delivered);
 }
+
+#[test]
+fn a_relay_gives_its_connection_back_to_the_pool_as_it_found_it() {
+    // The writer runs on a smaller page cache than the pool's connections have; with one
+    // pooled connection, the writer's is the one the app gets back afterwards.
+    let receiver = TestReceiver::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .pool_size(1)
+        .open(dir.path().join("cache.db"))
+        .unwrap();
+    let cache_size = |outbox: &Outbox| -> i64 {
+        outbox
+            .connection()
+            .unwrap()
+            .query_row("PRAGMA cache_size", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = cache_size(&outbox);
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
+        .unwrap();
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 1));
+    relay.shutdown();
+    assert_eq!(cache_size(&outbox), before);
+}
