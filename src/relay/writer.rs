@@ -657,6 +657,19 @@ fn restore_page_cache(conn: &rusqlite::Connection, size: i64, relay_id: &str) {
     }
 }
 
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The message a panic carried, if it was a string.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,17 +688,4 @@ mod tests {
         restore_page_cache(&conn, -3000, "test");
         assert_eq!(cache_size(&conn), -3000);
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The message a panic carried, if it was a string.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }
