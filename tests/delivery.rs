@@ -77,12 +77,7 @@ fn request_is_a_cloudevent_with_id_headers() {
             )
         })
         .unwrap();
-    let relay = outbox
-        .relay(fast(RelayConfig::http(receiver.url())))
-        .start()
-        .unwrap();
-    assert!(wait_until(PATIENCE, || receiver.count() == 1));
-    relay.shutdown();
+    deliver_the_one_event(&outbox, &receiver);
     let r = &receiver.received()[0];
     assert_eq!(r.headers["content-type"], "application/cloudevents+json");
     assert_eq!(r.headers["webhook-id"], id.event_id());
@@ -346,11 +341,16 @@ fn a_relay_gives_its_connection_back_to_the_pool_as_it_found_it() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
         .unwrap();
+    deliver_the_one_event(&outbox, &receiver);
+    assert_eq!(cache_size(&outbox), before);
+}
+
+/// Runs a relay until `receiver` has the outbox's one event, then stops it.
+fn deliver_the_one_event(outbox: &Outbox, receiver: &TestReceiver) {
     let relay = outbox
         .relay(fast(RelayConfig::http(receiver.url())))
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
     relay.shutdown();
-    assert_eq!(cache_size(&outbox), before);
 }
