@@ -318,6 +318,9 @@ mod tests {
 
     #[test]
     fn after_a_catch_up_under_relay_and_app_writes_the_next_write_starts_the_wal_over() {
+        // Three rounds are usually enough, even with the two cores busy; the bound keeps a
+        // checkpointer that never copies from running forever.
+        const MOST_ROUNDS: usize = 200;
         let dir = tempfile::tempdir().unwrap();
         let outbox = Outbox::open(dir.path().join("catch-up.db")).unwrap();
         outbox
@@ -329,9 +332,13 @@ mod tests {
         let checkpointer = Checkpointer::new(conn, outbox.clone(), "test", stop);
         let done = AtomicBool::new(false);
         let (mut caught_up, mut copied, mut started_over) = (0, 0, 0);
+        let mut rounds = 0;
         std::thread::scope(|s| {
             write_like_a_relay_and_an_app(s, &outbox, &done);
-            for _ in 0..10 {
+            // A catch-up that a busy machine keeps off the CPU past its 3 ms falls back to
+            // the RESTART (as it should); rounds go on until three copied without it.
+            while copied < 3 && rounds < MOST_ROUNDS {
+                rounds += 1;
                 std::thread::sleep(Duration::from_millis(20));
                 let salt = wal_salt(&outbox);
                 // As `checkpoint` does: a pass with nothing held off, then the catch-up.
@@ -356,7 +363,7 @@ mod tests {
             done.store(true, Ordering::Relaxed);
         });
         // Mostly without the RESTART, whose copy holds the write lock.
-        assert!(copied >= 3, "copied all {copied} times in 10");
+        assert!(copied >= 3, "copied all {copied} times in {rounds}");
         assert_eq!(started_over, caught_up, "the WAL did not always start over");
     }
 }
