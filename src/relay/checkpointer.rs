@@ -362,7 +362,7 @@ mod tests {
             }
             done.store(true, Ordering::Relaxed);
         });
-        // Mostly without the RESTART, whose copy holds the write lock.
+        // Catch-ups do copy without the RESTART, whose copy holds the write lock.
         assert!(copied >= 3, "copied all {copied} times in {rounds}");
         assert_eq!(started_over, caught_up, "the WAL did not always start over");
     }
