@@ -26,7 +26,7 @@ fn claim_ack(c: &mut Criterion) {
             for _ in 0..iters {
                 fill_bare_pending(&mut bare, ROWS);
                 let start = std::time::Instant::now();
-                assert_eq!(bare_claim_ack(&mut bare, 100, FAR), ROWS);
+                assert_eq!(bare_claim_ack(&mut bare, 100, FAR, BareReturning::Id), ROWS);
                 total += start.elapsed();
             }
             total

@@ -6,8 +6,9 @@
 //! ```
 //!
 //! `-- relay mqtt …` runs only those sections; `-- probe relay|bare WORKERS` runs one drain
-//! at one event per request alone, for a profiler, and `-- probe-enqueue VARIANT` one
-//! enqueue variant (see `probe_enqueue`). The criterion benches under `benches/`
+//! at one event per request alone, for a profiler, `-- probe-enqueue VARIANT` one
+//! enqueue variant (see `probe_enqueue`) and `-- probe-claim VARIANT` one claim + ack loop
+//! (see `probe_claim`). The criterion benches under `benches/`
 //! measure the same things more thoroughly.
 
 #[path = "../benches/support/mod.rs"]
@@ -505,30 +506,47 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
     let n = 100_000;
     let outbox = Outbox::open(dir.join("claim.db")).unwrap();
     let mut bare = bare_connection(&dir.join("bare-claim.db"), "NORMAL");
-    let alternated = alternate_spread(
-        5,
-        || {
-            fill_pending(&outbox, n);
-            let t = Instant::now();
-            assert_eq!(outbox_claim_ack(&outbox, FAR), n);
-            rate(n, t.elapsed())
-        },
-        || {
-            fill_bare_pending(&mut bare, n);
-            let t = Instant::now();
-            let done = bare_claim_ack(&mut bare, 100, FAR);
-            rate(done, t.elapsed())
-        },
-    );
-    let mut lines = vec![Line::rates(
-        "claim + ack, batches of 100".into(),
-        "rows",
-        alternated.a,
-        alternated.b,
-        "bare loop, same table",
-        "≥ 0.8×",
-    )
-    .with_spread(&alternated)];
+    let mut against_bare = |returning: BareReturning| {
+        alternate_spread(
+            5,
+            || {
+                fill_pending(&outbox, n);
+                let t = Instant::now();
+                assert_eq!(outbox_claim_ack(&outbox, FAR), n);
+                rate(n, t.elapsed())
+            },
+            || {
+                fill_bare_pending(&mut bare, n);
+                let t = Instant::now();
+                let done = bare_claim_ack(&mut bare, 100, FAR, returning);
+                rate(done, t.elapsed())
+            },
+        )
+    };
+    let ids_only = against_bare(BareReturning::Id);
+    // The bare loop that returns only ids cannot ship anything; the same loop returning the
+    // columns an event is shipped with shows what SQLite's `RETURNING` of them costs.
+    let event_columns = against_bare(BareReturning::EventColumns);
+    let mut lines = vec![
+        Line::rates(
+            "claim + ack, batches of 100".into(),
+            "rows",
+            ids_only.a,
+            ids_only.b,
+            "bare loop, same table",
+            "≥ 0.8×",
+        )
+        .with_spread(&ids_only),
+        Line::rates(
+            "claim + ack, batches of 100, bare loop returning the event's columns".into(),
+            "rows",
+            event_columns.a,
+            event_columns.b,
+            "bare loop, same table, RETURNING 11 columns",
+            "",
+        )
+        .with_spread(&event_columns),
+    ];
     // The claim's latency must not grow with delivered history.
     let claim_latency = |history: usize| {
         let path = dir.join(format!("history-{history}.db"));
@@ -804,7 +822,7 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
         || {
             fill_bare_pending(&mut bare_file, n);
             let t = Instant::now();
-            let done = bare_claim_ack(&mut bare_file, 100, FAR);
+            let done = bare_claim_ack(&mut bare_file, 100, FAR, BareReturning::Id);
             rate(done, t.elapsed())
         },
     );
@@ -1155,6 +1173,30 @@ fn probe_enqueue(dir: &std::path::Path, variant: &str) {
     );
 }
 
+/// 20,000 pending events claimed and acked in batches of 100 through the crate
+/// (`outbox`), the bare loop (`bare`) or the bare loop returning the event's columns
+/// (`bare+columns`), alone in the process after the same setup (`none`
+/// stops there), so that a profiler counts one of them: `valgrind --tool=callgrind
+/// target/release/examples/bench probe-claim outbox`, less the `none` run, is what the
+/// crate's claim + ack costs.
+fn probe_claim(dir: &std::path::Path, variant: &str) {
+    let n = 20_000;
+    let outbox = Outbox::open(dir.join("probe-claim.db")).unwrap();
+    let mut bare = bare_connection(&dir.join("probe-bare-claim.db"), "NORMAL");
+    fill_pending(&outbox, n);
+    fill_bare_pending(&mut bare, n);
+    let started = Instant::now();
+    let done = match variant {
+        "none" => return,
+        "outbox" => outbox_claim_ack(&outbox, FAR),
+        "bare" => bare_claim_ack(&mut bare, 100, FAR, BareReturning::Id),
+        "bare+columns" => bare_claim_ack(&mut bare, 100, FAR, BareReturning::EventColumns),
+        _ => panic!("probe-claim: none, outbox, bare or bare+columns"),
+    };
+    assert_eq!(done, n);
+    eprintln!("{variant}: {}", per_s(rate(done, started.elapsed())));
+}
+
 /// Events stored per second by `ingest` servers (in this process, each with its own runtime
 /// and 8 database threads) from 8 keep-alive clients, one event per request and batches of
 /// 100, against a bare loop of the same INSERT statement over one connection, in the same
@@ -1354,6 +1396,10 @@ fn main() {
     }
     if let (Some("probe-enqueue"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {
         probe_enqueue(dir, variant);
+        return;
+    }
+    if let (Some("probe-claim"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {
+        probe_claim(dir, variant);
         return;
     }
     if args.get(1).map(String::as_str) == Some("sweep") {

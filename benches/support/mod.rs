@@ -285,30 +285,63 @@ pub fn fill_delivered(conn: &Connection, n: usize) {
     .unwrap();
 }
 
+/// What the bare claim returns of each row it leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BareReturning {
+    /// Only the row id: the least SQLite can be asked for, though no relay could ship it.
+    Id,
+    /// The columns an event is shipped with (the crate's claim returns the same), each read
+    /// in place as SQLite hands it over, without copying it out.
+    EventColumns,
+}
+
+impl BareReturning {
+    fn columns(self) -> &'static str {
+        match self {
+            BareReturning::Id => "id",
+            BareReturning::EventColumns => {
+                "id, event_id, event_type, source, subject, partition_key, idempotency_key,
+                 payload, created_at, attempts, expires_at"
+            }
+        }
+    }
+}
+
 /// A plain claim-with-lease + ack loop over the pending rows: the least a relay must do. It
 /// records the delivery time `now` (the outbox's loop is given the same), so both write
 /// rows of the same size.
-pub fn bare_claim_ack(conn: &mut Connection, batch: i64, now: i64) -> usize {
+pub fn bare_claim_ack(
+    conn: &mut Connection,
+    batch: i64,
+    now: i64,
+    returning: BareReturning,
+) -> usize {
+    let claim = format!(
+        "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
+          WHERE id IN (SELECT id FROM outbox_events
+                        WHERE delivered_at IS NULL AND dead_at IS NULL
+                          AND destination = 'default' AND priority = 5
+                          AND available_at <= 9e15
+                        ORDER BY available_at, id LIMIT CAST(?1 AS INTEGER))
+         RETURNING {}",
+        returning.columns()
+    );
     let mut total = 0;
     loop {
         let tx = conn
             .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
             .unwrap();
-        let ids: Vec<i64> = tx
-            .prepare_cached(
-                "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
-                  WHERE id IN (SELECT id FROM outbox_events
-                                WHERE delivered_at IS NULL AND dead_at IS NULL
-                                  AND destination = 'default' AND priority = 5
-                                  AND available_at <= 9e15
-                                ORDER BY available_at, id LIMIT CAST(?1 AS INTEGER))
-                 RETURNING id",
-            )
-            .unwrap()
-            .query_map([batch], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let mut ids: Vec<i64> = Vec::new();
+        {
+            let mut stmt = tx.prepare_cached(&claim).unwrap();
+            let mut rows = stmt.query([batch]).unwrap();
+            while let Some(row) = rows.next().unwrap() {
+                ids.push(row.get(0).unwrap());
+                for column in 1..row.as_ref().column_count() {
+                    std::hint::black_box(row.get_ref(column).unwrap());
+                }
+            }
+        }
         tx.commit().unwrap();
         if ids.is_empty() {
             return total;
