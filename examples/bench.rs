@@ -1173,18 +1173,32 @@ fn probe_enqueue(dir: &std::path::Path, variant: &str) {
     );
 }
 
-/// 20,000 pending events claimed and acked in batches of 100 through the crate
-/// (`outbox`), the bare loop (`bare`) or the bare loop returning the event's columns
-/// (`bare+columns`), alone in the process after the same setup (`none`
-/// stops there), so that a profiler counts one of them: `valgrind --tool=callgrind
+/// Pending events (20,000, or `PROBE_N`) claimed and acked in batches of 100 through the
+/// crate (`outbox`), the bare loop (`bare`) or the bare loop returning the event's columns
+/// (`bare+columns`), alone in the process after the same setup (`none` stops there), so
+/// that a profiler counts one of them: `valgrind --tool=callgrind
 /// target/release/examples/bench probe-claim outbox`, less the `none` run, is what the
-/// crate's claim + ack costs.
+/// crate's claim + ack costs. Prints the rate and the CPU time of the loop's thread (from
+/// `/proc/thread-self/schedstat`), which other work on the machine moves less than the rate.
 fn probe_claim(dir: &std::path::Path, variant: &str) {
-    let n = 20_000;
+    let n: usize = std::env::var("PROBE_N")
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(20_000);
     let outbox = Outbox::open(dir.join("probe-claim.db")).unwrap();
     let mut bare = bare_connection(&dir.join("probe-bare-claim.db"), "NORMAL");
     fill_pending(&outbox, n);
     fill_bare_pending(&mut bare, n);
+    // The thread's time on the CPU so far, in ns (the first field).
+    let cpu = || -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let cpu0 = cpu();
     let started = Instant::now();
     let done = match variant {
         "none" => return,
@@ -1194,7 +1208,11 @@ fn probe_claim(dir: &std::path::Path, variant: &str) {
         _ => panic!("probe-claim: none, outbox, bare or bare+columns"),
     };
     assert_eq!(done, n);
-    eprintln!("{variant}: {}", per_s(rate(done, started.elapsed())));
+    eprintln!(
+        "{variant}: {} cpu {} ms",
+        per_s(rate(done, started.elapsed())),
+        (cpu() - cpu0) / 1_000_000
+    );
 }
 
 /// Events stored per second by `ingest` servers (in this process, each with its own runtime
