@@ -702,7 +702,7 @@ fn listed_ack(len: usize) -> &'static ListedAck {
 /// `valgrind --tool=callgrind target/release/examples/bench probe-claim outbox` counted
 /// claim + ack of batches of 100 at 47.0k instructions a row with a statement per row, 40k
 /// listed; the same list read from a JSON array (`id IN (SELECT value FROM
-/// json_each(?))`) cost 1.7k a row more, and with `RETURNING id` to learn which rows it
+/// json_each(?))`) cost 1.8k a row more, and with `RETURNING id` to learn which rows it
 /// marked (an earlier form) it was slower than a statement per row.
 ///
 /// The fence stays exact: a count of the listed rows `owner` still holds comes first
