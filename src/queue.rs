@@ -911,8 +911,6 @@ pub(crate) fn record(
     Ok(recorded)
 }
 
-/// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
-/// leaves pending (delivered, dead-lettered, dropped, replaced).
 /// Whether some pending row's deadline has passed: one seek in the expiring index, a read,
 /// so that an idle relay's sweep never takes the write lock for nothing.
 pub(crate) fn any_past_deadline(conn: &Connection, now: i64) -> Result<bool> {
@@ -1067,6 +1065,8 @@ pub(crate) fn release_export(conn: &Connection, owner: &str, ids: &[i64]) -> Res
     Ok(())
 }
 
+/// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
+/// leaves pending (delivered, dead-lettered, dropped, replaced).
 fn unpark_next(conn: &Connection, key: &str, destination: &str, now: i64) -> Result<()> {
     conn.prepare_cached(concat!(
         "UPDATE outbox_events SET available_at = ?3
