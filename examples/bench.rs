@@ -601,6 +601,20 @@ fn growth(dir: &std::path::Path) -> Vec<Line> {
     lines
 }
 
+/// The medians of `samples` timings of `a` and of `b`, taken in turn.
+fn interleaved_medians(
+    samples: usize,
+    mut a: impl FnMut() -> Duration,
+    mut b: impl FnMut() -> Duration,
+) -> (Duration, Duration) {
+    let (mut of_a, mut of_b) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        of_a.push(a());
+        of_b.push(b());
+    }
+    (quantile(&mut of_a, 0.5), quantile(&mut of_b, 0.5))
+}
+
 /// An outbox file with the business table, filled by `fill`.
 fn growth_file(dir: &std::path::Path, name: &str, fill: impl FnOnce(&Outbox)) -> Outbox {
     let outbox = Outbox::open(dir.join(format!("growth-{name}.db"))).unwrap();
@@ -613,10 +627,6 @@ fn growth_file(dir: &std::path::Path, name: &str, fill: impl FnOnce(&Outbox)) ->
 
 /// Enqueue (one event a transaction), claim of 100 and stats on `large` against `small`.
 fn growth_rows(large: &Outbox, small: &Outbox, beside: &str) -> Vec<Line> {
-    let median = |f: &mut dyn FnMut() -> Duration| {
-        let mut samples: Vec<Duration> = (0..21).map(|_| f()).collect();
-        quantile(&mut samples, 0.5)
-    };
     let next = std::cell::Cell::new(0);
     let enqueue_rate = |outbox: &Outbox| {
         let t = Instant::now();
@@ -626,20 +636,28 @@ fn growth_rows(large: &Outbox, small: &Outbox, beside: &str) -> Vec<Line> {
         }
         rate(2_000, t.elapsed())
     };
-    let claim = |outbox: &Outbox| {
-        let conn = outbox.connection().unwrap();
-        median(&mut || timed_claim_and_release(&conn, "growth", FAR, 100))
-    };
+    let (large_conn, small_conn) = (large.connection().unwrap(), small.connection().unwrap());
     let stats = |outbox: &Outbox| {
-        median(&mut || {
-            let t = Instant::now();
-            drop(outbox.stats().unwrap());
-            t.elapsed()
-        })
+        let mut samples: Vec<Duration> = (0..21)
+            .map(|_| {
+                let t = Instant::now();
+                drop(outbox.stats().unwrap());
+                t.elapsed()
+            })
+            .collect();
+        quantile(&mut samples, 0.5)
     };
     // Claims and stats first, while both files hold what they were built with; the
-    // enqueue rows add to them.
-    let claims = (claim(large), claim(small));
+    // enqueue rows add to them. The two files' claims alternate, so that a slow spell of
+    // the machine falls on both (all of one file's, then all of the other's, once put a
+    // claim beside 1M pending at 0.45× and at 1.32× of the small file's in two runs).
+    // Stats do not: after a pass over a million rows the small file's stats took three
+    // times as long as in a row of their own.
+    let claims = interleaved_medians(
+        21,
+        || timed_claim_and_release(&large_conn, "growth", FAR, 100),
+        || timed_claim_and_release(&small_conn, "growth", FAR, 100),
+    );
     let stats = (stats(large), stats(small));
     let (large_rate, small_rate) = alternate(3, || enqueue_rate(large), || enqueue_rate(small));
     let latency = |what: &str, o: Duration, b: Duration| Line {
