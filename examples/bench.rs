@@ -1204,7 +1204,20 @@ fn probe_claim(dir: &std::path::Path, variant: &str) {
         .unwrap_or(20_000);
     let outbox = Outbox::open(dir.join("probe-claim.db")).unwrap();
     let mut bare = bare_connection(&dir.join("probe-bare-claim.db"), "NORMAL");
-    fill_pending(&outbox, n);
+    if variant == "outbox-keyed" {
+        // 500 keys, each with its events in commit order: a claim takes only keys' heads,
+        // and every ack unparks the next event of each key it acked.
+        let mut conn = outbox.connection().unwrap();
+        let tx = conn.transaction().unwrap();
+        for i in 0..n {
+            let event = Event::new("order.created", order_data(i as i64))
+                .partition_key(format!("customer-{}", i % 500));
+            outbox.enqueue(&tx, event).unwrap();
+        }
+        tx.commit().unwrap();
+    } else {
+        fill_pending(&outbox, n);
+    }
     fill_bare_pending(&mut bare, n);
     // The thread's time on the CPU so far, in ns (the first field).
     let cpu = || -> u64 {
@@ -1220,10 +1233,10 @@ fn probe_claim(dir: &std::path::Path, variant: &str) {
     let started = Instant::now();
     let done = match variant {
         "none" => return,
-        "outbox" => outbox_claim_ack(&outbox, FAR),
+        "outbox" | "outbox-keyed" => outbox_claim_ack(&outbox, FAR),
         "bare" => bare_claim_ack(&mut bare, 100, FAR, BareReturning::Id),
         "bare+columns" => bare_claim_ack(&mut bare, 100, FAR, BareReturning::EventColumns),
-        _ => panic!("probe-claim: none, outbox, bare or bare+columns"),
+        _ => panic!("probe-claim: none, outbox, outbox-keyed, bare or bare+columns"),
     };
     assert_eq!(done, n);
     eprintln!(
