@@ -227,7 +227,7 @@ fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Lin
     let (rust, mut rust_conn) = open("rust");
     let (_sql, mut sql_conn) = open("sql");
     let (mut n1, mut n2) = (0, 0);
-    let (s, r) = alternate(
+    let alternated = alternate_spread(
         5,
         || {
             rate_of_txs(txs, per_tx, &mut n1, |n| {
@@ -243,11 +243,12 @@ fn enqueue_sql(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Lin
     Line::rates(
         format!("enqueue through SQL (INSERT INTO outbox_enqueue), {label}"),
         "events",
-        s,
-        r,
+        alternated.a,
+        alternated.b,
         "Outbox::enqueue",
         "≥ 0.8×",
     )
+    .with_spread(&alternated)
 }
 
 /// Side by side with honker 0.5 (a queue in the app's SQLite file, enqueued in the app's
