@@ -1584,14 +1584,20 @@ mod tests {
         .unwrap()
     }
 
+    /// `n` unkeyed rows, written and then claimed by `owner`.
+    fn claim_new_rows(conn: &Connection, n: usize, owner: &str) -> Vec<OutboundEvent> {
+        for _ in 0..n {
+            insert_raw(conn, None, 0);
+        }
+        let got = claim_events(conn, &req(owner, 0, n as i64 + 50));
+        assert_eq!(got.len(), n);
+        got
+    }
+
     #[test]
     fn a_long_ack_marks_every_row_in_statements_of_a_hundred() {
         let (_d, conn) = db();
-        for _ in 0..253 {
-            insert_raw(&conn, None, 0);
-        }
-        let got = claim_events(&conn, &req("mine", 0, 300));
-        assert_eq!(got.len(), 253);
+        let got = claim_new_rows(&conn, 253, "mine");
         let refs: Vec<&OutboundEvent> = got.iter().collect();
         // Chunks of 100, 100 and 53 rows.
         assert_eq!(ack(&conn, "mine", &refs, 7).unwrap(), vec![true; 253]);
@@ -1608,10 +1614,7 @@ mod tests {
     #[test]
     fn a_lease_taken_over_inside_a_long_ack_is_left_to_its_new_owner() {
         let (_d, conn) = db();
-        for _ in 0..150 {
-            insert_raw(&conn, None, 0);
-        }
-        let got = claim_events(&conn, &req("mine", 0, 200));
+        let got = claim_new_rows(&conn, 150, "mine");
         let taken = got[120].id;
         conn.execute(
             "UPDATE outbox_events SET lease_owner = 'theirs' WHERE id = ?1",
