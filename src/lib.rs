@@ -174,7 +174,8 @@
 //! not grow with delivered history (a test pins the query plan), and events queued behind an
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
 //! costs the claim nothing either (`src/queue.rs` draws the row's state machine). Acks are
-//! gathered (up to 200 per transaction, waiting at most 1 ms for more), claims wait until a
+//! gathered (up to 200 per transaction, waiting at most 1 ms for more) and written a hundred
+//! rows a statement, each row still fenced by its lease, claims wait until a
 //! whole batch fits, and a thread of the relay's own checkpoints the WAL in the background
 //! on its own connection (PASSIVE, which takes no lock a writer needs, so neither claims nor
 //! the app's commits wait for the copy; and past 16 MiB a RESTART, or a TRUNCATE once the
