@@ -700,10 +700,10 @@ fn listed_ack(len: usize) -> &'static ListedAck {
 /// statement costs SQLite a start and a halt, with a cursor opened and closed on the table
 /// and on each index the ack changes; listed, a row costs only its seek and its writes.
 /// `valgrind --tool=callgrind target/release/examples/bench probe-claim outbox` counted
-/// claim + ack of batches of 100 at 47.0k instructions a row with a statement per row, 41.2k
-/// listed (with the count below); the same list read from a JSON array (`id IN (SELECT value FROM
-/// json_each(?))`) cost 1.8k a row more, and with `RETURNING id` to learn which rows it
-/// marked (an earlier form) it was slower than a statement per row.
+/// claim + ack of batches of 100 at 47.0k instructions a row with a statement per row,
+/// 41.2k listed (with the count below); the same list read from a JSON array (`id IN
+/// (SELECT value FROM json_each(?))`) cost 1.8k a row more, and with `RETURNING id` to
+/// learn which rows it marked (an earlier form) it was slower than a statement per row.
 ///
 /// The fence stays exact: a count of the listed rows `owner` still holds comes first
 /// (inside the transaction, so nothing changes between the two), and only if it holds them
