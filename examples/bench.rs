@@ -1193,8 +1193,8 @@ fn probe_enqueue(dir: &std::path::Path, variant: &str) {
 }
 
 /// Pending events (20,000, or `PROBE_N`) claimed and acked in batches of 100 through the
-/// crate (`outbox`), the bare loop (`bare`) or the bare loop returning the event's columns
-/// (`bare+columns`), alone in the process after the same setup (`none` stops there), so
+/// crate (`outbox`; `outbox-keyed` for a backlog of 500 partition keys), the bare loop
+/// (`bare`) or the bare loop returning the event's columns (`bare+columns`), alone in the process after the same setup (`none` stops there), so
 /// that a profiler counts one of them: `valgrind --tool=callgrind
 /// target/release/examples/bench probe-claim outbox`, less the `none` run, is what the
 /// crate's claim + ack costs. Prints the rate and the CPU time of the loop's thread (from
