@@ -209,6 +209,50 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
     .with_spread(&alternated)
 }
 
+/// `Outbox::enqueue_many` of `per_tx` keyed events a transaction against the bare loop of
+/// an `INSERT` per event (the baseline of the `enqueue` rows), then against a bare
+/// transaction that writes its rows with one `INSERT`, each pair alternating in the same run.
+fn enqueue_many(dir: &std::path::Path, per_tx: i64, txs: i64) -> Vec<Line> {
+    let listed_sql = bare_listed_insert_sql(per_tx);
+    let mut lines = Vec::new();
+    for (file, baseline) in [
+        ("many", "bare, an INSERT per event"),
+        ("manylisted", "bare, one INSERT per transaction"),
+    ] {
+        let (mut bare, outbox, mut own) = enqueue_files(dir, file, Synchronous::Normal);
+        let (mut n1, mut n2) = (0, 0);
+        let alternated = alternate_spread(
+            5,
+            || {
+                rate_of_txs(txs, per_tx, &mut n1, |n| {
+                    outbox_enqueue_many_tx(&outbox, &mut own, n, per_tx)
+                })
+            },
+            || {
+                rate_of_txs(txs, per_tx, &mut n2, |n| {
+                    if file == "many" {
+                        bare_enqueue_tx(&mut bare, n, per_tx)
+                    } else {
+                        bare_enqueue_listed_tx(&mut bare, &listed_sql, n, per_tx)
+                    }
+                })
+            },
+        );
+        lines.push(
+            Line::rates(
+                format!("enqueue_many, NORMAL, {per_tx} keyed events/tx"),
+                "events",
+                alternated.a,
+                alternated.b,
+                baseline,
+                if file == "many" { "≥ 0.9×" } else { "" },
+            )
+            .with_spread(&alternated),
+        );
+    }
+    lines
+}
+
 /// The SQL contract (`INSERT INTO outbox_enqueue`, as an app in another language writes)
 /// against `Outbox::enqueue`, the same business row and event per transaction, each on its
 /// own file, alternating in the same run.
@@ -1144,22 +1188,32 @@ fn bare_insert_variant(variant: &str) -> Option<String> {
     ))
 }
 
-/// 100 transactions of 100 keyed events, through `Outbox::enqueue` (`outbox`), the bare
-/// loop (`bare`) or the bare loop plus one of the crate's additions (`bare+high-water`,
-/// `bare+parking`, `bare+columns`), alone in the process after the same setup (`none`
-/// stops there), so that a profiler counts one variant: `valgrind --tool=callgrind
+/// 100 transactions (or `PROBE_TXS`) of 100 keyed events, through `Outbox::enqueue`
+/// (`outbox`), `Outbox::enqueue_many` (`outbox-many`), the bare loop (`bare`), the bare
+/// loop plus one of the crate's additions (`bare+high-water`, `bare+parking`,
+/// `bare+columns`) or a bare transaction that writes its rows with one `INSERT`
+/// (`bare+listed`), alone in the process after the same setup (`none` stops there), so
+/// that a profiler counts one variant: `valgrind --tool=callgrind
 /// target/release/examples/bench probe-enqueue bare+parking`, less the `none` run, is
 /// what the variant costs.
 fn probe_enqueue(dir: &std::path::Path, variant: &str) {
-    let (txs, per_tx) = (100, 100);
+    let (txs, per_tx) = (
+        std::env::var("PROBE_TXS")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(100),
+        100,
+    );
     let (mut bare, outbox, mut own) = enqueue_files(dir, "probe", Synchronous::Normal);
     let sql = bare_insert_variant(variant);
+    let listed_sql = bare_listed_insert_sql(per_tx);
     let started = Instant::now();
     for t in 0..txs {
         let n = t * per_tx;
         match (variant, &sql) {
             ("none", _) => return,
             ("outbox", _) => outbox_enqueue_tx(&outbox, &mut own, n, per_tx),
+            ("outbox-many", _) => outbox_enqueue_many_tx(&outbox, &mut own, n, per_tx),
+            ("bare+listed", _) => bare_enqueue_listed_tx(&mut bare, &listed_sql, n, per_tx),
             (_, Some(sql)) => {
                 let tx = bare
                     .transaction_with_behavior(
@@ -1182,7 +1236,7 @@ fn probe_enqueue(dir: &std::path::Path, variant: &str) {
                 tx.commit().unwrap();
             }
             (_, None) => panic!(
-                "probe-enqueue: none, outbox, bare, bare+high-water, bare+parking or bare+columns"
+                "probe-enqueue: none, outbox, outbox-many, bare, bare+high-water, bare+parking, bare+columns or bare+listed"
             ),
         }
     }
@@ -1480,6 +1534,7 @@ fn main() {
             100,
             200,
         ));
+        lines.extend(enqueue_many(dir, 100, 200));
     }
     if run("sql") {
         eprintln!("sql…");

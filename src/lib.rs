@@ -99,6 +99,26 @@
 //! ([`Error::FieldTooLong`]) are found before anything is written: the transaction stays
 //! usable and commits the rest.
 //!
+//! A transaction that writes many events (a burst of sensor readings, the lines of an
+//! order) hands them over in one call: [`Outbox::enqueue_many`] stores the same rows, ids,
+//! key order and answers as one `enqueue` per event, with one `INSERT` per hundred events.
+//! A hundred keyed events a transaction go about 1.3× as fast as through `enqueue` (README,
+//! Performance).
+//!
+//! ```
+//! use sqlite_outbox::{Event, Outbox};
+//!
+//! # fn main() -> Result<(), sqlite_outbox::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let outbox = Outbox::open(dir.path().join("app.db"))?;
+//! let readings = (0..100).map(|n| {
+//!     Event::new("sensor.reading", serde_json::json!({"n": n})).partition_key("sensor-1")
+//! });
+//! let answers = outbox.transaction(|tx| outbox.enqueue_many(tx, readings))?;
+//! assert_eq!(answers.len(), 100);
+//! # Ok(()) }
+//! ```
+//!
 //! # Enqueueing from any language: the SQL contract
 //!
 //! An app in another language enqueues with one statement in its own transaction on the same

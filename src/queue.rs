@@ -289,6 +289,144 @@ pub(crate) fn insert(
     Ok(any)
 }
 
+/// The most rows one `INSERT` of [`insert_run`] writes; a longer run takes several.
+const RUN_STATEMENT_LONG: usize = 100;
+/// The statement for the rest of a run shorter than [`RUN_STATEMENT_LONG`], ten rows at a
+/// time, then one by one: three compiled statements serve every run from the cache.
+const RUN_STATEMENT_SHORT: usize = 10;
+/// The columns [`insert_run`] binds for each row, in order.
+const RUN_COLUMNS: usize = 13;
+
+/// The `INSERT` of `rows` rows (1, [`RUN_STATEMENT_SHORT`] or [`RUN_STATEMENT_LONG`]) of
+/// [`insert_run`], each row binding [`RUN_COLUMNS`] parameters.
+fn insert_run_sql(rows: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<[String; 3]> = std::sync::OnceLock::new();
+    let listed = |n: usize| {
+        let values: Vec<String> = (0..n)
+            .map(|row| {
+                let marks: Vec<String> = (1..=RUN_COLUMNS)
+                    .map(|column| format!("?{}", row * RUN_COLUMNS + column))
+                    .collect();
+                format!("({})", marks.join(", "))
+            })
+            .collect();
+        format!(
+            "INSERT OR FAIL INTO outbox_events (id, event_id, destination, event_type, source, subject,
+                 partition_key, payload, created_at, available_at, droppable, priority,
+                 expires_at)
+             VALUES {}",
+            values.join(", ")
+        )
+    };
+    let [one, short, long] = SQL.get_or_init(|| {
+        [
+            listed(1),
+            listed(RUN_STATEMENT_SHORT),
+            listed(RUN_STATEMENT_LONG),
+        ]
+    });
+    match rows {
+        RUN_STATEMENT_LONG => long,
+        RUN_STATEMENT_SHORT => short,
+        _ => one,
+    }
+}
+
+/// Whether an event of partition key `?1` for destination `?2` is pending: a new one then
+/// parks behind it. One seek in the pending-by-key index.
+const KEY_PENDING_SQL: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM outbox_events AS k
+                     WHERE k.partition_key = ?1 AND k.destination = ?2 AND ",
+    pending!("k."),
+    ")"
+);
+
+/// Inserts `rows` in order, each `(destination, row)` once, with one `INSERT` per hundred
+/// rows: the same rows, ids, parking and columns as [`insert`] called for each in turn.
+/// None may have an idempotency key or a coalescing key (those go through [`insert`] and
+/// [`coalesce`], one event at a time).
+///
+/// Each `INSERT` costs SQLite a start and a halt, with a cursor opened and closed on the
+/// table and on every index; a row of a listed `INSERT` costs only its own writes. So the
+/// checks [`insert`] makes inside its statement are made once for the run instead:
+///
+/// - The write lock first, with a write that changes nothing, so that the reads below
+///   cannot leave a deferred transaction unable to write (see [`insert`]).
+/// - The id: the first row takes the high water's next id if rows at the top were deleted
+///   (see [`keep_ids_rising`]); every later row then gets SQLite's own choice, the highest
+///   id plus one, which is already above it.
+/// - Parking: one seek per partition key and destination for the first of its rows; the
+///   rows after it in the run park behind it.
+///
+/// The checks are not written into the `INSERT` itself: a statement that reads the table
+/// it inserts into makes SQLite compute every row before writing the first, so a row
+/// would not see the rows listed before it.
+pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> Result<()> {
+    use rusqlite::OptionalExtension;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    debug_assert!(rows
+        .iter()
+        .all(|(_, r)| r.idempotency_key.is_none() && r.coalesce_key.is_none()));
+    tx.prepare_cached("UPDATE outbox_stats SET high_water = high_water WHERE 0")?
+        .execute([])?;
+    let first_id: Option<i64> = tx
+        .prepare_cached(
+            "SELECT high_water + 1 FROM outbox_stats
+              WHERE id = 1 AND high_water > 0
+                AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)",
+        )?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    let mut keys_seen: Vec<(&str, &str)> = Vec::new();
+    let mut available_at = Vec::with_capacity(rows.len());
+    {
+        let mut key_pending = tx.prepare_cached(KEY_PENDING_SQL)?;
+        for (destination, row) in rows {
+            let parked = match row.partition_key {
+                None => false,
+                Some(key) if keys_seen.contains(&(key, destination)) => true,
+                Some(key) => {
+                    keys_seen.push((key, destination));
+                    key_pending.query_row(params![key, destination], |r| r.get(0))?
+                }
+            };
+            available_at.push(if parked { PARKED } else { row.now });
+        }
+    }
+    let mut start = 0;
+    while start < rows.len() {
+        let left = rows.len() - start;
+        let n = [RUN_STATEMENT_LONG, RUN_STATEMENT_SHORT, 1]
+            .into_iter()
+            .find(|n| *n <= left)
+            .unwrap_or(1);
+        let mut stmt = tx.prepare_cached(insert_run_sql(n))?;
+        for (offset, (destination, row)) in rows[start..start + n].iter().enumerate() {
+            let at = start + offset;
+            let base = offset * RUN_COLUMNS;
+            let id = if at == 0 { first_id } else { None };
+            stmt.raw_bind_parameter(base + 1, id)?;
+            stmt.raw_bind_parameter(base + 2, row.event_id)?;
+            stmt.raw_bind_parameter(base + 3, destination)?;
+            stmt.raw_bind_parameter(base + 4, row.event_type)?;
+            stmt.raw_bind_parameter(base + 5, row.source)?;
+            stmt.raw_bind_parameter(base + 6, row.subject)?;
+            stmt.raw_bind_parameter(base + 7, row.partition_key)?;
+            stmt.raw_bind_parameter(base + 8, row.payload)?;
+            stmt.raw_bind_parameter(base + 9, row.created_at)?;
+            stmt.raw_bind_parameter(base + 10, available_at[at])?;
+            stmt.raw_bind_parameter(base + 11, row.droppable)?;
+            stmt.raw_bind_parameter(base + 12, row.priority)?;
+            stmt.raw_bind_parameter(base + 13, row.expires_at)?;
+        }
+        stmt.raw_execute()?;
+        start += n;
+    }
+    Ok(())
+}
+
 /// Keeps ids (the `sequence` receivers order by) from going back after a delete whose
 /// highest deleted id was `highest_deleted`: called by every function here that deletes,
 /// after it deleted, in its transaction.
@@ -1815,5 +1953,87 @@ mod tests {
             "{text}"
         );
         assert!(!plan.iter().any(|l| l.starts_with("SCAN e")), "{text}");
+    }
+
+    /// A run's parking check is one seek per key in the pending-by-key index, and its
+    /// `INSERT`s neither read the table (which would make SQLite compute every row before
+    /// writing the first) nor compile again.
+    #[test]
+    fn a_run_seeks_each_keys_head_and_compiles_its_inserts_once() {
+        let (_d, mut conn) = db();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {KEY_PENDING_SQL}"))
+            .unwrap()
+            .query_map(params!["k", "default"], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let text = plan.join("\n");
+        assert!(
+            text.contains("SEARCH k USING INDEX outbox_events_pending_by_key (partition_key=? AND destination=?)"),
+            "{text}"
+        );
+        for rows in [1, RUN_STATEMENT_SHORT, RUN_STATEMENT_LONG] {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {}", insert_run_sql(rows)))
+                .unwrap();
+            // Unbound parameters read as NULL, which a plan does not need.
+            let mut explained = stmt.raw_query();
+            let mut plan: Vec<String> = Vec::new();
+            while let Some(row) = explained.next().unwrap() {
+                plan.push(row.get(3).unwrap());
+            }
+            assert!(
+                !plan.iter().any(|l| l.contains("outbox_events")),
+                "{plan:?}"
+            );
+        }
+        // Runs of 123 and 7 rows: every statement size, twice or more.
+        let event_ids: Vec<String> = (0..130).map(|i| format!("e{i}")).collect();
+        let tx = conn.transaction().unwrap();
+        for (start, end) in [(0, 123), (123, 130)] {
+            let rows: Vec<(&str, NewRow<'_>)> = event_ids[start..end]
+                .iter()
+                .map(|id| ("default", plain_row(id, Some("k"))))
+                .collect();
+            insert_run(&tx, &rows).unwrap();
+        }
+        for sql in [KEY_PENDING_SQL]
+            .into_iter()
+            .chain([1, RUN_STATEMENT_SHORT, RUN_STATEMENT_LONG].map(insert_run_sql))
+        {
+            assert_eq!(reprepares(&tx, sql), 0, "{sql}");
+        }
+        let (rows, parked): (i64, i64) = tx
+            .query_row(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE available_at = ?1) FROM outbox_events",
+                [PARKED],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (rows, parked),
+            (130, 129),
+            "the key's first is due, the rest parked"
+        );
+    }
+
+    /// A row [`insert_run`] may take: no idempotency or coalescing key.
+    fn plain_row<'a>(event_id: &'a str, key: Option<&'a str>) -> NewRow<'a> {
+        NewRow {
+            event_id,
+            idempotency_key: None,
+            event_type: "t",
+            source: Some("/s"),
+            subject: None,
+            partition_key: key,
+            payload: "{}",
+            coalesce_key: None,
+            priority: 5,
+            droppable: false,
+            created_at: 1,
+            expires_at: None,
+            now: 1,
+        }
     }
 }

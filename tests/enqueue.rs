@@ -471,3 +471,254 @@ fn an_enqueue_under_a_storage_limit_opening_a_deferred_transaction_waits_for_the
     holder.join().unwrap();
     assert_eq!(rows(&outbox).len(), 1);
 }
+
+// `enqueue_many`: one call for a transaction's events.
+
+/// One transaction's events, for the comparison below: what each event is, by kind.
+fn batch_script() -> Vec<Vec<Event>> {
+    let reading = |n: i64, key: Option<&str>| {
+        let event = Event::new("reading", json!({ "n": n }));
+        match key {
+            Some(key) => event.partition_key(key),
+            None => event,
+        }
+    };
+    vec![
+        // Keys new and repeated, unkeyed, urgent, expiring, and an event for two
+        // destinations (written one at a time) in the middle.
+        vec![
+            reading(1, Some("k1")),
+            reading(2, Some("k2")),
+            reading(3, None),
+            Event::new("alarm", json!(4))
+                .priority(9)
+                .partition_key("k1"),
+            reading(5, Some("k1")).subject("sensor-5"),
+            Event::new("order.created", json!(6)).partition_key("k2"),
+            reading(7, Some("k2")).expires_in(std::time::Duration::from_secs(60)),
+            reading(8, None).source("/elsewhere"),
+        ],
+        // Keys already pending from the first transaction, a coalescing key, and an
+        // idempotency key twice (the second a duplicate).
+        vec![
+            reading(9, Some("k1")),
+            Event::new("gps", json!(10)).coalesce_key("fix"),
+            reading(11, Some("k3")),
+            reading(12, None).idempotency_key("once"),
+            reading(13, Some("k3")),
+            reading(14, None).idempotency_key("once"),
+            reading(15, Some("k2")),
+        ],
+        // Newer fixes replace the older (the second time, the top row).
+        vec![Event::new("gps", json!(16)).coalesce_key("fix")],
+        vec![Event::new("gps", json!(17)).coalesce_key("fix")],
+        (18..140)
+            .map(|n| reading(n, Some(["k1", "k4", "k5"][n as usize % 3])))
+            .collect(),
+        vec![],
+        vec![reading(140, Some("k4")), reading(141, None)],
+    ]
+}
+
+/// An outbox with the routes of [`batch_script`] and a clock that stands still.
+fn routed_outbox(path: &std::path::Path) -> Outbox {
+    Outbox::builder()
+        .route("reading", "iot")
+        .route("alarm", "iot")
+        .route("gps", "iot")
+        .route("order.*", "shop")
+        .route("order.*", "audit")
+        .clock(sqlite_outbox::clock::ManualClock::new(1_700_000_000_000))
+        .open(path)
+        .unwrap()
+}
+
+/// Every stored column that enqueue decides, in id order.
+fn stored_rows(outbox: &Outbox) -> Vec<String> {
+    let conn = outbox.connection().unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT json_array(id, destination, event_type, source, subject, partition_key,
+                    payload, created_at, available_at, priority, droppable, expires_at,
+                    idempotency_key, coalesce_key)
+               FROM outbox_events ORDER BY id",
+        )
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn a_batch_writes_the_same_rows_and_answers_as_one_enqueue_per_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_by_one = routed_outbox(&dir.path().join("one-by-one.db"));
+    let batched = routed_outbox(&dir.path().join("batched.db"));
+    for (step, events) in batch_script().into_iter().enumerate() {
+        if step == 4 {
+            // The top rows delivered and pruned: the next ids must still rise above them.
+            for outbox in [&one_by_one, &batched] {
+                outbox
+                    .connection()
+                    .unwrap()
+                    .execute(
+                        "UPDATE outbox_events SET delivered_at = 0
+                          WHERE id IN (SELECT id FROM outbox_events ORDER BY id DESC LIMIT 3)",
+                        [],
+                    )
+                    .unwrap();
+                let pruned = outbox.prune_delivered(std::time::Duration::ZERO).unwrap();
+                assert_eq!(pruned.deleted, 3);
+            }
+        }
+        let expected: Vec<Enqueued> = one_by_one
+            .transaction(|tx| {
+                events
+                    .iter()
+                    .map(|e| one_by_one.enqueue(tx, e.clone()))
+                    .collect()
+            })
+            .unwrap();
+        let got = batched
+            .transaction(|tx| batched.enqueue_many(tx, events.clone()))
+            .unwrap();
+        let kinds = |answers: &[Enqueued]| -> Vec<bool> {
+            answers.iter().map(Enqueued::is_duplicate).collect()
+        };
+        assert_eq!(kinds(&got), kinds(&expected));
+    }
+    let (expected, got) = (stored_rows(&one_by_one), stored_rows(&batched));
+    // 140 events, the order twice, a duplicate, two fixes replaced, three pruned.
+    assert_eq!(got.len(), 136);
+    assert_eq!(got, expected);
+    // The first transaction's event ids are in the answers' order, and rising (UUIDv7).
+    let ids: Vec<String> = rows(&batched).into_iter().map(|r| r.event_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
+}
+
+#[test]
+fn a_bad_event_anywhere_in_a_batch_writes_none_and_the_transaction_still_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("bad-batch.db")).unwrap();
+    business_table(&outbox);
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    let tx = own.transaction().unwrap();
+    tx.execute("INSERT INTO orders (id, total) VALUES (1, 100)", [])
+        .unwrap();
+    let err = outbox
+        .enqueue_many(
+            &tx,
+            vec![
+                Event::new("order.created", json!(1)),
+                Event::new("order.created", json!(2)).partition_key("k"),
+                Event::new("order.created", json!(3)).partition_key("x".repeat(10_000)),
+            ],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::FieldTooLong {
+                field: "partition key",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    tx.commit().unwrap();
+    assert_eq!(order_count(&outbox), 1);
+    assert!(rows(&outbox).is_empty());
+    let nothing = outbox
+        .transaction(|tx| outbox.enqueue_many(tx, Vec::new()))
+        .unwrap();
+    assert!(nothing.is_empty());
+    assert!(rows(&outbox).is_empty());
+}
+
+#[test]
+fn a_storage_limit_that_refuses_one_event_of_a_batch_leaves_the_transaction_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .max_pending(3)
+        .open(dir.path().join("full-batch.db"))
+        .unwrap();
+    business_table(&outbox);
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0))))
+        .unwrap();
+    let result = outbox.transaction(|tx| {
+        tx.execute("INSERT INTO orders (id, total) VALUES (7, 1)", [])?;
+        let err = outbox
+            .enqueue_many(tx, (1..=3).map(|n| Event::new("t", json!(n))))
+            .unwrap_err();
+        assert!(matches!(err, Error::OutboxFull { .. }), "{err}");
+        Ok(())
+    });
+    result.unwrap();
+    assert_eq!(rows(&outbox).len(), 1, "none of the batch was kept");
+    assert_eq!(order_count(&outbox), 1, "the caller's own write committed");
+}
+
+#[test]
+fn a_batch_opening_a_deferred_transaction_waits_for_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("deferred-batch.db")).unwrap();
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
+        .unwrap();
+    let holder = hold_write_lock(outbox.path(), 200);
+    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
+    own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let tx = own.transaction().unwrap(); // DEFERRED
+    outbox
+        .enqueue_many(
+            &tx,
+            (1..=3).map(|n| Event::new("t", json!(n)).partition_key("k")),
+        )
+        .expect("waits for the writer, then parks behind the first event");
+    tx.commit().unwrap();
+    holder.join().unwrap();
+    let parked = rows(&outbox)
+        .iter()
+        .filter(|r| r.available_at == i64::MAX)
+        .count();
+    assert_eq!(parked, 3);
+}
+
+#[test]
+fn batches_of_keyed_events_are_delivered_in_each_keys_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("batch-order.db")).unwrap();
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())).workers(4))
+        .start()
+        .unwrap();
+    let mut sent: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for batch in 0..4 {
+        let events: Vec<Event> = (0..100)
+            .map(|i| {
+                Event::new("reading", json!({ "batch": batch, "i": i }))
+                    .partition_key(format!("device-{}", i % 7))
+            })
+            .collect();
+        let keys: Vec<String> = (0..100).map(|i| format!("device-{}", i % 7)).collect();
+        let answers = outbox
+            .transaction(|tx| outbox.enqueue_many(tx, events))
+            .unwrap();
+        for (key, answer) in keys.into_iter().zip(answers) {
+            sent.entry(key)
+                .or_default()
+                .push(answer.event_id().to_string());
+        }
+    }
+    assert!(wait_until(PATIENCE, || receiver.event_count() >= 400));
+    relay.shutdown();
+    let received = receiver.event_ids();
+    assert_eq!(received.len(), 400, "each event once");
+    for (key, ids) in sent {
+        let order: Vec<&String> = received.iter().filter(|id| ids.contains(id)).collect();
+        assert_eq!(order, ids.iter().collect::<Vec<_>>(), "{key}");
+    }
+}

@@ -211,6 +211,56 @@ pub fn bare_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
     tx.commit().unwrap();
 }
 
+/// The `INSERT` of `events` outbox rows at once that [`bare_enqueue_listed_tx`] runs: the
+/// same columns and values as [`bare_enqueue_tx`]'s, four parameters a row.
+pub fn bare_listed_insert_sql(events: i64) -> String {
+    let rows: Vec<String> = (0..events)
+        .map(|i| {
+            let b = i * 4;
+            format!(
+                "(?{}, 'default', 'order.created', ?{}, ?{}, ?{}, ?{})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 4
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO outbox_events (event_id, destination, event_type, partition_key,
+             payload, created_at, available_at)
+         VALUES {}",
+        rows.join(", ")
+    )
+}
+
+/// One bare transaction that writes its outbox rows with one `INSERT` (`sql`, from
+/// [`bare_listed_insert_sql`] for `events` rows) after the business rows: the least a bare
+/// app can do for a batch.
+pub fn bare_enqueue_listed_tx(conn: &mut Connection, sql: &str, n: i64, events: i64) {
+    let tx = conn
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let mut rows = Vec::with_capacity(events as usize);
+    for i in 0..events {
+        insert_order(&tx, n + i);
+        let payload = serde_json::to_string(&order_data(n + i)).unwrap();
+        rows.push((uuid::Uuid::now_v7().to_string(), payload));
+    }
+    let mut stmt = tx.prepare_cached(sql).unwrap();
+    for (i, (event_id, payload)) in rows.iter().enumerate() {
+        let b = i * 4;
+        stmt.raw_bind_parameter(b + 1, event_id).unwrap();
+        stmt.raw_bind_parameter(b + 2, "customer-7").unwrap();
+        stmt.raw_bind_parameter(b + 3, payload).unwrap();
+        stmt.raw_bind_parameter(b + 4, n).unwrap();
+    }
+    stmt.raw_execute().unwrap();
+    drop(stmt);
+    tx.commit().unwrap();
+}
+
 /// The same through the outbox, on the caller's own connection.
 /// One transaction of an app in another language: per event, a business row and
 /// `INSERT INTO outbox_enqueue` (the SQL contract), in an IMMEDIATE transaction.
@@ -251,6 +301,28 @@ pub fn outbox_enqueue_tx(
             )
             .unwrap();
     }
+    tx.commit().unwrap();
+}
+
+/// The same with `Outbox::enqueue_many`: the business rows, then their events in one call.
+pub fn outbox_enqueue_many_tx(
+    outbox: &sqlite_outbox::Outbox,
+    conn: &mut Connection,
+    n: i64,
+    events: i64,
+) {
+    let tx = conn
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let mut batch = Vec::with_capacity(events as usize);
+    for i in 0..events {
+        insert_order(&tx, n + i);
+        batch.push(
+            sqlite_outbox::Event::new("order.created", order_data(n + i))
+                .partition_key("customer-7"),
+        );
+    }
+    outbox.enqueue_many(&tx, batch).unwrap();
     tx.commit().unwrap();
 }
 
