@@ -5,7 +5,8 @@
 //! in an IMMEDIATE transaction on one connection with the same PRAGMAs.
 //! Outbox: the business INSERT plus `Outbox::enqueue` (validation, routing, serialization,
 //! id) on the caller's own connection, and through `Outbox::transaction` (pooled connection,
-//! relay wake-up).
+//! relay wake-up). With 100 events a transaction, also `Outbox::enqueue_many` after the
+//! business rows, and the bare transaction that writes its outbox rows with one `INSERT`.
 
 mod support;
 
@@ -43,6 +44,23 @@ fn bench_enqueue(c: &mut Criterion) {
                 outbox_enqueue_tx(&outbox, &mut own, n, events)
             })
         });
+        if events > 1 {
+            let mut n = 0;
+            group.bench_function("outbox_enqueue_many", |b| {
+                b.iter(|| {
+                    n += events;
+                    outbox_enqueue_many_tx(&outbox, &mut own, n, events)
+                })
+            });
+            let listed_sql = bare_listed_insert_sql(events);
+            let mut n = 0;
+            group.bench_function("bare_one_insert", |b| {
+                b.iter(|| {
+                    n += events;
+                    bare_enqueue_listed_tx(&mut bare, &listed_sql, n, events)
+                })
+            });
+        }
         if events == 1 {
             let mut n = 0;
             group.bench_function("outbox_transaction", |b| {
