@@ -464,18 +464,23 @@ impl Outbox {
     {
         let settings = self.inner.live.get();
         let events: Vec<Event> = events.into_iter().collect();
-        // Every event's checks before anything is written. A batch usually holds a few
-        // types, so each type is routed once.
+        // Every event's checks before anything is written. Each type is routed once.
         let mut routes: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut route_of_type: std::collections::HashMap<&str, usize> = Default::default();
         let mut checked = Vec::with_capacity(events.len());
         for event in &events {
             let payload = event.validate(settings.payload_limit)?;
-            let route = match routes.iter().position(|(t, _)| *t == event.event_type) {
-                Some(route) => route,
-                None => {
-                    routes.push((&event.event_type, routed(&settings, &event.event_type)?));
-                    routes.len() - 1
-                }
+            // Events of one type often come together: the type routed last is checked
+            // before the map is hashed.
+            let last = routes.len().checked_sub(1);
+            let route = if let Some(route) = last.filter(|r| routes[*r].0 == event.event_type) {
+                route
+            } else if let Some(route) = route_of_type.get(event.event_type.as_str()) {
+                *route
+            } else {
+                routes.push((&event.event_type, routed(&settings, &event.event_type)?));
+                route_of_type.insert(&event.event_type, routes.len() - 1);
+                routes.len() - 1
             };
             let plain = routes[route].1.len() == 1
                 && event.idempotency_key.is_none()

@@ -379,17 +379,21 @@ pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> R
         )?
         .query_row([], |r| r.get(0))
         .optional()?;
-    let mut keys_seen: Vec<(&str, &str)> = Vec::new();
+    // A set, not a list: a run of many thousand events may hold thousands of keys. Rows of
+    // one key often come together, so the last key is checked before the set is hashed.
+    let mut keys_seen: std::collections::HashSet<(&str, &str)> = Default::default();
+    let mut last_key: Option<(&str, &str)> = None;
     let mut available_at = Vec::with_capacity(rows.len());
     {
         let mut key_pending = tx.prepare_cached(KEY_PENDING_SQL)?;
         for (destination, row) in rows {
             let parked = match row.partition_key {
                 None => false,
-                Some(key) if keys_seen.contains(&(key, destination)) => true,
+                Some(key) if last_key == Some((key, destination)) => true,
                 Some(key) => {
-                    keys_seen.push((key, destination));
-                    key_pending.query_row(params![key, destination], |r| r.get(0))?
+                    last_key = Some((key, destination));
+                    !keys_seen.insert((key, destination))
+                        || key_pending.query_row(params![key, destination], |r| r.get(0))?
                 }
             };
             available_at.push(if parked { PARKED } else { row.now });

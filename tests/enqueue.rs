@@ -722,3 +722,36 @@ fn batches_of_keyed_events_are_delivered_in_each_keys_order() {
         assert_eq!(order, ids.iter().collect::<Vec<_>>(), "{key}");
     }
 }
+
+#[test]
+fn a_large_batch_of_many_keys_parks_all_but_each_keys_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("many-keys.db")).unwrap();
+    // 20,000 events over 5,000 keys, each key's events spread over the whole call.
+    let answers = outbox
+        .transaction(|tx| {
+            outbox.enqueue_many(
+                tx,
+                (0..20_000).map(|i| {
+                    Event::new("reading", json!(i)).partition_key(format!("k{}", i % 5_000))
+                }),
+            )
+        })
+        .unwrap();
+    assert_eq!(answers.len(), 20_000);
+    let conn = outbox.connection().unwrap();
+    let (due, parked, first_due_of_each_key): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT COUNT(*) FILTER (WHERE available_at < ?1),
+                    COUNT(*) FILTER (WHERE available_at = ?1),
+                    (SELECT COUNT(*) FROM outbox_events AS e
+                      WHERE e.available_at < ?1
+                        AND e.id = (SELECT MIN(id) FROM outbox_events
+                                     WHERE partition_key = e.partition_key))
+               FROM outbox_events",
+            [i64::MAX],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((due, parked, first_due_of_each_key), (5_000, 15_000, 5_000));
+}
