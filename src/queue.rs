@@ -299,6 +299,11 @@ const RUN_COLUMNS: usize = 13;
 
 /// The `INSERT` of `rows` rows (1, [`RUN_STATEMENT_SHORT`] or [`RUN_STATEMENT_LONG`]) of
 /// [`insert_run`], each row binding [`RUN_COLUMNS`] parameters.
+///
+/// `OR FAIL`, as for the listed ack: under the default `OR ABORT` SQLite keeps a statement
+/// journal for a statement that writes several rows, and past 64 KiB of changed pages it
+/// spills to a temporary file, created and deleted for every call. Nothing these rows
+/// hold can break a constraint (their ids are new, they have no idempotency key).
 fn insert_run_sql(rows: usize) -> &'static str {
     static SQL: std::sync::OnceLock<[String; 3]> = std::sync::OnceLock::new();
     let listed = |n: usize| {

@@ -372,6 +372,27 @@ fn hold_write_lock(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<(
     holder
 }
 
+/// Like [`hold_write_lock`], and commits a change when it lets go.
+fn hold_write_lock_and_change(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<()> {
+    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
+    let path = path.to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS other_app (x); INSERT INTO other_app VALUES (1);",
+        )
+        .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    holder
+}
+
 /// The pending events' ids, oldest first.
 fn pending_ids(outbox: &Outbox) -> Vec<String> {
     outbox
@@ -667,7 +688,9 @@ fn a_batch_opening_a_deferred_transaction_waits_for_the_lock() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
-    let holder = hold_write_lock(outbox.path(), 200);
+    // The other writer commits a change: a transaction that had read before it could not
+    // write after it.
+    let holder = hold_write_lock_and_change(outbox.path(), 200);
     let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
     own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     let tx = own.transaction().unwrap(); // DEFERRED
