@@ -429,7 +429,13 @@ impl Outbox {
         let payload = event.validate(settings.payload_limit)?;
         let destinations = routed(&settings, &event.event_type)?;
         let event_id = uuid::Uuid::now_v7().to_string();
-        self.write_guarded(tx, &settings, &event, &event_id, &payload, &destinations)
+        let ready = Ready {
+            event: &event,
+            event_id: &event_id,
+            payload: &payload,
+            destinations: &destinations,
+        };
+        self.write_guarded(tx, &settings, &ready)
     }
 
     /// Writes `events` inside `tx`, in order: the same rows, ids, order and answers as
@@ -528,18 +534,18 @@ impl Outbox {
         let mut guarded_answers: Vec<Option<Enqueued>> = Vec::with_capacity(events.len());
         let mut run: Vec<(&str, NewRow<'_>)> = Vec::new();
         for ((event, c), event_id) in events.iter().zip(checked).zip(&event_ids) {
-            let destinations = &routes[c.route].1;
+            let ready = Ready {
+                event,
+                event_id,
+                payload: &c.payload,
+                destinations: &routes[c.route].1,
+            };
             if c.plain {
-                run.push((
-                    destinations[0],
-                    new_row(settings, event, event_id, &c.payload, now),
-                ));
+                run.push((ready.destinations[0], new_row(settings, &ready, now)));
                 guarded_answers.push(None);
             } else {
                 self.write_run(tx, &mut run)?;
-                let answer =
-                    self.write_guarded(tx, settings, event, event_id, &c.payload, destinations)?;
-                guarded_answers.push(Some(answer));
+                guarded_answers.push(Some(self.write_guarded(tx, settings, &ready)?));
             }
         }
         self.write_run(tx, &mut run)?;
@@ -568,18 +574,16 @@ impl Outbox {
         &self,
         tx: &Transaction<'_>,
         settings: &Settings,
-        event: &Event,
-        event_id: &str,
-        payload: &str,
-        destinations: &[&str],
+        ready: &Ready<'_>,
     ) -> Result<Enqueued> {
-        let guarded =
-            event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1;
+        let guarded = ready.event.coalesce_key.is_some()
+            || settings.limits.is_set()
+            || ready.destinations.len() > 1;
         if !guarded {
-            return self.write_event(tx, settings, event, event_id, payload, destinations);
+            return self.write_event(tx, settings, ready);
         }
         tx.prepare_cached("SAVEPOINT outbox_enqueue")?.execute([])?;
-        let result = self.write_event(tx, settings, event, event_id, payload, destinations);
+        let result = self.write_event(tx, settings, ready);
         if !matches!(result, Ok(Enqueued::New { .. })) {
             tx.prepare_cached("ROLLBACK TO outbox_enqueue")?
                 .execute([])?;
@@ -588,17 +592,19 @@ impl Outbox {
         result
     }
 
-    /// Enqueue's writes under `event_id`: replacing a coalesced event, making room,
-    /// inserting.
+    /// Enqueue's writes: replacing a coalesced event, making room, inserting.
     fn write_event(
         &self,
         tx: &Transaction<'_>,
         settings: &Settings,
-        event: &Event,
-        event_id: &str,
-        payload: &str,
-        destinations: &[&str],
+        ready: &Ready<'_>,
     ) -> Result<Enqueued> {
+        let Ready {
+            event,
+            event_id,
+            payload,
+            destinations,
+        } = *ready;
         let now = self.inner.clock.now_ms();
         if let Some(key) = &event.coalesce_key {
             let replaced = queue::coalesce(tx, &event.event_type, key, destinations, now)?;
@@ -612,7 +618,7 @@ impl Outbox {
                 .limits
                 .make_room(tx, n, n * payload.len() as i64, now)?;
         }
-        let row = new_row(settings, event, event_id, payload, now);
+        let row = new_row(settings, ready, now);
         let inserted_any = queue::insert(tx, &row, destinations, |destination| {
             crate::telemetry::enqueued(&event.event_type, destination)
         })?;
@@ -768,6 +774,15 @@ impl Outbox {
     }
 }
 
+/// One event ready to be written: checked, its data serialized, routed, its id chosen.
+#[derive(Clone, Copy)]
+struct Ready<'a> {
+    event: &'a Event,
+    event_id: &'a str,
+    payload: &'a str,
+    destinations: &'a [&'a str],
+}
+
 /// One event of `enqueue_many`, checked: its data serialized, and where it goes.
 struct Checked {
     payload: String,
@@ -789,15 +804,14 @@ fn routed<'s>(settings: &'s Settings, event_type: &str) -> Result<Vec<&'s str>> 
     Ok(destinations)
 }
 
-/// The row `event` (checked, its data serialized as `payload`) is stored as, written at
-/// `now` under `event_id`.
-fn new_row<'a>(
-    settings: &'a Settings,
-    event: &'a Event,
-    event_id: &'a str,
-    payload: &'a str,
-    now: i64,
-) -> NewRow<'a> {
+/// The row `ready` is stored as, written at `now`.
+fn new_row<'a>(settings: &'a Settings, ready: &Ready<'a>, now: i64) -> NewRow<'a> {
+    let Ready {
+        event,
+        event_id,
+        payload,
+        ..
+    } = *ready;
     NewRow {
         event_id,
         idempotency_key: event.idempotency_key.as_deref(),

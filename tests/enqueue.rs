@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fast, rows, wait_until, TestReceiver, PATIENCE};
+use common::{fast, query_rows, rows, wait_until, TestReceiver, PATIENCE};
 use serde_json::json;
 use sqlite_outbox::{rusqlite, Enqueued, Error, Event, Outbox, RelayConfig};
 
@@ -342,38 +342,33 @@ fn an_enqueue_opening_a_deferred_transaction_waits_for_the_lock() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
+    in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
+        outbox
+            .enqueue(tx, Event::new("t", json!(1)).partition_key("k"))
+            .expect("waits for the writer, then parks behind the first event");
+    });
+    assert_eq!(rows(&outbox).len(), 2);
+}
+
+/// Runs `enqueue` in a deferred transaction on a connection of the app's own, opened while
+/// another connection holds the write lock (and commits a change when it lets go, so that
+/// a transaction that had read before could not write after), then commits it.
+fn in_a_deferred_transaction_behind_a_writer(
+    outbox: &Outbox,
+    enqueue: impl FnOnce(&rusqlite::Transaction<'_>),
+) {
     let holder = hold_write_lock(outbox.path(), 200);
     let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
     own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     let tx = own.transaction().unwrap(); // DEFERRED
-    outbox
-        .enqueue(&tx, Event::new("t", json!(1)).partition_key("k"))
-        .expect("waits for the writer, then parks behind the first event");
+    enqueue(&tx);
     tx.commit().unwrap();
     holder.join().unwrap();
-    assert_eq!(rows(&outbox).len(), 2);
 }
 
-/// Takes the write lock on `path` from another connection for `ms` milliseconds; returns once
-/// the lock is held.
+/// Takes the write lock on `path` from another connection for `ms` milliseconds, and
+/// commits a change then; returns once the lock is held.
 fn hold_write_lock(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<()> {
-    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
-    let path = path.to_path_buf();
-    let holder = std::thread::spawn(move || {
-        let mut conn = rusqlite::Connection::open(path).unwrap();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .unwrap();
-        locked_tx.send(()).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-        tx.commit().unwrap();
-    });
-    locked_rx.recv().unwrap();
-    holder
-}
-
-/// Like [`hold_write_lock`], and commits a change when it lets go.
-fn hold_write_lock_and_change(path: &std::path::Path, ms: u64) -> std::thread::JoinHandle<()> {
     let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
     let path = path.to_path_buf();
     let holder = std::thread::spawn(move || {
@@ -467,29 +462,11 @@ fn an_enqueue_under_a_storage_limit_opening_a_deferred_transaction_waits_for_the
         .max_pending(100)
         .open(dir.path().join("deferred-limit.db"))
         .unwrap();
-    // Another writer holds the lock and commits a change while this enqueue starts.
-    let (locked_tx, locked_rx) = crossbeam_channel::bounded(1);
-    let path = outbox.path().to_path_buf();
-    let holder = std::thread::spawn(move || {
-        let mut conn = rusqlite::Connection::open(path).unwrap();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .unwrap();
-        tx.execute_batch("CREATE TABLE other_app (x); INSERT INTO other_app VALUES (1);")
-            .unwrap();
-        locked_tx.send(()).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        tx.commit().unwrap();
+    in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
+        outbox
+            .enqueue(tx, Event::new("t", json!(1)))
+            .expect("the limit check writes first, so it waits instead of failing");
     });
-    locked_rx.recv().unwrap();
-    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
-    own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    let tx = own.transaction().unwrap(); // DEFERRED
-    outbox
-        .enqueue(&tx, Event::new("t", json!(1)))
-        .expect("the limit check writes first, so it waits instead of failing");
-    tx.commit().unwrap();
-    holder.join().unwrap();
     assert_eq!(rows(&outbox).len(), 1);
 }
 
@@ -556,19 +533,14 @@ fn routed_outbox(path: &std::path::Path) -> Outbox {
 
 /// Every stored column that enqueue decides, in id order.
 fn stored_rows(outbox: &Outbox) -> Vec<String> {
-    let conn = outbox.connection().unwrap();
-    let mut stmt = conn
-        .prepare(
-            "SELECT json_array(id, destination, event_type, source, subject, partition_key,
-                    payload, created_at, available_at, priority, droppable, expires_at,
-                    idempotency_key, coalesce_key)
-               FROM outbox_events ORDER BY id",
-        )
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    query_rows(
+        outbox,
+        "SELECT json_array(id, destination, event_type, source, subject, partition_key,
+                payload, created_at, available_at, priority, droppable, expires_at,
+                idempotency_key, coalesce_key)
+           FROM outbox_events ORDER BY id",
+        |r| r.get(0),
+    )
 }
 
 #[test]
@@ -688,20 +660,14 @@ fn a_batch_opening_a_deferred_transaction_waits_for_the_lock() {
     outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
-    // The other writer commits a change: a transaction that had read before it could not
-    // write after it.
-    let holder = hold_write_lock_and_change(outbox.path(), 200);
-    let mut own = rusqlite::Connection::open(outbox.path()).unwrap();
-    own.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    let tx = own.transaction().unwrap(); // DEFERRED
-    outbox
-        .enqueue_many(
-            &tx,
-            (1..=3).map(|n| Event::new("t", json!(n)).partition_key("k")),
-        )
-        .expect("waits for the writer, then parks behind the first event");
-    tx.commit().unwrap();
-    holder.join().unwrap();
+    in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
+        outbox
+            .enqueue_many(
+                tx,
+                (1..=3).map(|n| Event::new("t", json!(n)).partition_key("k")),
+            )
+            .expect("waits for the writer, then parks behind the first event");
+    });
     let parked = rows(&outbox)
         .iter()
         .filter(|r| r.available_at == i64::MAX)

@@ -6,20 +6,17 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fast, outbox_cli, wait_until, TestReceiver};
+use common::{fast, outbox_cli, query_rows, wait_until, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::{Destination, Error, Event, Outbox, RelayConfig};
 
 /// `(event id, priority)` of every row, in commit order.
 fn priorities(outbox: &Outbox) -> Vec<(String, i64)> {
-    let conn = outbox.connection().unwrap();
-    let mut stmt = conn
-        .prepare("SELECT event_id, priority FROM outbox_events ORDER BY id")
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    query_rows(
+        outbox,
+        "SELECT event_id, priority FROM outbox_events ORDER BY id",
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
 }
 
 #[test]

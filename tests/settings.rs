@@ -7,7 +7,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{outbox_cli, wait_until};
+use common::{outbox_cli, query_rows, wait_until};
 use serde_json::json;
 use sqlite_outbox::{Event, Outbox, StoragePolicy};
 
@@ -38,14 +38,11 @@ fn capture_warnings() {
 
 /// The destinations of every row, in commit order.
 fn destinations(outbox: &Outbox) -> Vec<String> {
-    let conn = outbox.connection().unwrap();
-    let mut stmt = conn
-        .prepare("SELECT destination FROM outbox_events ORDER BY id")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    query_rows(
+        outbox,
+        "SELECT destination FROM outbox_events ORDER BY id",
+        |r| r.get(0),
+    )
 }
 
 #[test]

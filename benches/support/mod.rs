@@ -281,6 +281,11 @@ pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
     tx.commit().unwrap();
 }
 
+/// The event every Rust enqueue bench writes for order `n`: keyed by its customer.
+fn order_event(n: i64) -> sqlite_outbox::Event {
+    sqlite_outbox::Event::new("order.created", order_data(n)).partition_key("customer-7")
+}
+
 /// One transaction of a Rust app: per event, a business row and `Outbox::enqueue`.
 pub fn outbox_enqueue_tx(
     outbox: &sqlite_outbox::Outbox,
@@ -288,20 +293,12 @@ pub fn outbox_enqueue_tx(
     n: i64,
     events: i64,
 ) {
-    let tx = conn
-        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
-        .unwrap();
-    for i in 0..events {
-        insert_order(&tx, n + i);
-        outbox
-            .enqueue(
-                &tx,
-                sqlite_outbox::Event::new("order.created", order_data(n + i))
-                    .partition_key("customer-7"),
-            )
-            .unwrap();
-    }
-    tx.commit().unwrap();
+    in_immediate_transaction(conn, |tx| {
+        for i in 0..events {
+            insert_order(tx, n + i);
+            outbox.enqueue(tx, order_event(n + i)).unwrap();
+        }
+    });
 }
 
 /// The same with `Outbox::enqueue_many`: the business rows, then their events in one call.
@@ -311,18 +308,22 @@ pub fn outbox_enqueue_many_tx(
     n: i64,
     events: i64,
 ) {
+    in_immediate_transaction(conn, |tx| {
+        (0..events).for_each(|i| insert_order(tx, n + i));
+        let batch = (0..events).map(|i| order_event(n + i));
+        outbox.enqueue_many(tx, batch).unwrap();
+    });
+}
+
+/// Runs `write` in an IMMEDIATE transaction on `conn` and commits.
+fn in_immediate_transaction(
+    conn: &mut Connection,
+    write: impl FnOnce(&sqlite_outbox::rusqlite::Transaction<'_>),
+) {
     let tx = conn
         .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
         .unwrap();
-    let mut batch = Vec::with_capacity(events as usize);
-    for i in 0..events {
-        insert_order(&tx, n + i);
-        batch.push(
-            sqlite_outbox::Event::new("order.created", order_data(n + i))
-                .partition_key("customer-7"),
-        );
-    }
-    outbox.enqueue_many(&tx, batch).unwrap();
+    write(&tx);
     tx.commit().unwrap();
 }
 

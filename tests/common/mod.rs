@@ -252,6 +252,22 @@ pub fn all_delivered_within(outbox: &sqlite_outbox::Outbox, limit: Duration) -> 
     wait_until(limit, || rows(outbox).iter().all(|r| r.delivered))
 }
 
+/// Every row `sql` returns from `outbox`'s file, each read by `read`.
+pub fn query_rows<T>(
+    outbox: &sqlite_outbox::Outbox,
+    sql: &str,
+    read: impl FnMut(&sqlite_outbox::rusqlite::Row<'_>) -> sqlite_outbox::rusqlite::Result<T>,
+) -> Vec<T> {
+    let conn = outbox.connection().unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
+    let rows = stmt
+        .query_map([], read)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    rows
+}
+
 pub fn rows(outbox: &sqlite_outbox::Outbox) -> Vec<Row> {
     let conn = outbox.connection().unwrap();
     let mut stmt = conn
