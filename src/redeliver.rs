@@ -99,30 +99,32 @@ impl Outbox {
                 let bytes = chosen.iter().map(|d| d.payload.len() as i64).sum();
                 limits.make_room(tx, chosen.len() as i64, bytes, now)?;
             }
-            let mut count = 0;
-            for d in &chosen {
-                let row = NewRow {
-                    event_id: &d.event_id,
-                    // The destination may hold the key already: a replay must not collide.
-                    idempotency_key: None,
-                    event_type: &d.event_type,
-                    source: d.source.as_deref(),
-                    subject: d.subject.as_deref(),
-                    partition_key: d.partition_key.as_deref(),
-                    payload: &d.payload,
-                    coalesce_key: None,
-                    priority: d.priority,
-                    droppable: false,
-                    created_at: d.created_at,
-                    // A replay is sent whenever it can be: the original deadline is long gone.
-                    expires_at: None,
-                    now,
-                };
-                if queue::insert(tx, &row, &[&redelivery.destination], |_| {})? {
-                    count += 1;
-                }
-            }
-            Ok(count)
+            // One listed INSERT per hundred rows, as `enqueue_many` writes them.
+            let rows: Vec<(&str, NewRow<'_>)> = chosen
+                .iter()
+                .map(|d| {
+                    let row = NewRow {
+                        event_id: &d.event_id,
+                        // The destination may hold the key already: a replay must not collide.
+                        idempotency_key: None,
+                        event_type: &d.event_type,
+                        source: d.source.as_deref(),
+                        subject: d.subject.as_deref(),
+                        partition_key: d.partition_key.as_deref(),
+                        payload: &d.payload,
+                        coalesce_key: None,
+                        priority: d.priority,
+                        droppable: false,
+                        created_at: d.created_at,
+                        // A replay is sent whenever it can be: the original deadline is long gone.
+                        expires_at: None,
+                        now,
+                    };
+                    (redelivery.destination.as_str(), row)
+                })
+                .collect();
+            queue::insert_run(tx, &rows)?;
+            Ok(rows.len() as u64)
         })?;
         log::info!(
             "queued {count} delivered events again for destination {}",
