@@ -461,9 +461,10 @@ impl Outbox {
     /// [`Error::NoRoute`], …) is found before anything is written: `tx` stays usable. A
     /// repeated idempotency key is not an error: that event's answer is
     /// [`Enqueued::Duplicate`]. An SQLite error while writing (a full disk, an I/O error)
-    /// in a call of plain events only may leave some of them written: roll `tx` back, as
-    /// after any failed write. (A savepoint there would cost a temporary file per call:
-    /// past 64 KiB of changed pages, SQLite spills a savepoint's journal to disk.)
+    /// in a call with none of the events written one at a time may leave some events
+    /// written: roll `tx` back, as after any failed write. (A savepoint there would cost a
+    /// temporary file per call: past 64 KiB of changed pages, SQLite spills a savepoint's
+    /// journal to disk.)
     pub fn enqueue_many<I>(&self, tx: &Transaction<'_>, events: I) -> Result<Vec<Enqueued>>
     where
         I: IntoIterator<Item = Event>,
