@@ -518,9 +518,10 @@ fn batch_script() -> Vec<Vec<Event>> {
     ]
 }
 
-/// An outbox with the routes of [`batch_script`] and a clock that stands still.
-fn routed_outbox(path: &std::path::Path) -> Outbox {
-    Outbox::builder()
+/// An outbox from `builder` with the routes of [`batch_script`] and a clock that stands
+/// still.
+fn routed_outbox(builder: sqlite_outbox::OutboxBuilder, path: &std::path::Path) -> Outbox {
+    builder
         .route("reading", "iot")
         .route("alarm", "iot")
         .route("gps", "iot")
@@ -546,40 +547,14 @@ fn stored_rows(outbox: &Outbox) -> Vec<String> {
 #[test]
 fn a_batch_writes_the_same_rows_and_answers_as_one_enqueue_per_event() {
     let dir = tempfile::tempdir().unwrap();
-    let one_by_one = routed_outbox(&dir.path().join("one-by-one.db"));
-    let batched = routed_outbox(&dir.path().join("batched.db"));
+    let one_by_one = routed_outbox(Outbox::builder(), &dir.path().join("one-by-one.db"));
+    let batched = routed_outbox(Outbox::builder(), &dir.path().join("batched.db"));
     for (step, events) in batch_script().into_iter().enumerate() {
         if step == 4 {
             // The top rows delivered and pruned: the next ids must still rise above them.
-            for outbox in [&one_by_one, &batched] {
-                outbox
-                    .connection()
-                    .unwrap()
-                    .execute(
-                        "UPDATE outbox_events SET delivered_at = 0
-                          WHERE id IN (SELECT id FROM outbox_events ORDER BY id DESC LIMIT 3)",
-                        [],
-                    )
-                    .unwrap();
-                let pruned = outbox.prune_delivered(std::time::Duration::ZERO).unwrap();
-                assert_eq!(pruned.deleted, 3);
-            }
+            prune_top_rows(&[&one_by_one, &batched], 3);
         }
-        let expected: Vec<Enqueued> = one_by_one
-            .transaction(|tx| {
-                events
-                    .iter()
-                    .map(|e| one_by_one.enqueue(tx, e.clone()))
-                    .collect()
-            })
-            .unwrap();
-        let got = batched
-            .transaction(|tx| batched.enqueue_many(tx, events.clone()))
-            .unwrap();
-        let kinds = |answers: &[Enqueued]| -> Vec<bool> {
-            answers.iter().map(Enqueued::is_duplicate).collect()
-        };
-        assert_eq!(kinds(&got), kinds(&expected));
+        write_both_ways(&one_by_one, &batched, events);
     }
     let (expected, got) = (stored_rows(&one_by_one), stored_rows(&batched));
     // 140 events, the order twice, a duplicate, two fixes replaced, three pruned.
@@ -588,6 +563,114 @@ fn a_batch_writes_the_same_rows_and_answers_as_one_enqueue_per_event() {
     // The first transaction's event ids are in the answers' order, and rising (UUIDv7).
     let ids: Vec<String> = rows(&batched).into_iter().map(|r| r.event_id).collect();
     assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
+}
+
+#[test]
+fn random_batches_write_the_same_rows_and_answers_as_one_enqueue_per_event() {
+    // Without a storage limit most events go in runs; with one, every event is written one
+    // at a time inside the call's savepoint.
+    for (seed, limited) in [(1, false), (2, false), (3, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let builder = || {
+            let builder = Outbox::builder();
+            if limited {
+                builder.max_pending(1_000_000)
+            } else {
+                builder
+            }
+        };
+        let one_by_one = routed_outbox(builder(), &dir.path().join("one-by-one.db"));
+        let batched = routed_outbox(builder(), &dir.path().join("batched.db"));
+        let mut random = XorShift(seed);
+        for _ in 0..40 {
+            if random.below(10) == 0 {
+                prune_top_rows(&[&one_by_one, &batched], 1 + random.below(3) as i64);
+            }
+            let events = (0..random.below(60))
+                .map(|n| random_event(&mut random, n))
+                .collect();
+            write_both_ways(&one_by_one, &batched, events);
+        }
+        assert_eq!(
+            stored_rows(&batched),
+            stored_rows(&one_by_one),
+            "seed {seed}"
+        );
+    }
+}
+
+/// A small deterministic generator, so that a failing seed can be run again.
+struct XorShift(u64);
+
+impl XorShift {
+    /// A number in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// An event of a random type (one of [`routed_outbox`]'s, two of them for two
+/// destinations), with or without a key, an idempotency key that often repeats, a
+/// coalescing key, a priority or a lifetime.
+fn random_event(random: &mut XorShift, n: u64) -> Event {
+    let kind = ["reading", "alarm", "gps", "order.created"][random.below(4) as usize];
+    let mut event = Event::new(kind, json!({ "n": n }));
+    if random.below(3) > 0 {
+        event = event.partition_key(format!("k{}", random.below(6)));
+    }
+    if random.below(10) == 0 {
+        event = event.idempotency_key(format!("i{}", random.below(20)));
+    }
+    if random.below(10) == 0 {
+        event = event.coalesce_key(format!("c{}", random.below(3)));
+    }
+    if random.below(5) == 0 {
+        event = event.priority(random.below(10) as u8);
+    }
+    if random.below(8) == 0 {
+        event = event.expires_in(std::time::Duration::from_secs(1 + random.below(100)));
+    }
+    event
+}
+
+/// Writes `events` in one transaction on each file, one `enqueue` at a time on the first
+/// and with one `enqueue_many` on the second, and checks that the answers agree.
+fn write_both_ways(one_by_one: &Outbox, batched: &Outbox, events: Vec<Event>) {
+    let expected: Vec<Enqueued> = one_by_one
+        .transaction(|tx| {
+            events
+                .iter()
+                .map(|e| one_by_one.enqueue(tx, e.clone()))
+                .collect()
+        })
+        .unwrap();
+    let got = batched
+        .transaction(|tx| batched.enqueue_many(tx, events))
+        .unwrap();
+    let duplicates = |answers: &[Enqueued]| -> Vec<bool> {
+        answers.iter().map(Enqueued::is_duplicate).collect()
+    };
+    assert_eq!(duplicates(&got), duplicates(&expected));
+}
+
+/// Marks the `n` rows with the highest ids delivered in each outbox and prunes them.
+fn prune_top_rows(outboxes: &[&Outbox], n: i64) {
+    for outbox in outboxes {
+        let marked = outbox
+            .connection()
+            .unwrap()
+            .execute(
+                "UPDATE outbox_events SET delivered_at = 0
+                  WHERE id IN (SELECT id FROM outbox_events ORDER BY id DESC LIMIT ?1)",
+                [n],
+            )
+            .unwrap();
+        let pruned = outbox.prune_delivered(std::time::Duration::ZERO).unwrap();
+        assert_eq!(pruned.deleted, marked);
+    }
 }
 
 #[test]
