@@ -489,10 +489,9 @@ impl Outbox {
                 route_of_type.insert(&event.event_type, routes.len() - 1);
                 routes.len() - 1
             };
-            let plain = routes[route].1.len() == 1
-                && event.idempotency_key.is_none()
-                && event.coalesce_key.is_none()
-                && !settings.limits.is_set();
+            // A run's rows cannot be duplicates: `insert_run` writes every one of them.
+            let plain = !needs_savepoint(&settings, event, &routes[route].1)
+                && event.idempotency_key.is_none();
             checked.push(Checked {
                 payload,
                 route,
@@ -567,20 +566,14 @@ impl Outbox {
         Ok(())
     }
 
-    /// `enqueue` of one checked event: one INSERT into one destination is atomic by itself.
-    /// Anything more (a coalesced event deleted, room made, several destinations) goes in a
-    /// savepoint, so an error or a duplicate leaves the caller's transaction exactly as it
-    /// was.
+    /// `enqueue` of one checked event, in a savepoint when it [`needs_savepoint`].
     fn write_guarded(
         &self,
         tx: &Transaction<'_>,
         settings: &Settings,
         ready: &Ready<'_>,
     ) -> Result<Enqueued> {
-        let guarded = ready.event.coalesce_key.is_some()
-            || settings.limits.is_set()
-            || ready.destinations.len() > 1;
-        if !guarded {
+        if !needs_savepoint(settings, ready.event, ready.destinations) {
             return self.write_event(tx, settings, ready);
         }
         tx.prepare_cached("SAVEPOINT outbox_enqueue")?.execute([])?;
@@ -792,6 +785,14 @@ struct Checked {
     /// Written in a run (one destination, no idempotency or coalescing key, no storage
     /// limit); otherwise one at a time, as `enqueue` writes it.
     plain: bool,
+}
+
+/// Whether enqueueing `event` may write more than one row (a coalesced event deleted, room
+/// made, several destinations), and so needs a savepoint to leave the caller's transaction
+/// as it was on an error or a duplicate. One `INSERT` into one destination is atomic by
+/// itself.
+fn needs_savepoint(settings: &Settings, event: &Event, destinations: &[&str]) -> bool {
+    event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1
 }
 
 /// The destinations `event_type` is routed to; an event no route takes is an input error.
