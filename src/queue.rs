@@ -99,6 +99,19 @@ macro_rules! due_or_parked {
     };
 }
 
+/// The id a new row takes when rows at the top were deleted (just above the highest id ever
+/// given, see `keep_ids_rising`); no row (NULL as a value) otherwise, when SQLite's own
+/// choice, the highest id plus one, is right. `high_water > 0` comes first so that, as long
+/// as no delete took the top rows (the high water is 0), the table's last id is not looked
+/// up.
+macro_rules! id_after_deletes {
+    () => {
+        "SELECT high_water + 1 FROM outbox_stats
+          WHERE id = 1 AND high_water > 0
+            AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)"
+    };
+}
+
 /// A dead letter: given up on, and not delivered after all.
 macro_rules! dead {
     () => {
@@ -246,16 +259,14 @@ pub(crate) fn insert(
     mut inserted: impl FnMut(&str),
 ) -> Result<bool> {
     // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
-    // top were deleted; then just above the highest id ever given (see `keep_ids_rising`).
-    // `high_water > 0` comes first so that, as long as no delete took the top rows (the
-    // high water is 0), the table's last id is not looked up for every row.
+    // top were deleted (`id_after_deletes`).
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
              droppable, priority, expires_at)
-         VALUES ((SELECT high_water + 1 FROM outbox_stats
-                   WHERE id = 1 AND high_water > 0
-                     AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)),
+         VALUES ((",
+        id_after_deletes!(),
+        "),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
         ", ?10, ?11, ?12, ?14)
@@ -377,11 +388,7 @@ pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> R
     tx.prepare_cached("UPDATE outbox_stats SET high_water = high_water WHERE 0")?
         .execute([])?;
     let first_id: Option<i64> = tx
-        .prepare_cached(
-            "SELECT high_water + 1 FROM outbox_stats
-              WHERE id = 1 AND high_water > 0
-                AND high_water >= (SELECT COALESCE(MAX(id), 0) FROM outbox_events)",
-        )?
+        .prepare_cached(id_after_deletes!())?
         .query_row([], |r| r.get(0))
         .optional()?;
     // A set, not a list: a run of many thousand events may hold thousands of keys. Rows of
