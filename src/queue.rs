@@ -80,21 +80,32 @@ macro_rules! due_or_parked {
         concat!(
             "CASE WHEN ",
             $key,
-            " IS NOT NULL AND EXISTS (
-                 SELECT 1 FROM outbox_events AS k
-                  WHERE k.partition_key = ",
+            " IS NOT NULL AND ",
+            key_pending!($key, $dest, $earlier),
+            " THEN ",
+            parked!(),
+            " ELSE ",
+            $now,
+            " END"
+        )
+    };
+}
+
+/// Whether an event of partition key `$key` for destination `$dest` is pending (`$earlier`
+/// narrows it as in [`due_or_parked`]): a new event of the key parks behind it. One seek
+/// in the pending-by-key index.
+macro_rules! key_pending {
+    ($key:literal, $dest:literal, $earlier:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM outbox_events AS k
+                      WHERE k.partition_key = ",
             $key,
             " AND k.destination = ",
             $dest,
             $earlier,
             " AND ",
             pending!("k."),
-            ")
-             THEN ",
-            parked!(),
-            " ELSE ",
-            $now,
-            " END"
+            ")"
         )
     };
 }
@@ -348,14 +359,8 @@ fn insert_run_sql(rows: usize) -> &'static str {
     }
 }
 
-/// Whether an event of partition key `?1` for destination `?2` is pending: a new one then
-/// parks behind it. One seek in the pending-by-key index.
-const KEY_PENDING_SQL: &str = concat!(
-    "SELECT EXISTS (SELECT 1 FROM outbox_events AS k
-                     WHERE k.partition_key = ?1 AND k.destination = ?2 AND ",
-    pending!("k."),
-    ")"
-);
+/// Whether an event of partition key `?1` for destination `?2` is pending.
+const KEY_PENDING_SQL: &str = concat!("SELECT ", key_pending!("?1", "?2", ""));
 
 /// Inserts `rows` in order, each `(destination, row)` once, with one `INSERT` per hundred
 /// rows: the same rows, ids, parking and columns as [`insert`] called for each in turn.
