@@ -491,15 +491,21 @@ const DRAIN_LATENCY_ROUNDS: usize = 5;
 /// The app's commit latency while a relay drains a backlog flat out, against the same
 /// commits through the same `Outbox` with no relay at work, alternating in the same run:
 /// each quantile is the median of the rounds' own, and the p99.9 row shows the spread of
-/// the rounds' ratios.
+/// the rounds' ratios. A third row times the same commits while a bare ureq loop posts the
+/// same events to the same receiver flat out, with no relay and no SQLite of its own: what
+/// the delivery's CPU alone does to the app's tail on this machine's cores.
 fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let outbox = Outbox::open(dir.join("drain-latency.db")).unwrap();
     outbox
         .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
         .unwrap();
-    // Per round: (p50, p99.9) of the commits with the relay draining, then idle.
+    let body =
+        sqlite_outbox::wire::structured_body(&bench_support::sample_event(&order_data(1))).unwrap();
+    // Per round: (p50, p99.9) of the commits with the relay draining, then idle, then
+    // beside the bare delivery loop.
     let mut draining = Vec::new();
     let mut idle = Vec::new();
+    let mut beside_bare = Vec::new();
     let mut commits = 0;
     for _ in 0..DRAIN_LATENCY_ROUNDS {
         let mut idle_samples = paced_commits(&outbox, 10_000, || false);
@@ -517,22 +523,53 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
             quantile(&mut idle_samples, 0.5),
             quantile(&mut idle_samples, 0.999),
         ]);
+        let before = receiver.count();
+        let mut loaded = std::thread::scope(|s| {
+            let posting = std::thread::Builder::new()
+                .name("bare-posts".into())
+                .spawn_scoped(s, || {
+                    bare_posts(
+                        &receiver.url,
+                        &body,
+                        "application/cloudevents+json",
+                        200_000,
+                        4,
+                    )
+                })
+                .unwrap();
+            let samples = paced_commits(&outbox, 10_000, || receiver.count() >= before + 195_000);
+            posting.join().unwrap();
+            samples
+        });
+        commits = commits.max(loaded.len());
+        beside_bare.push([quantile(&mut loaded, 0.5), quantile(&mut loaded, 0.999)]);
     }
     let mut lines = Vec::new();
-    for (at, name, target) in [(0, "p50", ""), (1, "p99.9", "≤ 1.5×")] {
+    let rows = [
+        (0, "p50", &draining, "while relay drains", ""),
+        (1, "p99.9", &draining, "while relay drains", "≤ 1.5×"),
+        (
+            1,
+            "p99.9",
+            &beside_bare,
+            "while a bare ureq loop posts the same events flat out, no relay",
+            "(the floor)",
+        ),
+    ];
+    for (at, name, rounds, beside, target) in rows {
         let median = |rounds: &[[Duration; 2]]| {
             let mut of: Vec<Duration> = rounds.iter().map(|r| r[at]).collect();
             quantile(&mut of, 0.5)
         };
-        let (o, b) = (median(&draining), median(&idle));
-        let mut ratios: Vec<f64> = draining
+        let (o, b) = (median(rounds), median(&idle));
+        let mut ratios: Vec<f64> = rounds
             .iter()
             .zip(&idle)
             .map(|(d, i)| d[at].as_secs_f64() / i[at].as_secs_f64())
             .collect();
         ratios.sort_by(f64::total_cmp);
         lines.push(Line {
-            what: format!("app commit {name} while relay drains (up to {commits} commits a round)"),
+            what: format!("app commit {name} {beside} (up to {commits} commits a round)"),
             outbox: ms(o),
             baseline: format!("{} (same commits, no relay)", ms(b)),
             ratio: format!(
