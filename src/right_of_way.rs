@@ -12,8 +12,13 @@
 //! database: with the relay's writes held off (also those that began to wait before it)
 //! it catches up, each pass starting when no relay transaction and no app transaction is
 //! under way, so the next write starts the WAL over without a blocking checkpoint holding
-//! the app's commits back. Apps writing through connections of their own, or from other
-//! processes, are not seen here.
+//! the app's commits back. When the catch-up cannot find the WAL still (app commits landing
+//! during every pass) it ends with a blocking checkpoint, which holds SQLite's write lock
+//! while it copies and syncs the last frames: an app transaction that comes meanwhile waits
+//! for it here too, and the relay's write that waited out the catch-up then lets it go
+//! first, where before the relay, woken at once, took the lock while the app was still
+//! polling for it, and the app waited for both. Apps writing through connections of their
+//! own, or from other processes, are not seen here.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -34,6 +39,11 @@ struct Turns {
     relay_writes: u64,
     /// Checkpointer catch-ups going on (each also holds a turn).
     catching_up: u64,
+    /// Blocking checkpoints under way: each holds SQLite's write lock until it ends.
+    blocking: u64,
+    /// Catch-ups ended so far, and `taken` when the last one ended.
+    catch_ups_ended: u64,
+    taken_at_catch_up_end: u64,
 }
 
 impl Turns {
@@ -59,6 +69,12 @@ pub(crate) struct CatchUp<'a> {
     right_of_way: &'a RightOfWay,
 }
 
+/// A blocking checkpoint (RESTART or TRUNCATE) under way, which turn holders wait for as
+/// they wait for a relay write.
+pub(crate) struct BlockingCheckpoint<'a> {
+    right_of_way: &'a RightOfWay,
+}
+
 impl RightOfWay {
     /// Takes the right of way until the returned guard is dropped.
     pub fn take(&self) -> Turn<'_> {
@@ -71,11 +87,21 @@ impl RightOfWay {
     /// called and no catch-up goes on. Turns taken meanwhile are not waited for: an app
     /// committing flat out goes first once per relay transaction, and cannot starve the
     /// relay (waiting for no turn at all let the app's commits run 25,000 a second while
-    /// the relay fell minutes behind).
+    /// the relay fell minutes behind). The exception is a catch-up that ends while it
+    /// waits: turns taken during it waited it out too (for its closing blocking
+    /// checkpoint), so they go first as well, but not the turns taken after it ended.
     pub fn relay_write(&self, limit: Duration) -> RelayWrite<'_> {
         let mut turns = lock(&self.turns);
         let taken = turns.taken;
-        let held = |t: &mut Turns| t.over < taken || t.catching_up > 0;
+        let catch_ups_ended = turns.catch_ups_ended;
+        let held = |t: &mut Turns| {
+            let bar = if t.catch_ups_ended > catch_ups_ended {
+                taken.max(t.taken_at_catch_up_end)
+            } else {
+                taken
+            };
+            t.over < bar || t.catching_up > 0
+        };
         if held(&mut turns) {
             turns = self
                 .changed
@@ -95,21 +121,29 @@ impl RightOfWay {
         turns.catching_up += 1;
         CatchUp { right_of_way: self }
     }
+
+    /// Marks a blocking checkpoint under way until the returned guard is dropped: turn
+    /// holders wait for it (on this condition variable, not in SQLite's busy handler).
+    pub fn blocking_checkpoint(&self) -> BlockingCheckpoint<'_> {
+        lock(&self.turns).blocking += 1;
+        BlockingCheckpoint { right_of_way: self }
+    }
 }
 
 impl Turn<'_> {
-    /// Waits until no relay write transaction is under way, or `limit` passes. The relay's
-    /// next write waits for this turn, so the lock is then the turn holder's to take;
-    /// waiting here wakes it once, when the relay's transaction ends, where SQLite's busy
-    /// handler would poll the lock every 25 µs, each poll a wakeup on cores the relay keeps
-    /// busy.
+    /// Waits until no relay write transaction and no blocking checkpoint is under way, or
+    /// `limit` passes. The relay's next write waits for this turn, so the lock is then the
+    /// turn holder's to take; waiting here wakes it once, when the relay's transaction ends,
+    /// where SQLite's busy handler would poll the lock every 25 µs, each poll a wakeup on
+    /// cores the relay keeps busy.
     pub fn wait_for_relay_writes(&self, limit: Duration) {
-        let turns = lock(&self.right_of_way.turns);
-        if turns.relay_writes > 0 {
+        let mut turns = lock(&self.right_of_way.turns);
+        let held = |t: &mut Turns| t.relay_writes > 0 || t.blocking > 0;
+        if held(&mut turns) {
             let _ = self
                 .right_of_way
                 .changed
-                .wait_timeout_while(turns, limit, |t| t.relay_writes > 0)
+                .wait_timeout_while(turns, limit, held)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
@@ -143,11 +177,20 @@ impl Drop for RelayWrite<'_> {
     }
 }
 
+impl Drop for BlockingCheckpoint<'_> {
+    fn drop(&mut self) {
+        lock(&self.right_of_way.turns).blocking -= 1;
+        self.right_of_way.changed.notify_all();
+    }
+}
+
 impl Drop for CatchUp<'_> {
     fn drop(&mut self) {
         let mut turns = lock(&self.right_of_way.turns);
         turns.catching_up -= 1;
         turns.over += 1;
+        turns.catch_ups_ended += 1;
+        turns.taken_at_catch_up_end = turns.taken;
         drop(turns);
         self.right_of_way.changed.notify_all();
     }
@@ -248,6 +291,72 @@ mod tests {
         let _catch_up = way.catch_up();
         let waited = relay_writes_within(&way, Duration::from_millis(20));
         assert!(waited >= Duration::from_millis(20) && waited < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_turn_taken_during_a_catch_up_goes_before_the_relay_write_that_waited_it_out() {
+        let way = RightOfWay::default();
+        let catch_up = way.catch_up();
+        let relay_went_in = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let relay = s.spawn(|| {
+                let write = way.relay_write(Duration::from_secs(10));
+                relay_went_in.store(true, std::sync::atomic::Ordering::SeqCst);
+                drop(write);
+            });
+            std::thread::sleep(Duration::from_millis(10));
+            // The app comes while the catch-up (and its blocking checkpoint) goes on.
+            let app = way.take();
+            drop(catch_up);
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                !relay_went_in.load(std::sync::atomic::Ordering::SeqCst),
+                "the relay went in before the turn that waited out the catch-up with it"
+            );
+            drop(app);
+            relay.join().unwrap();
+        });
+        assert!(relay_went_in.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn after_a_catch_up_the_relay_waits_for_one_round_of_turns_only() {
+        let way = RightOfWay::default();
+        let catch_up = way.catch_up();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(10));
+                let app = way.take();
+                std::thread::sleep(Duration::from_millis(10));
+                drop(catch_up);
+                std::thread::sleep(Duration::from_millis(10));
+                // The next turn is taken before this one is over: an app committing flat
+                // out must not hold the relay off again.
+                let next = way.take();
+                drop(app);
+                std::thread::sleep(Duration::from_secs(2));
+                drop(next);
+            });
+            let waited = relay_writes_within(&way, Duration::from_secs(10));
+            assert!(
+                waited >= Duration::from_millis(25),
+                "did not wait: {waited:?}"
+            );
+            assert!(waited < Duration::from_secs(1), "waited for a later turn");
+        });
+    }
+
+    #[test]
+    fn a_turn_holder_waits_for_a_blocking_checkpoint_and_no_longer_than_its_limit() {
+        let way = RightOfWay::default();
+        let turn = way.take();
+        let blocking = way.blocking_checkpoint();
+        let started = Instant::now();
+        turn.wait_for_relay_writes(Duration::from_millis(20));
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        waits_until_released(blocking, || {
+            turn.wait_for_relay_writes(Duration::from_secs(10))
+        });
     }
 
     #[test]

@@ -231,8 +231,12 @@ impl Checkpointer {
     }
 
     /// A RESTART or TRUNCATE checkpoint; 0 once done, 1 when a reader or a writer was in
-    /// the way (no busy handler: it fails at once rather than hold writers back).
+    /// the way (no busy handler: it fails at once rather than hold writers back). It holds
+    /// the write lock while it copies and syncs, so it is marked on the right of way: the
+    /// app's transactions of this `Outbox` wait for it there, woken once it ends, and so
+    /// go before a relay write that waited out the catch-up it closes.
     fn blocking_checkpoint(&self, mode: &str) -> rusqlite::Result<i64> {
+        let _blocking = self.outbox.right_of_way().blocking_checkpoint();
         self.conn
             .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(0))
     }
