@@ -325,7 +325,8 @@ mod tests {
         let catch_up = way.catch_up();
         std::thread::scope(|s| {
             s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(10));
+                // Long enough for the relay below to be waiting already.
+                std::thread::sleep(Duration::from_millis(50));
                 let app = way.take();
                 std::thread::sleep(Duration::from_millis(10));
                 drop(catch_up);
@@ -339,7 +340,7 @@ mod tests {
             });
             let waited = relay_writes_within(&way, Duration::from_secs(10));
             assert!(
-                waited >= Duration::from_millis(25),
+                waited >= Duration::from_millis(65),
                 "did not wait: {waited:?}"
             );
             assert!(waited < Duration::from_secs(1), "waited for a later turn");
