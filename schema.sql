@@ -387,3 +387,65 @@ BEGIN
            END;
 END;
 
+
+-- version 10
+
+-- The oldest pending event without a pass over pending rows (`stats`, `health`; see
+-- src/oldest.rs). An enqueued row is due at its commit time (available_at = created_at)
+-- or parked, and a parked row is never the oldest (an older event of its key is pending).
+-- Only a later write moves a row's due time elsewhere (a retry's backoff, an unparking, an
+-- operator's retry, a re-anchoring): such rows are listed here by age. So the oldest
+-- pending row is the first one here or, among the rows still due at their commit time, the
+-- first in the pending index's due-time order. An enqueue never writes this index.
+CREATE INDEX outbox_events_moved
+    ON outbox_events (destination, created_at)
+    WHERE delivered_at IS NULL AND dead_at IS NULL
+      AND available_at <> created_at AND available_at < 9223372036854775807;
+
+-- version 11
+
+-- Kept totals of the pending rows, so `stats` beside a week's backlog reads what it
+-- returns rather than the backlog (src/tally.rs). They cover the rows up to
+-- `tallied_through`; rows above it (ids only rise, so every enqueue lands there and pays
+-- nothing) are counted when read, and folded in by `stats` when it can take the write lock
+-- for a moment. Every write that moves a tallied row into or out of pending, spends its
+-- attempts or leases it keeps the totals in the same transaction.
+ALTER TABLE outbox_stats ADD COLUMN tallied_through INTEGER NOT NULL DEFAULT 0;
+
+-- Pending rows by destination and attempts spent: how many, and their payload bytes.
+CREATE TABLE outbox_pending_tally (
+    destination TEXT    NOT NULL,
+    attempts    INTEGER NOT NULL,
+    rows        INTEGER NOT NULL,
+    bytes       INTEGER NOT NULL,
+    PRIMARY KEY (destination, attempts)
+) WITHOUT ROWID;
+
+-- Leased pending rows by lease (one claim's owner) and destination. A lease counts as in
+-- flight while it holds: not yet expired, and not taken while the clock was ahead.
+CREATE TABLE outbox_lease_tally (
+    owner       TEXT    NOT NULL,
+    destination TEXT    NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    leased_at   INTEGER NOT NULL,
+    rows        INTEGER NOT NULL,
+    PRIMARY KEY (owner, destination)
+) WITHOUT ROWID;
+
+-- A pending row deleted (replaced by coalescing, dropped under a storage limit, by this
+-- crate or through the SQL contract, which marks them dead_at -1 or -2 first) leaves the
+-- totals, and its lease (one that ran out, else it would not be deleted) with it. Only
+-- functions of SQLite 3.40, as the enqueue triggers: any writer's SQLite runs it.
+CREATE TRIGGER outbox_events_tallied_delete AFTER DELETE ON outbox_events
+WHEN OLD.delivered_at IS NULL AND (OLD.dead_at IS NULL OR OLD.dead_at < 0)
+     AND OLD.id <= (SELECT tallied_through FROM outbox_stats WHERE id = 1)
+BEGIN
+    INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
+    VALUES (OLD.destination, OLD.attempts, -1, -length(CAST(OLD.payload AS BLOB)))
+    ON CONFLICT (destination, attempts)
+    DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes;
+    INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
+    SELECT OLD.lease_owner, OLD.destination, OLD.lease_expires_at, COALESCE(OLD.leased_at, 0), -1
+     WHERE OLD.lease_owner IS NOT NULL AND OLD.lease_expires_at IS NOT NULL
+    ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows;
+END;

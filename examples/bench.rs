@@ -629,6 +629,38 @@ fn claim_ack(dir: &std::path::Path) -> Vec<Line> {
         )
         .with_spread(&event_columns),
     ];
+    // What keeping the pending totals costs the relay's writes: the same loop over rows that
+    // `stats` folded into the totals once they were queued (every claim, ack and lease of
+    // them then keeps the totals), against rows that no `stats` call has folded in.
+    let tallied = Outbox::open(dir.join("claim-tallied.db")).unwrap();
+    let untallied = Outbox::open(dir.join("claim-untallied.db")).unwrap();
+    let kept_totals = alternate_spread(
+        5,
+        || {
+            fill_pending(&tallied, n);
+            drop(tallied.stats().unwrap());
+            let t = Instant::now();
+            assert_eq!(outbox_claim_ack(&tallied, FAR), n);
+            rate(n, t.elapsed())
+        },
+        || {
+            fill_pending(&untallied, n);
+            let t = Instant::now();
+            assert_eq!(outbox_claim_ack(&untallied, FAR), n);
+            rate(n, t.elapsed())
+        },
+    );
+    lines.push(
+        Line::rates(
+            "claim + ack, batches of 100, rows in the pending totals (stats folded them in)".into(),
+            "rows",
+            kept_totals.a,
+            kept_totals.b,
+            "rows stats has not folded in",
+            "",
+        )
+        .with_spread(&kept_totals),
+    );
     // The claim's latency must not grow with delivered history.
     let claim_latency = |history: usize| {
         let path = dir.join(format!("history-{history}.db"));
@@ -719,15 +751,33 @@ fn growth_rows(large: &Outbox, small: &Outbox, beside: &str) -> Vec<Line> {
         rate(2_000, t.elapsed())
     };
     let (large_conn, small_conn) = (large.connection().unwrap(), small.connection().unwrap());
-    let stats = |outbox: &Outbox| {
+    let median_of = |call: &dyn Fn()| {
         let mut samples: Vec<Duration> = (0..21)
             .map(|_| {
                 let t = Instant::now();
-                drop(outbox.stats().unwrap());
+                call();
                 t.elapsed()
             })
             .collect();
         quantile(&mut samples, 0.5)
+    };
+    // The first call folds the rows no call has counted yet into the pending totals (on the
+    // large file, the whole backlog at once); the medians are of the calls after it.
+    let first_call = |outbox: &Outbox| {
+        let t = Instant::now();
+        drop(outbox.stats().unwrap());
+        t.elapsed()
+    };
+    let first = (first_call(large), first_call(small));
+    let stats = |outbox: &Outbox| median_of(&|| drop(outbox.stats().unwrap()));
+    let health = |outbox: &Outbox| {
+        median_of(&|| {
+            drop(
+                outbox
+                    .health(sqlite_outbox::admin::HealthThresholds::default())
+                    .unwrap(),
+            )
+        })
     };
     // Claims and stats first, while both files hold what they were built with; the
     // enqueue rows add to them. The two files' claims alternate, so that a slow spell of
@@ -741,14 +791,16 @@ fn growth_rows(large: &Outbox, small: &Outbox, beside: &str) -> Vec<Line> {
         || timed_claim_and_release(&small_conn, "growth", FAR, 100),
     );
     let stats = (stats(large), stats(small));
+    let health = (health(large), health(small));
     let (large_rate, small_rate) = alternate(3, || enqueue_rate(large), || enqueue_rate(small));
-    let latency = |what: &str, o: Duration, b: Duration| Line {
+    let latency_against = |what: &str, o: Duration, b: Duration, target: &'static str| Line {
         what: format!("{what} beside {beside}"),
         outbox: ms(o),
         baseline: format!("{} (1k pending)", ms(b)),
         ratio: format!("{:.2}×", o.as_secs_f64() / b.as_secs_f64()),
-        target: "≤ 1.2×",
+        target,
     };
+    let latency = |what: &str, o: Duration, b: Duration| latency_against(what, o, b, "≤ 1.2×");
     vec![
         Line::rates(
             format!("enqueue, 1 event/tx, beside {beside}"),
@@ -759,7 +811,14 @@ fn growth_rows(large: &Outbox, small: &Outbox, beside: &str) -> Vec<Line> {
             "≥ 0.83×",
         ),
         latency("claim of 100", claims.0, claims.1),
+        latency_against(
+            "stats, first call (folds the pending rows in)",
+            first.0,
+            first.1,
+            "",
+        ),
         latency("stats", stats.0, stats.1),
+        latency("health", health.0, health.1),
     ]
 }
 

@@ -37,10 +37,13 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let refs: Vec<&OutboundEvent> = events.iter().collect();
-    let acked = queue::ack(&tx, &first.lease_owner, &refs, now)?
-        .into_iter()
-        .filter(|acked| *acked)
-        .count();
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    let acked = crate::tally::around(&tx, &ids, || {
+        queue::ack(&tx, &first.lease_owner, &refs, now)
+    })?
+    .into_iter()
+    .filter(|acked| *acked)
+    .count();
     tx.commit()?;
     Ok(acked)
 }

@@ -671,6 +671,7 @@ pub mod ingest;
 pub mod internal;
 mod limits;
 mod notices;
+mod oldest;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -681,6 +682,7 @@ mod relay;
 mod right_of_way;
 pub mod settings;
 mod signature;
+mod tally;
 mod telemetry;
 pub mod transport;
 pub mod wire;

@@ -40,6 +40,7 @@
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 
 use crate::error::Result;
+use crate::tally;
 use crate::transport::OutboundEvent;
 
 /// A row neither delivered nor dead; `$t` is the table alias with its dot, or `""`.
@@ -56,6 +57,7 @@ macro_rules! parked {
         "9223372036854775807"
     };
 }
+pub(crate) use parked;
 
 /// A lease that is free at time `$now` (never taken, or expired).
 macro_rules! lease_free {
@@ -185,6 +187,28 @@ macro_rules! lease_claimable {
 /// fresh leases (whatever lease length each uses).
 pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 
+/// The inner `SELECT` of [`CLAIM_SQL`]: one priority level's due rows, in due order.
+macro_rules! claim_candidates {
+    () => {
+        concat!(
+            "SELECT e.id FROM outbox_events AS e
+              WHERE ",
+            pending!("e."),
+            " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
+              AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
+            lease_claimable!("e.", "?3", "?7"),
+            " AND (e.partition_key IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM outbox_events AS k
+                      WHERE k.partition_key = e.partition_key AND k.destination = e.destination
+                        AND k.id < e.id AND ",
+            pending!("k."),
+            "))
+              ORDER BY e.available_at, e.id
+              LIMIT CAST(?5 AS INTEGER)"
+        )
+    };
+}
+
 /// Claims due rows of one destination with one `UPDATE … RETURNING`.
 ///
 /// SQLite has one writer at a time, so the statement is atomic: two relays (threads or
@@ -204,24 +228,32 @@ pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 pub(crate) const CLAIM_SQL: &str = concat!(
     "UPDATE outbox_events
         SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
-      WHERE id IN (
-         SELECT e.id FROM outbox_events AS e
-          WHERE ",
-    pending!("e."),
-    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
-      AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
-    lease_claimable!("e.", "?3", "?7"),
-    " AND (e.partition_key IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM outbox_events AS k
-                  WHERE k.partition_key = e.partition_key AND k.destination = e.destination
-                    AND k.id < e.id AND ",
-    pending!("k."),
-    "))
-          ORDER BY e.available_at, e.id
-          LIMIT CAST(?5 AS INTEGER))
+      WHERE id IN (",
+    claim_candidates!(),
+    ")
      RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
                idempotency_key, payload, created_at, attempts, expires_at"
 );
+
+/// The rows [`CLAIM_SQL`] takes, selected alone (for a claim that keeps the pending totals
+/// with [`tally::around`]).
+const CLAIM_CANDIDATES_SQL: &str = claim_candidates!();
+
+/// The ids `sql` selects with `params`, for a write that keeps the pending totals with
+/// [`tally::around`]; none (without running it) while the totals cover no row.
+fn tallied_candidates(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<i64>> {
+    if tally::tallied_through(conn)? == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(conn
+        .prepare_cached(sql)?
+        .query_map(params, |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?)
+}
 
 /// The priority levels of a destination that have a row due (leased or not), most urgent
 /// first: ten seeks into the pending index, one per level, so a claim visits only the
@@ -630,6 +662,8 @@ impl Claimed {
 /// rest of the batch goes out.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed> {
     let mut claimed = Claimed::default();
+    let through = tally::tallied_through(conn)?;
+    let takes_over = tally::claim_may_take_over(conn, through, req.destination, req.now)?;
     // The levels are read one at a time, and reading stops once the claim is full: with a
     // backlog at the default priority the levels below it are never even looked at.
     let mut probe = conn.prepare_cached(DUE_LEVELS_SQL)?;
@@ -642,7 +676,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
             break;
         }
         let first = claimed.events.len();
-        claim_level(conn, req, level, left, &mut claimed)?;
+        claim_level(conn, req, level, left, takes_over, &mut claimed)?;
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
         if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {
@@ -651,18 +685,37 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
     }
     drop(levels);
     drop(probe);
+    if !takes_over {
+        let lease = tally::Leased {
+            through,
+            destination: req.destination,
+            owner: req.owner,
+            expires_at: req.now.saturating_add(req.lease_ms),
+            now: req.now,
+        };
+        let ids = claimed.events.iter().map(|e| e.id);
+        tally::leased(
+            conn,
+            &lease,
+            ids.chain(claimed.unreadable.iter().map(|u| u.id)),
+        )?;
+    }
     for row in &claimed.unreadable {
-        dead_letter_unreadable(conn, row, req.owner, req.now)?;
+        tally::around(conn, &[row.id], || {
+            dead_letter_unreadable(conn, row, req.owner, req.now)
+        })?;
     }
     Ok(claimed)
 }
 
-/// Claims up to `limit` due rows of priority `level` into `claimed`.
+/// Claims up to `limit` due rows of priority `level` into `claimed`; inside
+/// [`tally::around`] if it `takes_over` tallied leases.
 fn claim_level(
     conn: &Connection,
     req: &ClaimRequest<'_>,
     level: i64,
     limit: i64,
+    takes_over: bool,
     claimed: &mut Claimed,
 ) -> Result<()> {
     let lease = Lease {
@@ -670,27 +723,41 @@ fn claim_level(
         owner: req.owner,
         expires_at: req.now.saturating_add(req.lease_ms),
     };
+    let params = params![
+        req.owner,
+        lease.expires_at,
+        req.now,
+        req.destination,
+        limit,
+        req.default_source,
+        req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
+        level,
+    ];
+    if takes_over {
+        let ids = tallied_candidates(conn, CLAIM_CANDIDATES_SQL, params)?;
+        return tally::around(conn, &ids, || {
+            claim_level_rows(conn, &lease, params, claimed)
+        });
+    }
+    claim_level_rows(conn, &lease, params, claimed)
+}
+
+/// Runs [`CLAIM_SQL`] with `params`, decoding the rows it took into `claimed`.
+fn claim_level_rows(
+    conn: &Connection,
+    lease: &Lease<'_>,
+    params: &[&dyn rusqlite::ToSql],
+    claimed: &mut Claimed,
+) -> Result<()> {
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
-    let rows = stmt.query_map(
-        params![
-            req.owner,
-            lease.expires_at,
-            req.now,
-            req.destination,
-            limit,
-            req.default_source,
-            req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
-            level,
-        ],
-        |r| {
-            // The row id is an INTEGER PRIMARY KEY: always readable.
-            let id: i64 = r.get(0)?;
-            Ok(decode_event(r, &lease).map_err(|e| Unreadable {
-                id,
-                error: format!("unreadable row: {e}"),
-            }))
-        },
-    )?;
+    let rows = stmt.query_map(params, |r| {
+        // The row id is an INTEGER PRIMARY KEY: always readable.
+        let id: i64 = r.get(0)?;
+        Ok(decode_event(r, lease).map_err(|e| Unreadable {
+            id,
+            error: format!("unreadable row: {e}"),
+        }))
+    })?;
     for row in rows {
         match row? {
             Ok(event) => claimed.events.push(event),
@@ -1048,6 +1115,16 @@ pub(crate) fn record(
     outcomes: &[(&OutboundEvent, &WriteBack)],
     now: i64,
 ) -> Result<Vec<bool>> {
+    let ids: Vec<i64> = outcomes.iter().map(|(e, _)| e.id).collect();
+    tally::around(conn, &ids, || record_untallied(conn, outcomes, now))
+}
+
+/// [`record`], leaving the pending totals to it.
+fn record_untallied(
+    conn: &Connection,
+    outcomes: &[(&OutboundEvent, &WriteBack)],
+    now: i64,
+) -> Result<Vec<bool>> {
     let mut recorded = vec![false; outcomes.len()];
     let mut i = 0;
     while i < outcomes.len() {
@@ -1090,18 +1167,29 @@ pub(crate) struct ExpiredRow {
     pub event_type: String,
 }
 
+/// The rows [`EXPIRE_SQL`] takes (`?1` now, `?2` the limit, `?3` the latest lease time that
+/// holds).
+macro_rules! expire_candidates {
+    () => {
+        concat!(
+            "SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_expiring
+              WHERE e.expires_at IS NOT NULL AND e.expires_at <= ?1 AND ",
+            pending!("e."),
+            " AND ",
+            lease_claimable!("e.", "?1", "?3"),
+            " LIMIT CAST(?2 AS INTEGER)"
+        )
+    };
+}
+
 /// Expires due rows; see [`expire`].
 const EXPIRE_SQL: &str = concat!(
     "UPDATE outbox_events
         SET dead_at = ?1, expired_at = ?1, lease_owner = NULL, lease_expires_at = NULL,
             last_error = 'expired: not delivered by its deadline'
-      WHERE id IN (
-         SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_expiring
-          WHERE e.expires_at IS NOT NULL AND e.expires_at <= ?1 AND ",
-    pending!("e."),
-    " AND ",
-    lease_claimable!("e.", "?1", "?3"),
-    " LIMIT CAST(?2 AS INTEGER))
+      WHERE id IN (",
+    expire_candidates!(),
+    ")
      RETURNING event_id, destination, event_type, partition_key"
 );
 
@@ -1109,11 +1197,12 @@ const EXPIRE_SQL: &str = concat!(
 /// to a relay right now (a delivery in flight is never expired under it), unparks each
 /// one's key, and counts them. Walks the expiring index only.
 pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<ExpiredRow>> {
-    let mut stmt = conn.prepare_cached(EXPIRE_SQL)?;
-    let rows = stmt
-        .query_map(
-            params![now, limit, now.saturating_add(LEASE_CLOCK_SKEW_MS)],
-            |r| {
+    let params = params![now, limit, now.saturating_add(LEASE_CLOCK_SKEW_MS)];
+    let ids = tallied_candidates(conn, expire_candidates!(), params)?;
+    let rows = tally::around(conn, &ids, || {
+        Ok(conn
+            .prepare_cached(EXPIRE_SQL)?
+            .query_map(params, |r| {
                 Ok((
                     ExpiredRow {
                         event_id: r.get(0)?,
@@ -1122,10 +1211,9 @@ pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<Expi
                     },
                     r.get::<_, Option<String>>(3)?,
                 ))
-            },
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    drop(stmt);
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
     for (row, key) in &rows {
         if let Some(key) = key {
             unpark_next(conn, key, &row.destination, now)?;
@@ -1150,37 +1238,52 @@ pub(crate) fn lease_for_export(
     limit: i64,
     default_source: &str,
 ) -> Result<Vec<crate::transport::OutboundEvent>> {
-    let mut stmt = conn.prepare_cached(concat!(
-        "UPDATE outbox_events SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
-          WHERE id IN (
-             SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_pending
+    // The rows first, then the lease on them, inside `tally::around`: an export may take
+    // over leases that ran out, which the pending totals must see leave.
+    let ids: Vec<i64> = conn
+        .prepare_cached(concat!(
+            "SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_pending
               WHERE ",
-        pending!("e."),
-        " AND e.destination = ?4 AND ",
-        lease_claimable!("e.", "?3", "?7"),
-        " ORDER BY e.id LIMIT CAST(?5 AS INTEGER))
-         RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
-                   idempotency_key, payload, created_at, attempts, expires_at"
-    ))?;
+            pending!("e."),
+            " AND e.destination = ?1 AND ",
+            lease_claimable!("e.", "?2", "?3"),
+            " ORDER BY e.id LIMIT CAST(?4 AS INTEGER)"
+        ))?
+        .query_map(
+            params![
+                destination,
+                now,
+                now.saturating_add(LEASE_CLOCK_SKEW_MS),
+                limit
+            ],
+            |r| r.get(0),
+        )?
+        .collect::<rusqlite::Result<_>>()?;
     let lease = Lease {
         destination,
         owner,
         expires_at: now.saturating_add(lease_ms),
     };
-    let mut events = stmt
-        .query_map(
-            params![
-                owner,
-                lease.expires_at,
-                now,
-                destination,
-                limit,
-                default_source,
-                now.saturating_add(LEASE_CLOCK_SKEW_MS)
-            ],
-            |r| decode_event(r, &lease),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut events = tally::around(conn, &ids, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE outbox_events SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
+                  WHERE id IN (SELECT value FROM json_each(?4))
+                 RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
+                           idempotency_key, payload, created_at, attempts, expires_at",
+            )?
+            .query_map(
+                params![
+                    owner,
+                    lease.expires_at,
+                    now,
+                    json_ids(ids.iter().copied()),
+                    default_source
+                ],
+                |r| decode_event(r, &lease),
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
     events.sort_unstable_by_key(|e| e.id);
     Ok(events)
 }
@@ -1194,17 +1297,19 @@ pub(crate) fn mark_exported(
     now: i64,
 ) -> Result<usize> {
     let list = json_ids(ids.iter().copied());
-    let rows = conn
-        .prepare_cached(
-            "UPDATE outbox_events
-                SET dead_at = ?3, exported_at = ?3, lease_owner = NULL, lease_expires_at = NULL
-              WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
-             RETURNING partition_key, destination",
-        )?
-        .query_map(params![list, owner, now], |r| {
-            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let rows = tally::around(conn, ids, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE outbox_events
+                    SET dead_at = ?3, exported_at = ?3, lease_owner = NULL, lease_expires_at = NULL
+                  WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2
+                 RETURNING partition_key, destination",
+            )?
+            .query_map(params![list, owner, now], |r| {
+                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
     for (key, destination) in &rows {
         if let Some(key) = key {
             unpark_next(conn, key, destination, now)?;
@@ -1216,12 +1321,14 @@ pub(crate) fn mark_exported(
 /// Hands back rows `ids` leased by `owner` (an export that failed): pending as before.
 pub(crate) fn release_export(conn: &Connection, owner: &str, ids: &[i64]) -> Result<()> {
     let list = json_ids(ids.iter().copied());
-    conn.prepare_cached(
-        "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
-          WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2",
-    )?
-    .execute(params![list, owner])?;
-    Ok(())
+    tally::around(conn, ids, || {
+        conn.prepare_cached(
+            "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL
+              WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2",
+        )?
+        .execute(params![list, owner])?;
+        Ok(())
+    })
 }
 
 /// Makes the oldest pending event of `key` due if it is parked: called whenever a key's head
@@ -1259,24 +1366,34 @@ macro_rules! retry_reset {
 
 /// Resets every undelivered row of `event_id` for an operator's retry; returns how many.
 pub(crate) fn retry_event(tx: &Transaction<'_>, event_id: &str, now: i64) -> Result<usize> {
-    Ok(tx
-        .prepare_cached(concat!(
-            "UPDATE outbox_events ",
-            retry_reset!(),
-            " WHERE event_id = ?1 AND delivered_at IS NULL"
-        ))?
-        .execute(params![event_id, now])?)
+    let ids: Vec<i64> = tx
+        .prepare_cached(
+            "SELECT id FROM outbox_events WHERE event_id = ?1 AND delivered_at IS NULL",
+        )?
+        .query_map([event_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    tally::around(tx, &ids, || {
+        Ok(tx
+            .prepare_cached(concat!(
+                "UPDATE outbox_events ",
+                retry_reset!(),
+                " WHERE event_id = ?1 AND delivered_at IS NULL"
+            ))?
+            .execute(params![event_id, now])?)
+    })
 }
 
 /// Resets one dead row (by row id) for an operator's retry; returns how many (0 or 1).
 pub(crate) fn retry_row(tx: &Transaction<'_>, id: i64, now: i64) -> Result<usize> {
-    Ok(tx
-        .prepare_cached(concat!(
-            "UPDATE outbox_events ",
-            retry_reset!(),
-            " WHERE id = ?1"
-        ))?
-        .execute(params![id, now])?)
+    tally::around(tx, &[id], || {
+        Ok(tx
+            .prepare_cached(concat!(
+                "UPDATE outbox_events ",
+                retry_reset!(),
+                " WHERE id = ?1"
+            ))?
+            .execute(params![id, now])?)
+    })
 }
 
 /// Dead rows committed in `[since, until)`, as `(row id, event type)`.

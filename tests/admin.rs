@@ -30,7 +30,8 @@ fn enqueue(outbox: &Outbox, event_type: &str, n: usize) -> Vec<String> {
 }
 
 /// Changes rows by hand, then recounts the delivered totals as the queue would have kept
-/// them (the outbox counts deliveries as it makes them; a hand edit bypasses that).
+/// them and drops the pending totals, which `stats` then counts again (the outbox keeps
+/// both as it writes; a hand edit bypasses that).
 fn set(outbox: &Outbox, sql: &str) {
     let conn = outbox.connection().unwrap();
     conn.execute_batch(sql).unwrap();
@@ -40,7 +41,10 @@ fn set(outbox: &Outbox, sql: &str) {
 const RECOUNT_DELIVERED: &str = "DELETE FROM outbox_delivered_totals;
     INSERT INTO outbox_delivered_totals
     SELECT destination, COUNT(*) FROM outbox_events
-     WHERE delivered_at IS NOT NULL GROUP BY destination;";
+     WHERE delivered_at IS NOT NULL GROUP BY destination;
+    DELETE FROM outbox_pending_tally;
+    DELETE FROM outbox_lease_tally;
+    UPDATE outbox_stats SET tallied_through = 0;";
 
 /// The trigger-kept totals must equal a real count whatever happened.
 fn assert_totals_exact(outbox: &Outbox) {
@@ -355,6 +359,100 @@ fn health_turns_degraded_and_back() {
     outbox.enable_destination("default").unwrap();
     assert!(outbox.health(thresholds).unwrap().ok);
     let _ = ids;
+}
+
+/// The oldest pending event's age as `stats` and `health` report it must equal one found
+/// by reading every pending row, whatever moved the rows' due times.
+fn assert_oldest_exact(outbox: &Outbox, now: i64) {
+    let conn = outbox.connection().unwrap();
+    let by_pass: Option<i64> = conn
+        .query_row(
+            "SELECT MIN(created_at) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let stats = outbox.stats().unwrap();
+    assert_eq!(stats.oldest_pending_age_ms, by_pass.map(|t| now - t));
+    let Some(age) = stats.oldest_pending_age_ms else {
+        return;
+    };
+    let just_under = HealthThresholds {
+        max_pending_age: Duration::from_millis(age as u64 - 1),
+    };
+    let at = HealthThresholds {
+        max_pending_age: Duration::from_millis(age as u64),
+    };
+    let flagged = |t| {
+        let h = outbox.health(t).unwrap();
+        h.reasons.iter().any(|r| r.contains("oldest pending"))
+    };
+    assert!(flagged(just_under) && !flagged(at), "age {age}");
+}
+
+#[test]
+fn the_oldest_pending_age_holds_through_retries_unparking_and_operator_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("oldest.db"))
+        .unwrap();
+    let status = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(500));
+    let answer = status.clone();
+    let receiver = TestReceiver::start(0, move |_| {
+        match answer.load(std::sync::atomic::Ordering::SeqCst) {
+            500 => Reply::Status(500),
+            _ => Reply::StatusBody(422, "schema mismatch"),
+        }
+    });
+    let keyed = |i: i64| Event::new("k", json!({ "i": i })).partition_key("k");
+    let add = |event: Event| {
+        outbox
+            .transaction(|tx| outbox.enqueue(tx, event))
+            .unwrap()
+            .event_id()
+            .to_string()
+    };
+    // A key's head and the event parked behind it, then an event of its own.
+    let head = add(keyed(1));
+    let parked = add(keyed(2));
+    clock.advance_ms(1_000);
+    let single = add(Event::new("u", json!(3)));
+    assert_oldest_exact(&outbox, T0 + 1_000);
+    // Failed attempts move the head's and the single event's due times to their retries
+    // (the manual clock stands still, so the retries stay ahead).
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)
+        .iter()
+        .filter(|r| r.attempts > 0)
+        .count()
+        == 2));
+    relay.shutdown();
+    clock.advance_ms(1_000);
+    add(Event::new("u", json!(4)).priority(0));
+    assert_oldest_exact(&outbox, T0 + 2_000);
+    // Refused for good: each head's dead letter unparks the next event of its key.
+    status.store(422, std::sync::atomic::Ordering::SeqCst);
+    clock.advance_ms(60_000);
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || outbox.stats().unwrap().dead == 4));
+    relay.shutdown();
+    assert_oldest_exact(&outbox, T0 + 62_000);
+    // An operator's retries make dead letters pending again, due now.
+    clock.advance_ms(1_000);
+    assert_eq!(outbox.retry(&[single.as_str()]).unwrap(), 1);
+    assert_oldest_exact(&outbox, T0 + 63_000);
+    assert_eq!(outbox.retry(&[parked.as_str(), head.as_str()]).unwrap(), 2);
+    assert_oldest_exact(&outbox, T0 + 63_000);
+    assert_eq!(outbox.stats().unwrap().pending, 3);
 }
 
 #[test]

@@ -153,15 +153,15 @@ impl Housekeeping {
 }
 
 fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
-    let (pending, oldest, pages, page_size): (i64, Option<i64>, i64, i64) = conn.query_row(
+    let (pending, pages, page_size): (i64, i64, i64) = conn.query_row(
         &format!(
             "SELECT (SELECT COUNT(*) FROM outbox_events WHERE {PENDING}),
-                    (SELECT MIN(created_at) FROM outbox_events WHERE {PENDING}),
                     (SELECT * FROM pragma_page_count()), (SELECT * FROM pragma_page_size())"
         ),
         [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
+    let oldest = crate::oldest::oldest_pending_anywhere(conn)?;
     crate::telemetry::gauges(pending, oldest.map(|t| now_ms - t), pages * page_size);
     Ok(())
 }

@@ -1,0 +1,528 @@
+//! Kept totals of the pending rows (schema version 11), so `stats` beside a week's backlog
+//! reads what it returns instead of the backlog.
+//!
+//! The totals cover the rows up to `outbox_stats.tallied_through`: by destination and
+//! attempts spent, how many pending rows and their payload bytes (`outbox_pending_tally`),
+//! and by lease, how many of them are leased (`outbox_lease_tally`). Rows above it are
+//! counted when `stats` reads, and folded in by [`fold`]. Ids only rise, so an enqueue
+//! always lands above it and never writes a total: the totals cost nothing until `stats`
+//! has folded rows in, and then only the writes that touch those rows.
+//!
+//! Every write that changes a tallied row keeps the totals in its own transaction:
+//!
+//! - most run inside [`around`], which takes what the rows hold from the totals before the
+//!   write and adds it back after, so the totals follow whatever the write did (nothing,
+//!   if a lease fence turned it away);
+//! - a claim that takes over no lease adds its leases with [`leased`] (one that may runs
+//!   inside [`around`], see [`claim_may_take_over`]);
+//! - deleting a pending row (coalescing, a storage limit, whether this crate or another
+//!   program's SQL does it) runs the `outbox_events_tallied_delete` trigger.
+//!
+//! A lease is in flight while it holds: not expired, and not taken while the clock was ahead
+//! (what a claim would take over, see `LEASE_CLOCK_SKEW_MS`).
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use crate::error::Result;
+use crate::queue::{pending, LEASE_CLOCK_SKEW_MS};
+
+/// The most row ids one fold transaction covers after the first: a fold holds the write
+/// lock for a few milliseconds at most, however long `stats` was not called.
+const FOLD_IDS: i64 = 20_000;
+
+/// The highest row id the totals cover (0: none yet).
+pub(crate) fn tallied_through(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT tallied_through FROM outbox_stats WHERE id = 1")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Runs `write`, which changes no tallied row but those of `ids`, and keeps the totals: what
+/// those rows hold is taken out before and added back after. Costs nothing (one read) when
+/// no row of `ids` is tallied.
+pub(crate) fn around<T>(
+    conn: &Connection,
+    ids: &[i64],
+    write: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let through = tallied_through(conn)?;
+    if !ids.iter().any(|id| *id <= through) {
+        return write();
+    }
+    let list = json_ids(ids);
+    apply(conn, &list, -1)?;
+    let written = write()?;
+    apply(conn, &list, 1)?;
+    Ok(written)
+}
+
+/// Adds `sign` times what the tallied rows among `ids` (a JSON array) hold now.
+fn apply(conn: &Connection, ids: &str, sign: i64) -> Result<()> {
+    conn.prepare_cached(concat!(
+        "INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
+         SELECT destination, attempts, ?2 * COUNT(*), ?2 * SUM(length(CAST(payload AS BLOB)))
+           FROM outbox_events
+          WHERE id IN (SELECT value FROM json_each(?1))
+            AND id <= (SELECT tallied_through FROM outbox_stats WHERE id = 1) AND ",
+        pending!(""),
+        " GROUP BY destination, attempts
+         ON CONFLICT (destination, attempts)
+         DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes"
+    ))?
+    .execute(params![ids, sign])?;
+    conn.prepare_cached(concat!(
+        "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
+         SELECT lease_owner, destination, MAX(lease_expires_at), MAX(COALESCE(leased_at, 0)),
+                ?2 * COUNT(*)
+           FROM outbox_events
+          WHERE id IN (SELECT value FROM json_each(?1))
+            AND id <= (SELECT tallied_through FROM outbox_stats WHERE id = 1) AND ",
+        pending!(""),
+        " AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL
+          GROUP BY lease_owner, destination
+         ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows"
+    ))?
+    .execute(params![ids, sign])?;
+    Ok(())
+}
+
+/// Whether a claim of `destination` at `now`, while the totals cover the rows up to
+/// `through`, may take over a tallied lease (one that ran out, or was taken while the clock
+/// was ahead): then the claim must run inside [`around`], so that the rows it takes leave
+/// their old lease's count. Otherwise [`leased`] after it is exact. Costs the claim nothing
+/// while nothing is tallied, else one read of a table of a few rows.
+pub(crate) fn claim_may_take_over(
+    conn: &Connection,
+    through: i64,
+    destination: &str,
+    now: i64,
+) -> Result<bool> {
+    if through == 0 {
+        return Ok(false);
+    }
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM outbox_lease_tally
+                             WHERE destination = ?1 AND rows > 0
+                               AND (expires_at <= ?2 OR leased_at > ?3))",
+        )?
+        .query_row(
+            params![destination, now, now.saturating_add(LEASE_CLOCK_SKEW_MS)],
+            |r| r.get(0),
+        )?)
+}
+
+/// What a claim took that held no lease before (see [`claim_may_take_over`]): rows `ids`
+/// of `destination`, leased to `owner` from `now` until `expires_at`. Counts the leases of
+/// the rows up to `through` (the totals' cover). Call it before anything else changes the
+/// claimed rows.
+pub(crate) struct Leased<'a> {
+    pub through: i64,
+    pub destination: &'a str,
+    pub owner: &'a str,
+    pub expires_at: i64,
+    pub now: i64,
+}
+
+/// Counts `lease`'s rows `ids` that the totals cover; see [`Leased`].
+pub(crate) fn leased(
+    conn: &Connection,
+    lease: &Leased<'_>,
+    ids: impl IntoIterator<Item = i64>,
+) -> Result<()> {
+    let taken = ids.into_iter().filter(|id| *id <= lease.through).count() as i64;
+    if taken == 0 {
+        return Ok(());
+    }
+    conn.prepare_cached(
+        "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows",
+    )?
+    .execute(params![
+        lease.owner,
+        lease.destination,
+        lease.expires_at,
+        lease.now,
+        taken
+    ])?;
+    Ok(())
+}
+
+/// Folds the rows above `tallied_through` into the totals, if the write lock is free right
+/// now: the first fold reads every pending row once, through the pending index; later ones
+/// read the rows committed since, at most [`FOLD_IDS`] ids a transaction. Best effort: if
+/// another writer holds the lock, or the file is read-only, [`read`] counts those rows
+/// instead, as exactly.
+pub(crate) fn fold(conn: &mut Connection) -> Result<()> {
+    let patience: i64 = conn.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
+    conn.busy_timeout(std::time::Duration::ZERO)?;
+    if let Err(e) = fold_while_free(conn) {
+        log::debug!("pending totals not folded now: {e}");
+    }
+    conn.busy_timeout(std::time::Duration::from_millis(patience.max(0) as u64))?;
+    Ok(())
+}
+
+fn fold_while_free(conn: &mut Connection) -> Result<()> {
+    loop {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let through = tallied_through(&tx)?;
+        let top: i64 = tx
+            .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
+            .query_row([], |r| r.get(0))?;
+        if top <= through {
+            return Ok(());
+        }
+        // The first fold counts every pending row through the pending index, never reading
+        // delivered history; later ones read the ids committed since the last.
+        let (rows, upto) = if through == 0 {
+            ("outbox_events INDEXED BY outbox_events_pending", top)
+        } else {
+            ("outbox_events", top.min(through + FOLD_IDS))
+        };
+        tx.execute(
+            &format!(
+                "INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
+                 SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB)))
+                   FROM {rows} WHERE id > ?1 AND id <= ?2 AND {}
+                  GROUP BY destination, attempts
+                 ON CONFLICT (destination, attempts)
+                 DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes",
+                pending!("")
+            ),
+            params![through, upto],
+        )?;
+        tx.execute(
+            &format!(
+                "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
+                 SELECT lease_owner, destination, MAX(lease_expires_at),
+                        MAX(COALESCE(leased_at, 0)), COUNT(*)
+                   FROM {rows} WHERE id > ?1 AND id <= ?2 AND {}
+                    AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL
+                  GROUP BY lease_owner, destination
+                 ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows",
+                pending!("")
+            ),
+            params![through, upto],
+        )?;
+        tx.execute(
+            "UPDATE outbox_stats SET tallied_through = ?1 WHERE id = 1",
+            [upto],
+        )?;
+        // Counts of nothing are dropped. A lease that ran out stays until its rows leave it:
+        // a clock set back would make it hold again.
+        tx.execute("DELETE FROM outbox_lease_tally WHERE rows = 0", [])?;
+        tx.execute("DELETE FROM outbox_pending_tally WHERE rows = 0", [])?;
+        tx.commit()?;
+        if upto == top {
+            return Ok(());
+        }
+    }
+}
+
+/// The pending rows of one destination, as [`read`] counts them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Pending {
+    pub rows: i64,
+    pub bytes: i64,
+    /// Rows leased by a lease that holds at `now`.
+    pub leased: i64,
+    /// Rows by attempts spent (none left out, zero included).
+    pub by_attempts: BTreeMap<i64, i64>,
+}
+
+/// The pending rows by destination at `now`: the totals, and the rows above them counted
+/// here. Call it inside one read transaction, so both are of one moment.
+pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pending>> {
+    let mut by_destination: BTreeMap<String, Pending> = BTreeMap::new();
+    let through = tallied_through(conn)?;
+    let latest = now.saturating_add(LEASE_CLOCK_SKEW_MS);
+    let mut add = |destination: String, attempts: i64, rows: i64, bytes: i64, leased: i64| {
+        let p = by_destination.entry(destination).or_default();
+        p.rows += rows;
+        p.bytes += bytes;
+        p.leased += leased;
+        *p.by_attempts.entry(attempts).or_default() += rows;
+    };
+    let mut tallied = conn.prepare_cached(
+        "SELECT destination, attempts, rows, bytes FROM outbox_pending_tally WHERE rows <> 0",
+    )?;
+    for row in tallied.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))? {
+        let (destination, attempts, rows, bytes) = row?;
+        add(destination, attempts, rows, bytes, 0);
+    }
+    let mut leases = conn.prepare_cached(
+        "SELECT destination, SUM(rows) FROM outbox_lease_tally
+          WHERE expires_at > ?1 AND leased_at <= ?2 GROUP BY destination",
+    )?;
+    for row in leases.query_map(params![now, latest], |r| Ok((r.get(0)?, r.get(1)?)))? {
+        let (destination, leased) = row?;
+        add(destination, 0, 0, 0, leased);
+    }
+    // Rows above the totals: all of them through the pending index if nothing is tallied
+    // yet, else the ids since (a range of the table, never the history below it).
+    let above = if through == 0 {
+        "outbox_events INDEXED BY outbox_events_pending"
+    } else {
+        "outbox_events"
+    };
+    let mut counted = conn.prepare_cached(&format!(
+        "SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB))),
+                SUM(COALESCE(lease_expires_at > ?2 AND COALESCE(leased_at, 0) <= ?3, 0))
+           FROM {above} WHERE id > ?1 AND {}
+          GROUP BY destination, attempts",
+        pending!("")
+    ))?;
+    for row in counted.query_map(params![through, now, latest], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })? {
+        let (destination, attempts, rows, bytes, leased) = row?;
+        add(destination, attempts, rows, bytes, leased);
+    }
+    by_destination.retain(|_, p| p.rows != 0);
+    for p in by_destination.values_mut() {
+        p.by_attempts.retain(|_, n| *n != 0);
+    }
+    Ok(by_destination)
+}
+
+/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
+fn json_ids(ids: &[i64]) -> String {
+    let list: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    format!("[{}]", list.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::queue::{self, ClaimRequest, WriteBack};
+    use crate::transport::OutboundEvent;
+    use crate::{Event, Outbox, StoragePolicy};
+
+    /// The pending rows by destination counted the slow way, a pass over every row: what
+    /// the totals must always agree with.
+    fn by_pass(conn: &Connection, now: i64) -> BTreeMap<String, Pending> {
+        let mut by_destination: BTreeMap<String, Pending> = BTreeMap::new();
+        let mut stmt = conn
+            .prepare(concat!(
+                "SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB))),
+                        SUM(COALESCE(lease_expires_at > ?1 AND COALESCE(leased_at, 0) <= ?2, 0))
+                   FROM outbox_events WHERE ",
+                pending!(""),
+                " GROUP BY destination, attempts"
+            ))
+            .unwrap();
+        let rows = stmt
+            .query_map(params![now, now + LEASE_CLOCK_SKEW_MS], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap();
+        for row in rows {
+            let (destination, attempts, rows, bytes, leased): (String, i64, i64, i64, i64) =
+                row.unwrap();
+            let p = by_destination.entry(destination).or_default();
+            p.rows += rows;
+            p.bytes += bytes;
+            p.leased += leased;
+            *p.by_attempts.entry(attempts).or_default() += rows;
+        }
+        by_destination
+    }
+
+    fn in_tx<T>(outbox: &Outbox, f: impl FnOnce(&Connection) -> Result<T>) -> T {
+        try_in_tx(outbox, f).unwrap()
+    }
+
+    /// Runs `f` in a write transaction, committed if `f` succeeds and rolled back if not.
+    fn try_in_tx<T>(outbox: &Outbox, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let mut conn = outbox.connection().unwrap();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        let out = f(&tx)?;
+        tx.commit().unwrap();
+        Ok(out)
+    }
+
+    /// Random writes of every kind that touches pending rows, through the crate's own
+    /// functions, with folds at random moments: after each, the totals and the rows above
+    /// them must count exactly what a pass over the table counts.
+    #[test]
+    fn the_totals_agree_with_a_pass_through_every_kind_of_write() {
+        for seed in 0..20 {
+            run_random_writes(seed);
+        }
+    }
+
+    fn run_random_writes(seed: u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let outbox = Outbox::builder()
+            .clock(clock.clone())
+            .route("a.*", "a")
+            .route("b.*", "b")
+            .route("b.*", "a")
+            .max_pending(60)
+            .storage_policy("b.*", StoragePolicy::DropOldest)
+            .open(dir.path().join("tally.db"))
+            .unwrap();
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut claimed: Vec<OutboundEvent> = Vec::new();
+        let mut exports: Vec<(String, Vec<i64>)> = Vec::new();
+        let mut folds = 0;
+        for step in 0..400 {
+            let now = clock.now_ms();
+            let op = rng.u8(0..14);
+            match op {
+                0..=2 => {
+                    let kind = if rng.bool() { "a.x" } else { "b.y" };
+                    let mut event = Event::new(kind, serde_json::json!({ "n": rng.u32(..) }));
+                    if rng.u8(0..3) == 0 {
+                        event = event.partition_key(format!("k{}", rng.u8(0..3)));
+                    }
+                    if rng.u8(0..4) == 0 {
+                        event = event.coalesce_key(format!("c{}", rng.u8(0..3)));
+                    }
+                    if rng.u8(0..4) == 0 {
+                        event =
+                            event.expires_in(std::time::Duration::from_millis(rng.u64(1..5_000)));
+                    }
+                    // Full is a refusal, which changes nothing.
+                    let _ = outbox.transaction(|tx| outbox.enqueue(tx, event));
+                }
+                3 => {
+                    // The SQL contract, as another program writes it.
+                    let conn = outbox.connection().unwrap();
+                    let _ = conn.execute(
+                        "INSERT INTO outbox_enqueue (type, data, key, coalesce_key)
+                         VALUES ('a.sql', json_object('n', ?1), ?2, ?3)",
+                        params![
+                            rng.u32(..),
+                            (rng.u8(0..3) == 0).then_some("k1"),
+                            (rng.u8(0..3) == 0).then_some("c1")
+                        ],
+                    );
+                }
+                4 | 5 => {
+                    let destination = if rng.bool() { "a" } else { "b" };
+                    let owner = format!("relay-{step}");
+                    let request = ClaimRequest {
+                        destination,
+                        default_source: "/t",
+                        owner: &owner,
+                        now,
+                        lease_ms: rng.i64(1..20_000),
+                        limit: rng.i64(1..8),
+                    };
+                    let got = in_tx(&outbox, |tx| queue::claim(tx, &request));
+                    claimed.extend(got.events);
+                }
+                6 | 7 if !claimed.is_empty() => {
+                    let n = rng.usize(1..=claimed.len().min(6));
+                    let batch: Vec<OutboundEvent> = claimed.drain(..n).collect();
+                    let outcomes: Vec<WriteBack> = batch
+                        .iter()
+                        .map(|_| match rng.u8(0..5) {
+                            0 | 1 => WriteBack::Delivered,
+                            2 => WriteBack::Retry {
+                                available_at: now + rng.i64(0..3_000),
+                                error: "HTTP 503".into(),
+                            },
+                            3 => WriteBack::Dead {
+                                error: "HTTP 400".into(),
+                            },
+                            _ => WriteBack::Release {
+                                error: None,
+                                available_at: None,
+                            },
+                        })
+                        .collect();
+                    let pairs: Vec<(&OutboundEvent, &WriteBack)> =
+                        batch.iter().zip(outcomes.iter()).collect();
+                    in_tx(&outbox, |tx| queue::record(tx, &pairs, now));
+                }
+                8 => {
+                    in_tx(&outbox, |tx| queue::expire(tx, now, 50));
+                }
+                9 => {
+                    let dead: Vec<String> = outbox
+                        .list(Some(crate::admin::State::Dead), 3)
+                        .unwrap()
+                        .into_iter()
+                        .map(|r| r.event_id)
+                        .collect();
+                    let refs: Vec<&str> = dead.iter().map(String::as_str).collect();
+                    outbox.retry(&refs).unwrap();
+                    if rng.bool() {
+                        outbox
+                            .retry_dead(&crate::admin::DeadFilter::default())
+                            .unwrap();
+                    }
+                }
+                10 => {
+                    let owner = format!("export-{step}");
+                    // An export refuses a file with a badly written row (below): nothing
+                    // is leased then.
+                    let leased = try_in_tx(&outbox, |tx| {
+                        queue::lease_for_export(tx, "a", &owner, now, 60_000, 4, "/t")
+                    });
+                    if let Ok(events) = leased {
+                        exports.push((owner, events.iter().map(|e| e.id).collect()));
+                    }
+                }
+                11 if !exports.is_empty() => {
+                    let (owner, ids) = exports.remove(0);
+                    if rng.bool() {
+                        in_tx(&outbox, |tx| queue::mark_exported(tx, &owner, &ids, now));
+                    } else {
+                        in_tx(&outbox, |tx| queue::release_export(tx, &owner, &ids));
+                    }
+                }
+                12 if rng.u8(0..4) == 0 => {
+                    // A row another program wrote badly (a REAL time): the next claim that
+                    // takes it dead-letters it. Nothing the totals count changes here.
+                    let conn = outbox.connection().unwrap();
+                    conn.execute(
+                        "UPDATE outbox_events SET created_at = created_at + 0.5
+                          WHERE id = (SELECT id FROM outbox_events
+                                       WHERE delivered_at IS NULL AND dead_at IS NULL
+                                       ORDER BY random() LIMIT 1)",
+                        [],
+                    )
+                    .unwrap();
+                }
+                12 => {
+                    let mut conn = outbox.connection().unwrap();
+                    fold(&mut conn).unwrap();
+                    folds += 1;
+                }
+                _ => {
+                    // Time passes (leases and deadlines run out), or the clock steps back.
+                    if rng.u8(0..6) == 0 {
+                        clock.advance_ms(-rng.i64(1..10_000));
+                    } else {
+                        clock.advance_ms(rng.i64(1..4_000));
+                    }
+                }
+            }
+            let now = clock.now_ms();
+            let mut conn = outbox.connection().unwrap();
+            let tx = conn.transaction().unwrap();
+            assert_eq!(
+                read(&tx, now).unwrap(),
+                by_pass(&tx, now),
+                "seed {seed}, step {step}"
+            );
+        }
+        assert!(folds > 0);
+        let conn = outbox.connection().unwrap();
+        assert!(
+            tallied_through(&conn).unwrap() > 0,
+            "seed {seed}: nothing was tallied"
+        );
+    }
+}
