@@ -38,9 +38,20 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let refs: Vec<&OutboundEvent> = events.iter().collect();
     let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-    let acked = crate::tally::around(&tx, &ids, || {
-        queue::ack(&tx, &first.lease_owner, &refs, now)
-    })?
+    // Rows it acked left pending: only the others are read again for the totals.
+    let still_pending = |acked: &Vec<bool>| {
+        ids.iter()
+            .zip(acked)
+            .filter(|(_, acked)| !**acked)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let acked = crate::tally::around_then(
+        &tx,
+        &ids,
+        || queue::ack(&tx, &first.lease_owner, &refs, now),
+        still_pending,
+    )?
     .into_iter()
     .filter(|acked| *acked)
     .count();

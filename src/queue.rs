@@ -1116,7 +1116,21 @@ pub(crate) fn record(
     now: i64,
 ) -> Result<Vec<bool>> {
     let ids: Vec<i64> = outcomes.iter().map(|(e, _)| e.id).collect();
-    tally::around(conn, &ids, || record_untallied(conn, outcomes, now))
+    // Rows it marked delivered left pending: only the others are read again for the totals.
+    let still_pending = |recorded: &Vec<bool>| {
+        outcomes
+            .iter()
+            .zip(recorded)
+            .filter(|((_, w), done)| !(**done && **w == WriteBack::Delivered))
+            .map(|((e, _), _)| e.id)
+            .collect()
+    };
+    tally::around_then(
+        conn,
+        &ids,
+        || record_untallied(conn, outcomes, now),
+        still_pending,
+    )
 }
 
 /// [`record`], leaving the pending totals to it.

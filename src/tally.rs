@@ -21,7 +21,7 @@
 //! A lease is in flight while it holds: not expired, and not taken while the clock was ahead
 //! (what a claim would take over, see `LEASE_CLOCK_SKEW_MS`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rusqlite::{params, Connection, TransactionBehavior};
 
@@ -40,52 +40,157 @@ pub(crate) fn tallied_through(conn: &Connection) -> Result<i64> {
 }
 
 /// Runs `write`, which changes no tallied row but those of `ids`, and keeps the totals: what
-/// those rows hold is taken out before and added back after. Costs nothing (one read) when
-/// no row of `ids` is tallied.
+/// those rows held before is taken out and what they hold after is added. Costs nothing
+/// but one read when no row of `ids` is tallied.
 pub(crate) fn around<T>(
     conn: &Connection,
     ids: &[i64],
     write: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
+    around_then(conn, ids, write, |_| ids.to_vec())
+}
+
+/// [`around`] for a write that tells, from what it returns, which of `ids` may still be
+/// pending after it (an ack's delivered rows are not): only those are read again.
+pub(crate) fn around_then<T>(
+    conn: &Connection,
+    ids: &[i64],
+    write: impl FnOnce() -> Result<T>,
+    still_pending: impl FnOnce(&T) -> Vec<i64>,
+) -> Result<T> {
     let through = tallied_through(conn)?;
     if !ids.iter().any(|id| *id <= through) {
         return write();
     }
-    let list = json_ids(ids);
-    apply(conn, &list, -1)?;
+    let before = Held::read(conn, ids, through)?;
     let written = write()?;
-    apply(conn, &list, 1)?;
+    let after = Held::read(conn, &still_pending(&written), through)?;
+    after.subtract(before).apply(conn)?;
     Ok(written)
 }
 
-/// Adds `sign` times what the tallied rows among `ids` (a JSON array) hold now.
-fn apply(conn: &Connection, ids: &str, sign: i64) -> Result<()> {
-    conn.prepare_cached(concat!(
-        "INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
-         SELECT destination, attempts, ?2 * COUNT(*), ?2 * SUM(length(CAST(payload AS BLOB)))
-           FROM outbox_events
-          WHERE id IN (SELECT value FROM json_each(?1))
-            AND id <= (SELECT tallied_through FROM outbox_stats WHERE id = 1) AND ",
-        pending!(""),
-        " GROUP BY destination, attempts
-         ON CONFLICT (destination, attempts)
-         DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes"
-    ))?
-    .execute(params![ids, sign])?;
-    conn.prepare_cached(concat!(
-        "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
-         SELECT lease_owner, destination, MAX(lease_expires_at), MAX(COALESCE(leased_at, 0)),
-                ?2 * COUNT(*)
-           FROM outbox_events
-          WHERE id IN (SELECT value FROM json_each(?1))
-            AND id <= (SELECT tallied_through FROM outbox_stats WHERE id = 1) AND ",
-        pending!(""),
-        " AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL
-          GROUP BY lease_owner, destination
-         ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows"
-    ))?
-    .execute(params![ids, sign])?;
-    Ok(())
+/// What some tallied pending rows hold, summed as the totals count them. Keyed by name first,
+/// so that adding a row looks its names up as `&str` and allocates nothing (this runs in
+/// every ack of tallied rows, and over every row of a fold).
+#[derive(Debug, Default)]
+struct Held {
+    /// By destination, then attempts: rows and bytes.
+    pending: HashMap<String, HashMap<i64, (i64, i64)>>,
+    /// By owner, then destination: the lease's end and start, and its rows.
+    leases: HashMap<String, HashMap<String, (i64, i64, i64)>>,
+}
+
+/// What [`Held::add_row`] reads, in this order (as integers and text whatever a hand wrote).
+const HELD_COLUMNS: &str = "CAST(destination AS TEXT), CAST(attempts AS INTEGER),
+    length(CAST(payload AS BLOB)), CAST(lease_owner AS TEXT),
+    CAST(lease_expires_at AS INTEGER), CAST(COALESCE(leased_at, 0) AS INTEGER)";
+
+impl Held {
+    /// What the rows `ids` that the totals cover (up to `through`) hold now: one read of
+    /// those rows, which the write around it reads anyway.
+    fn read(conn: &Connection, ids: &[i64], through: i64) -> Result<Held> {
+        let mut held = Held::default();
+        if !ids.iter().any(|id| *id <= through) {
+            return Ok(held);
+        }
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {HELD_COLUMNS} FROM outbox_events
+              WHERE id IN (SELECT value FROM json_each(?1)) AND id <= ?2 AND {}",
+            pending!("")
+        ))?;
+        let mut rows = stmt.query(params![json_ids(ids), through])?;
+        while let Some(row) = rows.next()? {
+            held.add_row(row)?;
+        }
+        Ok(held)
+    }
+
+    /// Adds one row of [`HELD_COLUMNS`].
+    fn add_row(&mut self, row: &rusqlite::Row<'_>) -> Result<()> {
+        let destination = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+        let (attempts, bytes): (i64, i64) = (row.get(1)?, row.get(2)?);
+        let by_attempts = match self.pending.get_mut(destination) {
+            Some(by_attempts) => by_attempts,
+            None => self.pending.entry(destination.to_owned()).or_default(),
+        };
+        let counted = by_attempts.entry(attempts).or_default();
+        counted.0 += 1;
+        counted.1 += bytes;
+        let owner = row
+            .get_ref(3)?
+            .as_str_or_null()
+            .map_err(rusqlite::Error::from)?;
+        if let (Some(owner), Some(expires_at)) = (owner, row.get::<_, Option<i64>>(4)?) {
+            let by_destination = match self.leases.get_mut(owner) {
+                Some(by_destination) => by_destination,
+                None => self.leases.entry(owner.to_owned()).or_default(),
+            };
+            match by_destination.get_mut(destination) {
+                Some(lease) => lease.2 += 1,
+                None => {
+                    by_destination.insert(destination.to_owned(), (expires_at, row.get(5)?, 1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `self` less `before`: the change to add to the totals.
+    fn subtract(mut self, before: Held) -> Held {
+        for (destination, by_attempts) in before.pending {
+            let mine = self.pending.entry(destination).or_default();
+            for (attempts, (rows, bytes)) in by_attempts {
+                let counted = mine.entry(attempts).or_default();
+                counted.0 -= rows;
+                counted.1 -= bytes;
+            }
+        }
+        for (owner, by_destination) in before.leases {
+            let mine = self.leases.entry(owner).or_default();
+            for (destination, (expires_at, leased_at, rows)) in by_destination {
+                mine.entry(destination)
+                    .or_insert((expires_at, leased_at, 0))
+                    .2 -= rows;
+            }
+        }
+        self
+    }
+
+    /// Adds these counts to the totals (a change of nothing writes nothing).
+    fn apply(&self, conn: &Connection) -> Result<()> {
+        let mut pending = conn.prepare_cached(
+            "INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (destination, attempts)
+             DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes",
+        )?;
+        for (destination, by_attempts) in &self.pending {
+            for (attempts, (rows, bytes)) in by_attempts {
+                if (*rows, *bytes) != (0, 0) {
+                    pending.execute(params![destination, attempts, rows, bytes])?;
+                }
+            }
+        }
+        let mut leases = conn.prepare_cached(
+            "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows",
+        )?;
+        // A lease whose rows have all left it is forgotten at once: the table holds the
+        // leases in use, a few rows that a claim reads whole (`claim_may_take_over`).
+        let mut forget = conn.prepare_cached(
+            "DELETE FROM outbox_lease_tally WHERE owner = ?1 AND destination = ?2 AND rows = 0",
+        )?;
+        for (owner, by_destination) in &self.leases {
+            for (destination, (expires_at, leased_at, rows)) in by_destination {
+                if *rows != 0 {
+                    leases.execute(params![owner, destination, expires_at, leased_at, rows])?;
+                    forget.execute(params![owner, destination])?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether a claim of `destination` at `now`, while the totals cover the rows up to
@@ -181,33 +286,23 @@ fn fold_while_free(conn: &mut Connection) -> Result<()> {
         let (rows, upto) = if through == 0 {
             ("outbox_events INDEXED BY outbox_events_pending", top)
         } else {
-            ("outbox_events", top.min(through + FOLD_IDS))
+            // NOT INDEXED: a range of row ids, never the pending index (which the planner
+            // would otherwise walk whole for the pending condition).
+            ("outbox_events NOT INDEXED", top.min(through + FOLD_IDS))
         };
-        tx.execute(
-            &format!(
-                "INSERT INTO outbox_pending_tally (destination, attempts, rows, bytes)
-                 SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB)))
-                   FROM {rows} WHERE id > ?1 AND id <= ?2 AND {}
-                  GROUP BY destination, attempts
-                 ON CONFLICT (destination, attempts)
-                 DO UPDATE SET rows = rows + excluded.rows, bytes = bytes + excluded.bytes",
+        // One read of the rows, summed here: the totals' two tables from one pass.
+        let mut held = Held::default();
+        {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT {HELD_COLUMNS} FROM {rows} WHERE id > ?1 AND id <= ?2 AND {}",
                 pending!("")
-            ),
-            params![through, upto],
-        )?;
-        tx.execute(
-            &format!(
-                "INSERT INTO outbox_lease_tally (owner, destination, expires_at, leased_at, rows)
-                 SELECT lease_owner, destination, MAX(lease_expires_at),
-                        MAX(COALESCE(leased_at, 0)), COUNT(*)
-                   FROM {rows} WHERE id > ?1 AND id <= ?2 AND {}
-                    AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL
-                  GROUP BY lease_owner, destination
-                 ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows",
-                pending!("")
-            ),
-            params![through, upto],
-        )?;
+            ))?;
+            let mut found = stmt.query(params![through, upto])?;
+            while let Some(row) = found.next()? {
+                held.add_row(row)?;
+            }
+        }
+        held.apply(&tx)?;
         tx.execute(
             "UPDATE outbox_stats SET tallied_through = ?1 WHERE id = 1",
             [upto],
@@ -262,20 +357,7 @@ pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pendi
         let (destination, leased) = row?;
         add(destination, 0, 0, 0, leased);
     }
-    // Rows above the totals: all of them through the pending index if nothing is tallied
-    // yet, else the ids since (a range of the table, never the history below it).
-    let above = if through == 0 {
-        "outbox_events INDEXED BY outbox_events_pending"
-    } else {
-        "outbox_events"
-    };
-    let mut counted = conn.prepare_cached(&format!(
-        "SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB))),
-                SUM(COALESCE(lease_expires_at > ?2 AND COALESCE(leased_at, 0) <= ?3, 0))
-           FROM {above} WHERE id > ?1 AND {}
-          GROUP BY destination, attempts",
-        pending!("")
-    ))?;
+    let mut counted = conn.prepare_cached(&counted_above_sql(through))?;
     for row in counted.query_map(params![through, now, latest], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
     })? {
@@ -287,6 +369,26 @@ pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pendi
         p.by_attempts.retain(|_, n| *n != 0);
     }
     Ok(by_destination)
+}
+
+/// The pending rows above the totals (`?1` is `through`), counted as [`read`] adds them up:
+/// all of them through the pending index if nothing is tallied yet, else the ids since, a
+/// range of row ids: never the history below it, nor the pending index, which the planner
+/// would otherwise walk whole for the pending condition.
+fn counted_above_sql(through: i64) -> String {
+    let above = if through == 0 {
+        "outbox_events INDEXED BY outbox_events_pending"
+    } else {
+        "outbox_events NOT INDEXED"
+    };
+    format!(
+        "SELECT CAST(destination AS TEXT) AS d, CAST(attempts AS INTEGER) AS a, COUNT(*),
+                SUM(length(CAST(payload AS BLOB))),
+                SUM(COALESCE(lease_expires_at > ?2 AND COALESCE(leased_at, 0) <= ?3, 0))
+           FROM {above} WHERE id > ?1 AND {}
+          GROUP BY d, a",
+        pending!("")
+    )
 }
 
 /// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
@@ -346,6 +448,26 @@ mod tests {
         let out = f(&tx)?;
         tx.commit().unwrap();
         Ok(out)
+    }
+
+    #[test]
+    fn rows_above_the_totals_are_a_range_of_row_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path().join("plan.db")).unwrap();
+        let conn = outbox.connection().unwrap();
+        let plan = |sql: &str| {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = stmt
+                .query_map(params![1, 2, 3], |r| r.get::<_, String>(3))
+                .unwrap();
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+                .unwrap()
+                .join("\n")
+        };
+        let above = plan(&counted_above_sql(10));
+        assert!(above.contains("INTEGER PRIMARY KEY (rowid>?)"), "{above}");
+        let first = plan(&counted_above_sql(0));
+        assert!(first.contains("outbox_events_pending"), "{first}");
     }
 
     /// Random writes of every kind that touches pending rows, through the crate's own
