@@ -9,7 +9,7 @@ use common::{delivered_count, fast, rows, wait_until, Reply, TestReceiver, PATIE
 use serde_json::json;
 use sqlite_outbox::admin::{DeadFilter, HealthThresholds, Limit, State};
 use sqlite_outbox::clock::ManualClock;
-use sqlite_outbox::{Error, Event, Outbox, RelayConfig, StoragePolicy};
+use sqlite_outbox::{Destination, Error, Event, Outbox, RelayConfig, StoragePolicy};
 
 /// Rows per prune transaction, as `Outbox::prune_delivered` documents.
 const PRUNE_PAGE_ROWS: usize = 500;
@@ -453,6 +453,134 @@ fn the_oldest_pending_age_holds_through_retries_unparking_and_operator_retries()
     assert_eq!(outbox.retry(&[parked.as_str(), head.as_str()]).unwrap(), 2);
     assert_oldest_exact(&outbox, T0 + 63_000);
     assert_eq!(outbox.stats().unwrap().pending, 3);
+}
+
+/// `stats`' pending counts, bytes, leases and attempts must equal a pass over every row,
+/// per destination. Call it while nothing writes.
+fn assert_stats_match_a_pass(outbox: &Outbox) {
+    let stats = outbox.stats().unwrap();
+    let conn = outbox.connection().unwrap();
+    let by_destination: Vec<(String, i64)> = conn
+        .prepare(
+            "SELECT destination, COUNT(*) FROM outbox_events
+              WHERE delivered_at IS NULL AND dead_at IS NULL GROUP BY destination",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let counted: Vec<(String, i64)> = stats
+        .destinations
+        .iter()
+        .filter(|d| d.pending > 0)
+        .map(|d| (d.name.clone(), d.pending))
+        .collect();
+    assert_eq!(counted, by_destination);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (bytes, leased): (i64, i64) = conn
+        .query_row(
+            "SELECT COALESCE(SUM(octet_length(payload)), 0),
+                    COALESCE(SUM(lease_expires_at > ?1), 0)
+               FROM outbox_events WHERE delivered_at IS NULL AND dead_at IS NULL",
+            [now],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((stats.pending_bytes, stats.in_flight), (bytes, leased));
+    let attempts: Vec<(i64, i64)> = conn
+        .prepare(
+            "SELECT attempts, COUNT(*) FROM outbox_events
+              WHERE delivered_at IS NULL AND expired_at IS NULL AND exported_at IS NULL
+              GROUP BY attempts ORDER BY attempts",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(stats.attempts_histogram, attempts);
+}
+
+#[test]
+fn stats_stay_exact_while_a_relay_drains_beside_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .route("order.*", "shop")
+        .route("order.*", "audit")
+        .route("tick", "audit")
+        .open(dir.path().join("exact.db"))
+        .unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = calls.clone();
+    // Every third request fails for a while: retries spend attempts and move due times.
+    let receiver = TestReceiver::start(0, move |_| {
+        let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n % 3 == 0 && n < 1_500 {
+            Reply::Status(503)
+        } else {
+            Reply::Status(200)
+        }
+    });
+    let add = |n: i64| {
+        outbox
+            .transaction(|tx| {
+                for i in 0..n {
+                    let event = match i % 3 {
+                        0 => Event::new("order.created", json!({ "i": i }))
+                            .partition_key(format!("o{}", i % 7)),
+                        1 => Event::new("order.paid", json!({ "i": i })),
+                        _ => Event::new("tick", json!({ "i": i })),
+                    };
+                    outbox.enqueue(tx, event)?;
+                }
+                Ok(())
+            })
+            .unwrap()
+    };
+    add(600);
+    assert_stats_match_a_pass(&outbox);
+    let config = || {
+        fast(
+            RelayConfig::new()
+                .destination(Destination::http("shop", receiver.url()))
+                .destination(Destination::http("audit", receiver.url())),
+        )
+    };
+    let relay = outbox.relay(config()).start().unwrap();
+    // Stats called while the relay claims and acks fold its rows into the totals as they go.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                drop(outbox.stats().unwrap());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        add(600);
+        std::thread::sleep(Duration::from_millis(50));
+        add(600);
+        let busy = wait_until(PATIENCE, || {
+            calls.load(std::sync::atomic::Ordering::SeqCst) > 1_000
+        });
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(busy, "the relay made too few requests");
+    });
+    // Stopped part way: what it left, leases handed back, counted exactly.
+    relay.shutdown();
+    assert_stats_match_a_pass(&outbox);
+    let relay = outbox.relay(config()).start().unwrap();
+    assert!(wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0));
+    relay.shutdown();
+    assert_stats_match_a_pass(&outbox);
+    let conn = outbox.connection().unwrap();
+    let tallied: i64 = conn
+        .query_row("SELECT tallied_through FROM outbox_stats", [], |r| r.get(0))
+        .unwrap();
+    assert!(tallied > 0, "no stats call folded rows in");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 
 use crate::database;
 use crate::error::Result;
-use crate::queue::{self, Finished, DELETE_PAGE_ROWS, PENDING};
+use crate::queue::{self, Finished, DELETE_PAGE_ROWS};
 use crate::relay::config::RelayConfig;
 use crate::right_of_way::RelayWrite;
 
@@ -153,15 +153,20 @@ impl Housekeeping {
 }
 
 fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
-    let (pending, pages, page_size): (i64, i64, i64) = conn.query_row(
-        &format!(
-            "SELECT (SELECT COUNT(*) FROM outbox_events WHERE {PENDING}),
-                    (SELECT * FROM pragma_page_count()), (SELECT * FROM pragma_page_size())"
-        ),
+    // As `stats` counts them (without folding: the writer leaves that to `stats`), in one
+    // read transaction so that the totals and the rows above them are of one moment.
+    let snapshot = conn.unchecked_transaction()?;
+    let pending: i64 = crate::tally::read(&snapshot, now_ms)?
+        .values()
+        .map(|p| p.rows)
+        .sum();
+    let oldest = crate::oldest::oldest_pending_anywhere(&snapshot)?;
+    let (pages, page_size): (i64, i64) = snapshot.query_row(
+        "SELECT * FROM pragma_page_count(), pragma_page_size()",
         [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    let oldest = crate::oldest::oldest_pending_anywhere(conn)?;
+    drop(snapshot);
     crate::telemetry::gauges(pending, oldest.map(|t| now_ms - t), pages * page_size);
     Ok(())
 }
