@@ -18,8 +18,8 @@
 //! - deleting a pending row (coalescing, a storage limit, whether this crate or another
 //!   program's SQL does it) runs the `outbox_events_tallied_delete` trigger.
 //!
-//! A lease is in flight while it holds: not expired, and not taken while the clock was ahead
-//! (what a claim would take over, see `LEASE_CLOCK_SKEW_MS`).
+//! A lease counts as in flight until it expires, as `stats` has always counted it. Every
+//! row of one lease shares its times, so any rule on them counts the totals exactly.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -323,7 +323,7 @@ fn fold_while_free(conn: &mut Connection) -> Result<()> {
 pub(crate) struct Pending {
     pub rows: i64,
     pub bytes: i64,
-    /// Rows leased by a lease that holds at `now`.
+    /// Rows leased until after `now`.
     pub leased: i64,
     /// Rows by attempts spent (none left out, zero included).
     pub by_attempts: BTreeMap<i64, i64>,
@@ -334,7 +334,6 @@ pub(crate) struct Pending {
 pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pending>> {
     let mut by_destination: BTreeMap<String, Pending> = BTreeMap::new();
     let through = tallied_through(conn)?;
-    let latest = now.saturating_add(LEASE_CLOCK_SKEW_MS);
     let mut add = |destination: String, attempts: i64, rows: i64, bytes: i64, leased: i64| {
         let p = by_destination.entry(destination).or_default();
         p.rows += rows;
@@ -351,14 +350,14 @@ pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pendi
     }
     let mut leases = conn.prepare_cached(
         "SELECT destination, SUM(rows) FROM outbox_lease_tally
-          WHERE expires_at > ?1 AND leased_at <= ?2 GROUP BY destination",
+          WHERE expires_at > ?1 GROUP BY destination",
     )?;
-    for row in leases.query_map(params![now, latest], |r| Ok((r.get(0)?, r.get(1)?)))? {
+    for row in leases.query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))? {
         let (destination, leased) = row?;
         add(destination, 0, 0, 0, leased);
     }
     let mut counted = conn.prepare_cached(&counted_above_sql(through))?;
-    for row in counted.query_map(params![through, now, latest], |r| {
+    for row in counted.query_map(params![through, now], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
     })? {
         let (destination, attempts, rows, bytes, leased) = row?;
@@ -384,7 +383,7 @@ fn counted_above_sql(through: i64) -> String {
     format!(
         "SELECT CAST(destination AS TEXT) AS d, CAST(attempts AS INTEGER) AS a, COUNT(*),
                 SUM(length(CAST(payload AS BLOB))),
-                SUM(COALESCE(lease_expires_at > ?2 AND COALESCE(leased_at, 0) <= ?3, 0))
+                SUM(COALESCE(lease_expires_at > ?2, 0))
            FROM {above} WHERE id > ?1 AND {}
           GROUP BY d, a",
         pending!("")
@@ -412,14 +411,14 @@ mod tests {
         let mut stmt = conn
             .prepare(concat!(
                 "SELECT destination, attempts, COUNT(*), SUM(length(CAST(payload AS BLOB))),
-                        SUM(COALESCE(lease_expires_at > ?1 AND COALESCE(leased_at, 0) <= ?2, 0))
+                        SUM(COALESCE(lease_expires_at > ?1, 0))
                    FROM outbox_events WHERE ",
                 pending!(""),
                 " GROUP BY destination, attempts"
             ))
             .unwrap();
         let rows = stmt
-            .query_map(params![now, now + LEASE_CLOCK_SKEW_MS], |r| {
+            .query_map([now], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
             })
             .unwrap();
@@ -458,7 +457,7 @@ mod tests {
         let plan = |sql: &str| {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let rows = stmt
-                .query_map(params![1, 2, 3], |r| r.get::<_, String>(3))
+                .query_map(params![1, 2], |r| r.get::<_, String>(3))
                 .unwrap();
             rows.collect::<rusqlite::Result<Vec<_>>>()
                 .unwrap()
