@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::error::Result;
-use crate::queue::{pending, LEASE_CLOCK_SKEW_MS};
+use crate::queue::{json_ids, pending, LEASE_CLOCK_SKEW_MS};
 
 /// The most row ids one fold transaction covers after the first: a fold holds the write
 /// lock for a few milliseconds at most, however long `stats` was not called.
@@ -98,7 +98,7 @@ impl Held {
               WHERE id IN (SELECT value FROM json_each(?1)) AND id <= ?2 AND {}",
             pending!("")
         ))?;
-        let mut rows = stmt.query(params![json_ids(ids), through])?;
+        let mut rows = stmt.query(params![json_ids(ids.iter().copied()), through])?;
         while let Some(row) = rows.next()? {
             held.add_row(row)?;
         }
@@ -388,12 +388,6 @@ fn counted_above_sql(through: i64) -> String {
           GROUP BY d, a",
         pending!("")
     )
-}
-
-/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
-fn json_ids(ids: &[i64]) -> String {
-    let list: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
-    format!("[{}]", list.join(","))
 }
 
 #[cfg(test)]
