@@ -3,7 +3,7 @@
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::Result;
-use crate::queue::{self, ClaimRequest};
+use crate::queue::{self, ClaimRequest, WriteBack};
 use crate::relay::config::RelayConfig;
 use crate::transport::OutboundEvent;
 
@@ -32,29 +32,17 @@ pub fn claim(
 /// Acks `events` (of one claim) in one transaction, as the relay does: fenced by their
 /// lease, unparking each key's next event.
 pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) -> Result<usize> {
-    let Some(first) = events.first() else {
+    if events.is_empty() {
         return Ok(0);
-    };
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let refs: Vec<&OutboundEvent> = events.iter().collect();
-    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-    // Rows it acked left pending: only the others are read again for the totals.
-    let still_pending = |acked: &Vec<bool>| {
-        ids.iter()
-            .zip(acked)
-            .filter(|(_, acked)| !**acked)
-            .map(|(id, _)| *id)
-            .collect()
-    };
-    let acked = crate::tally::around_then(
-        &tx,
-        &ids,
-        || queue::ack(&tx, &first.lease_owner, &refs, now),
-        still_pending,
-    )?
-    .into_iter()
-    .filter(|acked| *acked)
-    .count();
+    // The relay's own write-back, pending totals and all.
+    let outcomes: Vec<(&OutboundEvent, &WriteBack)> =
+        events.iter().map(|e| (e, &WriteBack::Delivered)).collect();
+    let acked = queue::record(&tx, &outcomes, now)?
+        .into_iter()
+        .filter(|acked| *acked)
+        .count();
     tx.commit()?;
     Ok(acked)
 }
