@@ -493,9 +493,14 @@ const DRAIN_LATENCY_ROUNDS: usize = 5;
 /// each quantile is the median of the rounds' own, and the p99.9 row shows the spread of
 /// the rounds' ratios. A third row times the same commits while a bare ureq loop posts the
 /// same events to the same receiver flat out, with no relay and no SQLite of its own: what
-/// the delivery's CPU alone does to the app's tail on this machine's cores.
+/// the delivery's CPU alone does to the app's tail on this machine's cores. A fourth times
+/// them while a bare claim + ack loop (batches of 100, no HTTP) works the same file's
+/// backlog at the rate the relay delivered in that round: what the least SQL any relay
+/// must run at that rate, holding the file's write lock for its claims and acks, does.
 fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
-    let outbox = Outbox::open(dir.join("drain-latency.db")).unwrap();
+    let path = dir.join("drain-latency.db");
+    let outbox = Outbox::open(&path).unwrap();
+    let mut bare_sql = bare_connection(&path, "NORMAL");
     outbox
         .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
         .unwrap();
@@ -506,6 +511,7 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
     let mut draining = Vec::new();
     let mut idle = Vec::new();
     let mut beside_bare = Vec::new();
+    let mut beside_bare_sql = Vec::new();
     let mut commits = 0;
     for _ in 0..DRAIN_LATENCY_ROUNDS {
         let mut idle_samples = paced_commits(&outbox, 10_000, || false);
@@ -515,7 +521,9 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
             .relay(RelayConfig::http(&receiver.url).workers(4))
             .start()
             .unwrap();
+        let drain_started = Instant::now();
         let mut samples = paced_commits(&outbox, 10_000, || receiver.count() >= before + 195_000);
+        let relay_rate = (receiver.count() - before) as f64 / drain_started.elapsed().as_secs_f64();
         relay.shutdown();
         commits = commits.max(samples.len());
         draining.push([quantile(&mut samples, 0.5), quantile(&mut samples, 0.999)]);
@@ -543,6 +551,30 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
         });
         commits = commits.max(loaded.len());
         beside_bare.push([quantile(&mut loaded, 0.5), quantile(&mut loaded, 0.999)]);
+        fill_pending(&outbox, 200_000);
+        let acked = std::sync::atomic::AtomicBool::new(false);
+        let mut locked = std::thread::scope(|s| {
+            let (bare_sql, acked) = (&mut bare_sql, &acked);
+            let claiming = std::thread::Builder::new()
+                .name("bare-claims".into())
+                .spawn_scoped(s, move || {
+                    let pace = Pace {
+                        rows_per_second: relay_rate,
+                        rows: 195_000,
+                    };
+                    let returning = BareReturning::EventColumns;
+                    bare_claim_ack_paced(bare_sql, 100, FAR, returning, Some(pace));
+                    acked.store(true, std::sync::atomic::Ordering::Release);
+                })
+                .unwrap();
+            let samples = paced_commits(&outbox, 10_000, || {
+                acked.load(std::sync::atomic::Ordering::Acquire)
+            });
+            claiming.join().unwrap();
+            samples
+        });
+        commits = commits.max(locked.len());
+        beside_bare_sql.push([quantile(&mut locked, 0.5), quantile(&mut locked, 0.999)]);
     }
     let mut lines = Vec::new();
     let rows = [
@@ -554,6 +586,13 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
             &beside_bare,
             "while a bare ureq loop posts the same events flat out, no relay",
             "(the floor)",
+        ),
+        (
+            1,
+            "p99.9",
+            &beside_bare_sql,
+            "while a bare claim + ack loop (batches of 100) works the same file at the relay's rate, no HTTP",
+            "(the lock's floor)",
         ),
     ];
     for (at, name, rounds, beside, target) in rows {
@@ -966,6 +1005,37 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
             .with_spread(&alternated),
         );
     }
+    // What claiming and acking each event costs delivery on these cores, with none of the
+    // crate's own work: the least relay against the same bare ureq loop.
+    for workers in [4, 8, 16] {
+        let least = alternate_spread(
+            5,
+            || {
+                round += 1;
+                let path = dir.join(format!("least-relay-{round}.db"));
+                rate(n, timed_least_relay(&path, receiver, n, workers))
+            },
+            || {
+                let start = receiver.count();
+                let t = Instant::now();
+                let content_type = "application/cloudevents+json";
+                bare_posts(&receiver.url, &single_body, content_type, n, workers);
+                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
+                rate(n, t.elapsed())
+            },
+        );
+        lines.push(
+            Line::rates(
+                format!("least relay (bare claim + ack, threads posting over ureq), 1 event/request, {workers} workers"),
+                "events",
+                least.a,
+                least.b,
+                "bare ureq",
+                "(the floor)",
+            )
+            .with_spread(&least),
+        );
+    }
     // Batches: the receiver takes 100 events a request far faster than any claim + ack, so
     // the bound to compare with is the bare claim + ack loop (batches of 100, the crate's
     // own table), in the same run; the bare ureq rate is shown beside it.
@@ -1229,8 +1299,12 @@ fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
 /// `perf sched record target/release/examples/bench probe relay 4`.
 fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers: usize) {
     let n = 60_000;
+    let cpu = ThreadCpu::start();
+    let n: usize = std::env::var("PROBE_N").map_or(n, |v| v.parse().unwrap());
     let took = if what == "relay" {
         timed_drain(&dir.join("probe.db"), receiver, n, workers, None)
+    } else if what == "least-relay" {
+        timed_least_relay(&dir.join("probe-least-relay.db"), receiver, n, workers)
     } else {
         let sample = bench_support::sample_event(&order_data(1));
         let body = sqlite_outbox::wire::structured_body(&sample).unwrap();
@@ -1246,6 +1320,220 @@ fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers
         started.elapsed()
     };
     eprintln!("{what}, {workers} workers: {}", per_s(rate(n, took)));
+    let by_name = cpu.finish();
+    let total: u64 = by_name.iter().map(|(_, ns)| ns).sum();
+    let per_event = |ns: u64| ns as f64 / 1_000.0 / n as f64;
+    let threads: Vec<String> = by_name
+        .iter()
+        .map(|(name, ns)| format!("{name} {:.1}", per_event(*ns)))
+        .collect();
+    eprintln!(
+        "  CPU µs an event: {:.1} in all; {}",
+        per_event(total),
+        threads.join(", ")
+    );
+}
+
+/// Each thread's CPU time while a probe runs, summed by thread name (the process's main
+/// thread, which builds the backlog, left out): read from `/proc` every 5 ms, so a thread
+/// that ends meanwhile counts up to its last reading.
+struct ThreadCpu {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<std::collections::HashMap<u32, (String, u64)>>,
+    at_start: std::collections::HashMap<u32, (String, u64)>,
+}
+
+impl ThreadCpu {
+    fn read() -> std::collections::HashMap<u32, (String, u64)> {
+        let main = std::process::id();
+        let mut threads = std::collections::HashMap::new();
+        for entry in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            let ns = std::fs::read_to_string(entry.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok());
+            if let (true, Some(ns)) = (tid != main && comm.trim() != "cpu-sampler", ns) {
+                threads.insert(tid, (comm.trim().to_string(), ns));
+            }
+        }
+        threads
+    }
+
+    fn start() -> ThreadCpu {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let at_start = ThreadCpu::read();
+        let stopping = stop.clone();
+        let sampler = std::thread::Builder::new()
+            .name("cpu-sampler".into())
+            .spawn(move || {
+                let mut last = std::collections::HashMap::new();
+                while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                    last.extend(ThreadCpu::read());
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                last.extend(ThreadCpu::read());
+                last
+            })
+            .unwrap();
+        ThreadCpu {
+            stop,
+            sampler,
+            at_start,
+        }
+    }
+
+    /// CPU ns by thread name, digits dropped so that a pool's threads add up.
+    fn finish(self) -> Vec<(String, u64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let last = self.sampler.join().unwrap();
+        let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+        for (tid, (comm, ns)) in last {
+            let before = self.at_start.get(&tid).map_or(0, |(_, ns)| *ns);
+            let name = comm.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
+            *by_name.entry(name.to_string()).or_default() += ns.saturating_sub(before);
+        }
+        by_name.into_iter().filter(|(_, ns)| *ns > 0).collect()
+    }
+}
+
+/// Drains `n` events from a fresh file with [`least_relay`], timed from its first claim to
+/// the receiver's count.
+fn timed_least_relay(
+    path: &std::path::Path,
+    receiver: &CountingReceiver,
+    n: usize,
+    workers: usize,
+) -> Duration {
+    let mut conn = bare_connection(path, "NORMAL");
+    fill_bare_pending(&mut conn, n);
+    let before = receiver.count();
+    let started = Instant::now();
+    let acked = std::thread::scope(|s| {
+        let conn = &mut conn;
+        std::thread::Builder::new()
+            .name("bare-writer".into())
+            .spawn_scoped(s, || least_relay(conn, &receiver.url, workers))
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    assert_eq!(acked, n);
+    assert!(receiver.wait_for(before + n as u64, Duration::from_secs(60)));
+    started.elapsed()
+}
+
+/// The least relay: one thread claims with the bare loop's statement (batches of 100,
+/// returning the event's columns, at most 400 rows in flight) and acks with its `UPDATE`
+/// per row, one transaction for the answers gathered over a millisecond; `workers` threads
+/// post each claimed row as a structured CloudEvent over plain ureq keep-alive connections
+/// and hand its id back. No retries, priorities, keys, signatures, timeouts or checkpoints
+/// of its own: what claiming and acking every event costs delivery at one event per
+/// request, with none of the crate's features. Returns the rows acked.
+fn least_relay(conn: &mut rusqlite::Connection, url: &str, workers: usize) -> usize {
+    const IN_FLIGHT: usize = 400;
+    let (to_post, posts) = crossbeam_channel::bounded::<(i64, String)>(IN_FLIGHT);
+    let (to_ack, answers) = crossbeam_channel::unbounded::<i64>();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .max_idle_connections(workers)
+        .max_idle_connections_per_host(workers)
+        .build()
+        .into();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            let (posts, to_ack, agent) = (posts.clone(), to_ack.clone(), agent.clone());
+            let poster = std::thread::Builder::new().name("bare-poster".into());
+            poster
+                .spawn_scoped(s, move || {
+                    for (id, payload) in posts {
+                        let mut r = agent
+                            .post(url)
+                            .header("content-type", "application/cloudevents+json")
+                            .send(payload.as_bytes())
+                            .expect("bare post");
+                        let _ = r.body_mut().read_to_vec();
+                        to_ack.send(id).unwrap();
+                    }
+                })
+                .unwrap();
+        }
+        drop((posts, to_ack));
+        let (mut in_flight, mut acked, mut drained) = (0usize, 0usize, false);
+        let mut ids = Vec::new();
+        loop {
+            if !drained && in_flight + 100 <= IN_FLIGHT {
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .unwrap();
+                let claimed: Vec<(i64, String)> = tx
+                    .prepare_cached(
+                        "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
+                          WHERE id IN (SELECT id FROM outbox_events
+                                        WHERE delivered_at IS NULL AND dead_at IS NULL
+                                          AND destination = 'default' AND priority = 5
+                                          AND available_at <= 9e15 AND lease_owner IS NULL
+                                        ORDER BY available_at, id LIMIT 100)
+                         RETURNING id, event_id, event_type, source, subject, partition_key,
+                                   idempotency_key, payload, created_at, attempts, expires_at",
+                    )
+                    .unwrap()
+                    .query_map([], |row| {
+                        // A structured CloudEvent of the row, as the relay sends it.
+                        let body = format!(
+                            r#"{{"specversion":"1.0","id":"{}","source":"/bench","type":"{}","datacontenttype":"application/json","data":{}}}"#,
+                            row.get_ref(1)?.as_str()?,
+                            row.get_ref(2)?.as_str()?,
+                            row.get_ref(7)?.as_str()?
+                        );
+                        Ok((row.get(0)?, body))
+                    })
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                tx.commit().unwrap();
+                drained = claimed.is_empty();
+                in_flight += claimed.len();
+                for event in claimed {
+                    to_post.send(event).unwrap();
+                }
+            }
+            if drained && in_flight == 0 {
+                break;
+            }
+            // Waits for an answer only when it cannot claim.
+            if drained || in_flight + 100 > IN_FLIGHT {
+                ids.push(answers.recv().unwrap());
+                // Gathers answers for 1 ms with a plain sleep, as the relay's writer does:
+                // acks in one transaction each time, not one per answer.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            ids.extend(answers.try_iter());
+            if ids.is_empty() {
+                continue;
+            }
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .unwrap();
+            for id in ids.drain(..) {
+                tx.prepare_cached(
+                    "UPDATE outbox_events SET delivered_at = ?2, lease_owner = NULL,
+                            lease_expires_at = NULL WHERE id = ?1 AND lease_owner = 'bare'",
+                )
+                .unwrap()
+                .execute([id, FAR])
+                .unwrap();
+                in_flight -= 1;
+                acked += 1;
+            }
+            tx.commit().unwrap();
+        }
+        drop(to_post);
+        acked
+    })
 }
 
 /// The bare enqueue's `INSERT` with one of the crate's additions at a time, for

@@ -389,6 +389,28 @@ pub fn bare_claim_ack(
     now: i64,
     returning: BareReturning,
 ) -> usize {
+    bare_claim_ack_paced(conn, batch, now, returning, None)
+}
+
+/// How fast [`bare_claim_ack_paced`] goes, and when it stops.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Rows claimed and acked a second, at most: a batch waits for its slot.
+    pub rows_per_second: f64,
+    /// Stops once this many rows are acked.
+    pub rows: usize,
+}
+
+/// [`bare_claim_ack`], at most `pace.rows_per_second` and `pace.rows` in all when a pace
+/// is given: the least SQL a relay that delivers at that rate must run on the app's file.
+pub fn bare_claim_ack_paced(
+    conn: &mut Connection,
+    batch: i64,
+    now: i64,
+    returning: BareReturning,
+    pace: Option<Pace>,
+) -> usize {
+    let started = Instant::now();
     let claim = format!(
         "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
           WHERE id IN (SELECT id FROM outbox_events
@@ -401,6 +423,15 @@ pub fn bare_claim_ack(
     );
     let mut total = 0;
     loop {
+        if let Some(pace) = pace {
+            if total >= pace.rows {
+                return total;
+            }
+            let slot = started + Duration::from_secs_f64(total as f64 / pace.rows_per_second);
+            if let Some(wait) = slot.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
         let tx = conn
             .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
             .unwrap();
