@@ -5,8 +5,9 @@
 //! cargo run --release --example bench
 //! ```
 //!
-//! `-- relay mqtt …` runs only those sections; `-- probe relay|bare WORKERS` runs one drain
-//! at one event per request alone, for a profiler, `-- probe-enqueue VARIANT` one
+//! `-- relay mqtt …` runs only those sections; `-- probe relay|least-relay|bare WORKERS`
+//! runs one drain at one event per request alone, for a profiler, and prints each thread's
+//! CPU time an event, `-- probe-enqueue VARIANT` one
 //! enqueue variant (see `probe_enqueue`) and `-- probe-claim VARIANT` one claim + ack loop
 //! (see `probe_claim`). The criterion benches under `benches/`
 //! measure the same things more thoroughly.
@@ -1294,9 +1295,11 @@ fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
     Vec::new()
 }
 
-/// One drain of 60,000 events at one event per request, by the relay (`relay`) or the bare
-/// ureq loop (`bare`), alone in the process, so that a profiler sees one configuration:
-/// `perf sched record target/release/examples/bench probe relay 4`.
+/// One drain of 60,000 events (or `PROBE_N`) at one event per request, by the relay
+/// (`relay`), the least relay (`least-relay`, see [`least_relay`]) or the bare ureq loop
+/// (`bare`), alone in the process, so that a profiler sees one configuration: `perf sched
+/// record target/release/examples/bench probe relay 4`. Prints the rate and each thread's
+/// CPU time an event.
 fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers: usize) {
     let n = 60_000;
     let cpu = ThreadCpu::start();
