@@ -80,13 +80,14 @@ impl Report {
         policy: &Policy,
         now: i64,
     ) -> Report {
+        if let Some(first) = attempts.first() {
+            if attempts.len() == events.len() && attempts.iter().all(|a| a == first) {
+                return Report::decide(lane, events, &Tried::Attempted(first), policy, now);
+            }
+        }
         let lost = Attempt::Failed {
             reason: "the transport reported no outcome for this event".into(),
         };
-        let first = attempts.first().unwrap_or(&lost);
-        if attempts.len() == events.len() && attempts.iter().all(|a| a == first) {
-            return Report::decide(lane, events, &Tried::Attempted(first), policy, now);
-        }
         let mut decided = Vec::with_capacity(events.len());
         for (i, event) in events.into_iter().enumerate() {
             let attempt = attempts.get(i).unwrap_or(&lost);
@@ -224,9 +225,14 @@ impl Worker {
             // An event past its deadline is never sent, even before the writer's sweep has
             // marked it expired: it is handed back (no attempt spent), and the sweep takes it.
             let now = self.clock.now_ms();
-            let (late, events): (Vec<_>, Vec<_>) = events
-                .into_iter()
-                .partition(|e| e.expires_at.is_some_and(|deadline| deadline <= now));
+            let is_late = |e: &OutboundEvent| e.expires_at.is_some_and(|deadline| deadline <= now);
+            // Most requests hold no late event: split (two new vectors, every event moved)
+            // only when one does.
+            let (late, events): (Vec<_>, Vec<_>) = if events.iter().any(is_late) {
+                events.into_iter().partition(is_late)
+            } else {
+                (Vec::new(), events)
+            };
             if !late.is_empty() {
                 let report = Report::decide(self.lane, late, &Tried::Skipped, &self.policy, now);
                 if self.reports.send(report).is_err() {

@@ -43,9 +43,14 @@ impl ClockOffset {
                 samples.pop_front();
             }
             samples.push_back(sample);
-            let mut sorted: Vec<i64> = samples.iter().copied().collect();
-            sorted.sort_unstable();
-            sorted[sorted.len() / 2]
+            // On the stack: this runs once per answer, under the destination's lock.
+            let mut sorted = [0i64; SAMPLES];
+            let kept = samples.len().min(SAMPLES);
+            for (slot, value) in sorted.iter_mut().zip(samples.iter()) {
+                *slot = *value;
+            }
+            sorted[..kept].sort_unstable();
+            sorted[kept / 2]
         };
         self.estimate_ms.store(estimate, Ordering::Release);
         self.known.store(true, Ordering::Release);

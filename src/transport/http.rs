@@ -122,6 +122,8 @@ impl fmt::Debug for HttpConfig {
 pub struct HttpTransport {
     agent: Agent,
     url: String,
+    /// `url`, parsed once: ureq would parse the text again for every request.
+    uri: ureq::http::Uri,
     headers: Vec<(String, String)>,
     secrets: Vec<Secret>,
     batch: bool,
@@ -172,7 +174,7 @@ impl HttpTransport {
                 )))
             }
         }
-        url.parse::<ureq::http::Uri>().map_err(|e| {
+        let uri = url.parse::<ureq::http::Uri>().map_err(|e| {
             Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e}"))
         })?;
         for (setting, value) in [
@@ -222,6 +224,7 @@ impl HttpTransport {
         Ok(HttpTransport {
             agent,
             url: url.to_string(),
+            uri,
             headers: config.headers,
             secrets,
             batch,
@@ -306,7 +309,7 @@ impl Transport for HttpTransport {
         let timestamp = self.clock_offset.signing_time(SystemTime::now());
         let mut request = self
             .agent
-            .post(&self.url)
+            .post(self.uri.clone())
             .header("content-type", content_type)
             .header("webhook-id", &message_id)
             .header("webhook-timestamp", timestamp.to_string())

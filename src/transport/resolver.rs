@@ -41,14 +41,13 @@ impl Resolver for CachingResolver {
         config: &Config,
         timeout: NextTimeout,
     ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let key = format!(
-            "{}://{}",
-            uri.scheme_str().unwrap_or(""),
-            uri.authority().map_or("", |a| a.as_str())
-        );
-        if let Some(addresses) = self.fresh(&key) {
+        let scheme = uri.scheme_str().unwrap_or("");
+        let authority = uri.authority().map_or("", |a| a.as_str());
+        if let Some(addresses) = self.fresh(scheme, authority) {
             return Ok(addresses);
         }
+        // Built only on a miss: a hit costs no allocation (this runs once per request).
+        let key = format!("{scheme}://{authority}");
         let addresses = self.inner.resolve(uri, config, timeout)?;
         let mut answers = self
             .answers
@@ -64,15 +63,20 @@ impl Resolver for CachingResolver {
 }
 
 impl CachingResolver {
-    /// The kept answer for `key`, if it is younger than [`LOOKUP_TTL`].
-    fn fresh(&self, key: &str) -> Option<ResolvedSocketAddrs> {
+    /// The kept answer for `scheme://authority`, if it is younger than [`LOOKUP_TTL`].
+    fn fresh(&self, scheme: &str, authority: &str) -> Option<ResolvedSocketAddrs> {
+        let is_key = |k: &str| {
+            k.strip_prefix(scheme)
+                .and_then(|rest| rest.strip_prefix("://"))
+                .is_some_and(|rest| rest == authority)
+        };
         let answers = self
             .answers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         answers
             .iter()
-            .find(|(k, at, _)| k == key && at.elapsed() < LOOKUP_TTL)
+            .find(|(k, at, _)| is_key(k) && at.elapsed() < LOOKUP_TTL)
             .map(|(_, _, addresses)| addresses.clone())
     }
 }
@@ -109,6 +113,11 @@ mod tests {
             ["127.0.0.1:9090".parse::<std::net::SocketAddr>().unwrap()]
         );
         assert_eq!(resolver.answers.lock().unwrap().len(), 2);
+        // The same authority under another scheme, or a longer one, is not a hit.
+        assert!(resolver.fresh("http", "127.0.0.1:8080").is_some());
+        assert!(resolver.fresh("https", "127.0.0.1:8080").is_none());
+        assert!(resolver.fresh("http", "127.0.0.1:80").is_none());
+        assert!(resolver.fresh("http", "127.0.0.1:80800").is_none());
     }
 
     #[test]
@@ -118,7 +127,7 @@ mod tests {
         let stale = Instant::now().checked_sub(LOOKUP_TTL + Duration::from_secs(1));
         let Some(stale) = stale else { return };
         resolver.answers.lock().unwrap()[0].1 = stale;
-        assert!(resolver.fresh("http://127.0.0.1:8080").is_none());
+        assert!(resolver.fresh("http", "127.0.0.1:8080").is_none());
         resolve(&resolver, "http://127.0.0.1:8080/");
         let answers = resolver.answers.lock().unwrap();
         assert_eq!(answers.len(), 1);
