@@ -1439,13 +1439,7 @@ fn least_relay(conn: &mut rusqlite::Connection, url: &str, workers: usize) -> us
     const IN_FLIGHT: usize = 400;
     let (to_post, posts) = crossbeam_channel::bounded::<(i64, String)>(IN_FLIGHT);
     let (to_ack, answers) = crossbeam_channel::unbounded::<i64>();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .max_idle_connections(workers)
-        .max_idle_connections_per_host(workers)
-        .build()
-        .into();
+    let agent = bare_agent(workers);
     std::thread::scope(|s| {
         for _ in 0..workers {
             let (posts, to_ack, agent) = (posts.clone(), to_ack.clone(), agent.clone());

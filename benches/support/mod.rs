@@ -467,9 +467,9 @@ pub fn bare_claim_ack_paced(
     }
 }
 
-/// Plain ureq keep-alive POSTs of `body`, `n` in all over `connections` threads.
-pub fn bare_posts(url: &str, body: &[u8], content_type: &str, n: usize, connections: usize) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+/// A plain ureq agent keeping `connections` keep-alive connections, as the bare loops use.
+pub fn bare_agent(connections: usize) -> ureq::Agent {
+    ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
         .max_idle_connections(connections)
@@ -478,7 +478,12 @@ pub fn bare_posts(url: &str, body: &[u8], content_type: &str, n: usize, connecti
         // lookup (the relay keeps its lookups instead, see `transport::resolver`); without,
         // it looks up 127.0.0.1 in place. The fastest a plain ureq loop posts.
         .build()
-        .into();
+        .into()
+}
+
+/// Plain ureq keep-alive POSTs of `body`, `n` in all over `connections` threads.
+pub fn bare_posts(url: &str, body: &[u8], content_type: &str, n: usize, connections: usize) {
+    let agent = bare_agent(connections);
     std::thread::scope(|s| {
         for t in 0..connections {
             let agent = agent.clone();
