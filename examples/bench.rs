@@ -1503,7 +1503,8 @@ fn least_relay(conn: &mut rusqlite::Connection, url: &str, workers: usize) -> us
             }
             // Waits for an answer only when it cannot claim.
             if drained || in_flight + 100 > IN_FLIGHT {
-                ids.push(answers.recv().unwrap());
+                let answer = answers.recv_timeout(Duration::from_secs(60));
+                ids.push(answer.expect("a poster answers within a minute"));
                 // Gathers answers for 1 ms with a plain sleep, as the relay's writer does:
                 // acks in one transaction each time, not one per answer.
                 std::thread::sleep(Duration::from_millis(1));
