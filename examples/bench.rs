@@ -1301,9 +1301,8 @@ fn relay_mqtt(_dir: &std::path::Path) -> Vec<Line> {
 /// record target/release/examples/bench probe relay 4`. Prints the rate and each thread's
 /// CPU time an event.
 fn probe(dir: &std::path::Path, receiver: &CountingReceiver, what: &str, workers: usize) {
-    let n = 60_000;
+    let n: usize = std::env::var("PROBE_N").map_or(60_000, |v| v.parse().unwrap());
     let cpu = ThreadCpu::start();
-    let n: usize = std::env::var("PROBE_N").map_or(n, |v| v.parse().unwrap());
     let took = if what == "relay" {
         timed_drain(&dir.join("probe.db"), receiver, n, workers, None)
     } else if what == "least-relay" {
@@ -1466,19 +1465,11 @@ fn least_relay(conn: &mut rusqlite::Connection, url: &str, workers: usize) -> us
                 let tx = conn
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .unwrap();
+                let claim = bare_claim_sql(BareReturning::EventColumns, true);
                 let claimed: Vec<(i64, String)> = tx
-                    .prepare_cached(
-                        "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
-                          WHERE id IN (SELECT id FROM outbox_events
-                                        WHERE delivered_at IS NULL AND dead_at IS NULL
-                                          AND destination = 'default' AND priority = 5
-                                          AND available_at <= 9e15 AND lease_owner IS NULL
-                                        ORDER BY available_at, id LIMIT 100)
-                         RETURNING id, event_id, event_type, source, subject, partition_key,
-                                   idempotency_key, payload, created_at, attempts, expires_at",
-                    )
+                    .prepare_cached(&claim)
                     .unwrap()
-                    .query_map([], |row| {
+                    .query_map([100], |row| {
                         // A structured CloudEvent of the row, as the relay sends it.
                         let body = format!(
                             r#"{{"specversion":"1.0","id":"{}","source":"/bench","type":"{}","datacontenttype":"application/json","data":{}}}"#,
@@ -1517,13 +1508,10 @@ fn least_relay(conn: &mut rusqlite::Connection, url: &str, workers: usize) -> us
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .unwrap();
             for id in ids.drain(..) {
-                tx.prepare_cached(
-                    "UPDATE outbox_events SET delivered_at = ?2, lease_owner = NULL,
-                            lease_expires_at = NULL WHERE id = ?1 AND lease_owner = 'bare'",
-                )
-                .unwrap()
-                .execute([id, FAR])
-                .unwrap();
+                tx.prepare_cached(BARE_ACK_SQL)
+                    .unwrap()
+                    .execute([id, FAR])
+                    .unwrap();
                 in_flight -= 1;
                 acked += 1;
             }

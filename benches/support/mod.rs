@@ -380,6 +380,31 @@ impl BareReturning {
     }
 }
 
+/// The bare loops' claim of up to `?1` due rows, returning `returning`. With
+/// `skip_leased`, rows already leased are passed over (a loop that claims again before it
+/// has acked everything needs it; the condition reads each candidate's row).
+pub fn bare_claim_sql(returning: BareReturning, skip_leased: bool) -> String {
+    format!(
+        "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
+          WHERE id IN (SELECT id FROM outbox_events
+                        WHERE delivered_at IS NULL AND dead_at IS NULL
+                          AND destination = 'default' AND priority = 5
+                          AND available_at <= 9e15{}
+                        ORDER BY available_at, id LIMIT CAST(?1 AS INTEGER))
+         RETURNING {}",
+        if skip_leased {
+            " AND lease_owner IS NULL"
+        } else {
+            ""
+        },
+        returning.columns()
+    )
+}
+
+/// The bare loops' ack of row `?1`, delivered at `?2`, if the bare loop still holds it.
+pub const BARE_ACK_SQL: &str = "UPDATE outbox_events SET delivered_at = ?2, lease_owner = NULL,
+        lease_expires_at = NULL WHERE id = ?1 AND lease_owner = 'bare'";
+
 /// A plain claim-with-lease + ack loop over the pending rows: the least a relay must do. It
 /// records the delivery time `now` (the outbox's loop is given the same), so both write
 /// rows of the same size.
@@ -411,16 +436,7 @@ pub fn bare_claim_ack_paced(
     pace: Option<Pace>,
 ) -> usize {
     let started = Instant::now();
-    let claim = format!(
-        "UPDATE outbox_events SET lease_owner = 'bare', lease_expires_at = 9e15
-          WHERE id IN (SELECT id FROM outbox_events
-                        WHERE delivered_at IS NULL AND dead_at IS NULL
-                          AND destination = 'default' AND priority = 5
-                          AND available_at <= 9e15
-                        ORDER BY available_at, id LIMIT CAST(?1 AS INTEGER))
-         RETURNING {}",
-        returning.columns()
-    );
+    let claim = bare_claim_sql(returning, false);
     let mut total = 0;
     loop {
         if let Some(pace) = pace {
@@ -454,13 +470,10 @@ pub fn bare_claim_ack_paced(
             .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
             .unwrap();
         for id in &ids {
-            tx.prepare_cached(
-                "UPDATE outbox_events SET delivered_at = ?2, lease_owner = NULL,
-                        lease_expires_at = NULL WHERE id = ?1 AND lease_owner = 'bare'",
-            )
-            .unwrap()
-            .execute([*id, now])
-            .unwrap();
+            tx.prepare_cached(BARE_ACK_SQL)
+                .unwrap()
+                .execute([*id, now])
+                .unwrap();
         }
         tx.commit().unwrap();
         total += ids.len();
