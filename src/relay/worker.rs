@@ -24,14 +24,61 @@ use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
+///
+/// The events travel back in the very vector the writer claimed them into, and one
+/// decision is kept for all of them when they share it (a delivered request always does),
+/// so the common report holds no memory a worker allocated. Why it matters: glibc's
+/// allocator locks the arena a block came from whenever the thread that frees it cannot
+/// keep it, and a worker re-collecting its events into a new vector freed the writer's
+/// blocks while the writer allocated the next claim's from the same arena. Two threads
+/// waiting on each other's allocator lock were most of the relay's `futex` calls.
 #[derive(Debug)]
 pub(crate) struct Report {
     /// The index of the lane the request came from.
     lane: usize,
-    /// Every event of the request with what to do about it.
-    decided: Vec<(OutboundEvent, Decision)>,
+    /// Every event of the request, in the order of `decisions`.
+    events: Job,
+    /// What to do about each event.
+    decisions: Decisions,
     /// What the request's answers tell about the destination.
     gate: Option<GateChange>,
+}
+
+/// The decisions of a request's events.
+#[derive(Debug)]
+enum Decisions {
+    /// One decision for every event: the request was answered one way.
+    Same(Decision),
+    /// One decision per event, in the events' order.
+    Each(Vec<Decision>),
+}
+
+impl Decisions {
+    /// Keeps `decisions` once if they are all the same, else one per event.
+    fn gather(mut decisions: impl Iterator<Item = Decision>) -> Decisions {
+        let Some(first) = decisions.next() else {
+            return Decisions::Each(Vec::new());
+        };
+        let mut same = 1;
+        while let Some(next) = decisions.next() {
+            if next != first {
+                let mut each: Vec<Decision> = std::iter::repeat_n(first, same).collect();
+                each.push(next);
+                each.extend(decisions);
+                return Decisions::Each(each);
+            }
+            same += 1;
+        }
+        Decisions::Same(first)
+    }
+
+    /// The decision of event number `index`.
+    fn of(&self, index: usize) -> &Decision {
+        match self {
+            Decisions::Same(decision) => decision,
+            Decisions::Each(each) => &each[index],
+        }
+    }
 }
 
 impl Report {
@@ -41,31 +88,17 @@ impl Report {
     }
 
     fn decide(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
-        // Only a failure waits out a backoff: a delivered request skips the draw (a pass over
-        // its events) on the hot path.
-        let delivered = matches!(
-            tried,
-            Tried::Attempted(Attempt::Answered {
-                status: 200..=299,
-                ..
-            })
+        let backoff = backoff(tried, &events, policy);
+        let decisions = Decisions::gather(
+            events
+                .iter()
+                .map(|event| decide(tried, event.attempts, backoff, policy, now)),
         );
-        let backoff = if delivered {
-            Duration::ZERO
-        } else {
-            policy.draw_backoff(&events)
-        };
-        let decided = events
-            .into_iter()
-            .map(|event| {
-                let decision = decide(tried, event.attempts, backoff, policy, now);
-                (event, decision)
-            })
-            .collect::<Vec<_>>();
-        let gate = decided.first().map(|(_, d)| d.gate.clone());
+        let gate = (!events.is_empty()).then(|| decisions.of(0).gate.clone());
         Report {
             lane,
-            decided,
+            events,
+            decisions,
             gate,
         }
     }
@@ -88,39 +121,48 @@ impl Report {
         let lost = Attempt::Failed {
             reason: "the transport reported no outcome for this event".into(),
         };
-        let mut decided = Vec::with_capacity(events.len());
-        for (i, event) in events.into_iter().enumerate() {
-            let attempt = attempts.get(i).unwrap_or(&lost);
-            let one = Report::decide(lane, vec![event], &Tried::Attempted(attempt), policy, now);
-            decided.extend(one.decided);
-        }
+        let decisions: Vec<Decision> = events
+            .iter()
+            .enumerate()
+            .map(|(i, event)| {
+                let tried = Tried::Attempted(attempts.get(i).unwrap_or(&lost));
+                let backoff = backoff(&tried, std::slice::from_ref(event), policy);
+                decide(&tried, event.attempts, backoff, policy, now)
+            })
+            .collect();
         // The destination's gate follows the answer that says most about it: no answer, a
         // pause or a 410 from any event; else the first event's.
         let says_more = |g: &GateChange| !matches!(g, GateChange::Unchanged | GateChange::Answered);
-        let gate = decided
+        let gate = decisions
             .iter()
-            .map(|(_, d)| &d.gate)
+            .map(|d| &d.gate)
             .find(|g| says_more(g))
-            .or(decided.first().map(|(_, d)| &d.gate))
+            .or(decisions.first().map(|d| &d.gate))
             .cloned();
         Report {
             lane,
-            decided,
+            events,
+            decisions: Decisions::Each(decisions),
             gate,
         }
     }
 
     /// How many events the report covers.
     pub fn len(&self) -> usize {
-        self.decided.len()
+        self.events.len()
     }
 
     /// Drops the outcomes whose lease has ended by `now` (another relay may hold them now,
     /// so only a new claim can deliver them); returns how many.
     pub fn drop_expired(&mut self, now: i64) -> usize {
-        let before = self.decided.len();
-        self.decided.retain(|(e, _)| e.lease_expires_at > now);
-        before - self.decided.len()
+        let before = self.events.len();
+        let holds = |e: &OutboundEvent| e.lease_expires_at > now;
+        if let Decisions::Each(each) = &mut self.decisions {
+            let mut kept = self.events.iter().map(holds);
+            each.retain(|_| kept.next().unwrap_or(false));
+        }
+        self.events.retain(holds);
+        before - self.events.len()
     }
 
     /// The index of the lane the request came from.
@@ -128,14 +170,41 @@ impl Report {
         self.lane
     }
 
+    /// The request's events.
+    pub fn events(&self) -> &[OutboundEvent] {
+        &self.events
+    }
+
     /// Every event of the request with what to do about it.
-    pub fn decided(&self) -> &[(OutboundEvent, Decision)] {
-        &self.decided
+    pub fn decided(&self) -> impl Iterator<Item = (&OutboundEvent, &Decision)> {
+        let decisions = &self.decisions;
+        self.events
+            .iter()
+            .enumerate()
+            .map(move |(i, event)| (event, decisions.of(i)))
     }
 
     /// What the request's answer tells about the destination (the same for all its events).
     pub fn gate_change(&self) -> Option<&GateChange> {
         self.gate.as_ref()
+    }
+}
+
+/// The backoff that `tried` makes `events` wait out, drawn once for all of them. Only a
+/// failure waits: a delivered request skips the draw (a pass over its events) on the hot
+/// path.
+fn backoff(tried: &Tried<'_>, events: &[OutboundEvent], policy: &Policy) -> Duration {
+    let delivered = matches!(
+        tried,
+        Tried::Attempted(Attempt::Answered {
+            status: 200..=299,
+            ..
+        })
+    );
+    if delivered {
+        Duration::ZERO
+    } else {
+        policy.draw_backoff(events)
     }
 }
 
@@ -515,7 +584,7 @@ mod tests {
 
     /// The id of a single-event report's event, which must have been delivered.
     fn delivered_id(report: Report) -> i64 {
-        let (event, decision) = &report.decided()[0];
+        let (event, decision) = report.decided().next().expect("one event");
         assert_eq!(decision.write_back, crate::queue::WriteBack::Delivered);
         event.id
     }
@@ -614,11 +683,7 @@ mod tests {
         // One answer is not enough room: the worker waits until half are answered.
         open.lock().unwrap()[0].settle(0, delivered());
         let first = reports.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(
-            first.decided()[0].0.id,
-            1,
-            "reported by the settling thread"
-        );
+        assert_eq!(first.events()[0].id, 1, "reported by the settling thread");
         for answered in 1..bound / 2 - 1 {
             open.lock().unwrap()[answered].settle(0, delivered());
         }
@@ -656,11 +721,11 @@ mod tests {
         for report in reports {
             assert!(
                 matches!(
-                    &report.decided()[0].1.write_back,
+                    &report.decided().next().expect("one event").1.write_back,
                     crate::queue::WriteBack::Retry { error, .. } if error.contains("no answer in time")
                 ),
                 "{:?}",
-                report.decided()[0].1.write_back
+                report.decided().next().expect("one event").1.write_back
             );
         }
     }
@@ -719,7 +784,6 @@ mod tests {
         );
         let write_backs: Vec<_> = report
             .decided()
-            .iter()
             .map(|(e, d)| (e.id, d.write_back.clone()))
             .collect();
         assert_eq!(write_backs[0], (1, crate::queue::WriteBack::Delivered));
@@ -729,6 +793,64 @@ mod tests {
         ));
         assert_eq!(write_backs[2], (3, crate::queue::WriteBack::Delivered));
         assert_eq!(report.gate_change(), Some(&GateChange::Answered));
+    }
+
+    #[test]
+    fn a_request_answered_one_way_keeps_one_decision_and_hands_back_the_claimed_vector() {
+        let policy = Policy::new(&RelayConfig::new());
+        let events = vec![event(1), event(2), event(3)];
+        let claimed_at = events.as_ptr();
+        let answers = [delivered(), delivered(), delivered()];
+        let report = Report::decide_each(0, events, &answers, &policy, 1_000);
+        assert!(matches!(report.decisions, Decisions::Same(_)));
+        assert_eq!(
+            report.events().as_ptr(),
+            claimed_at,
+            "the writer frees the vector it claimed into"
+        );
+        let ids: Vec<_> = report
+            .decided()
+            .map(|(e, d)| (e.id, d.write_back.clone()))
+            .collect();
+        let delivered = crate::queue::WriteBack::Delivered;
+        assert_eq!(
+            ids,
+            [
+                (1, delivered.clone()),
+                (2, delivered.clone()),
+                (3, delivered)
+            ]
+        );
+    }
+
+    #[test]
+    fn dropping_expired_outcomes_keeps_each_event_with_its_own_decision() {
+        let policy = Policy::new(&RelayConfig::new());
+        let mut events = vec![event(1), event(2), event(3)];
+        events[0].lease_expires_at = 500;
+        events[1].lease_expires_at = 2_000;
+        events[2].lease_expires_at = 2_000;
+        let too_big = Attempt::Unsendable {
+            reason: "too big".into(),
+        };
+        let mut report = Report::decide_each(
+            0,
+            events,
+            &[delivered(), too_big, delivered()],
+            &policy,
+            1_000,
+        );
+        assert_eq!(report.drop_expired(1_000), 1);
+        let kept: Vec<_> = report
+            .decided()
+            .map(|(e, d)| {
+                (
+                    e.id,
+                    matches!(d.write_back, crate::queue::WriteBack::Dead { .. }),
+                )
+            })
+            .collect();
+        assert_eq!(kept, [(2, true), (3, false)]);
     }
 
     #[test]

@@ -408,14 +408,14 @@ impl Writer {
     fn record(&mut self, reports: &mut Vec<Report>) {
         let now = self.outbox.now_ms();
         for report in reports.iter() {
-            self.lanes[report.lane()].finished(report.decided().iter().map(|(e, _)| e));
+            self.lanes[report.lane()].finished(report.events());
             if let Some(GateChange::Disable { reason }) = report.gate_change() {
                 self.disable(report.lane(), reason, now);
             }
         }
         let outcomes: Vec<(&OutboundEvent, &WriteBack)> = reports
             .iter()
-            .flat_map(|r| r.decided().iter().map(|(e, d)| (e, &d.write_back)))
+            .flat_map(|r| r.decided().map(|(e, d)| (e, &d.write_back)))
             .collect();
         let recorded = match self.write(&outcomes, now) {
             Ok(recorded) => recorded,
@@ -435,7 +435,7 @@ impl Writer {
         };
         let lanes = reports
             .iter()
-            .flat_map(|r| r.decided().iter().map(|_| r.lane()));
+            .flat_map(|r| r.events().iter().map(|_| r.lane()));
         for (((event, write_back), recorded), lane) in outcomes.iter().zip(recorded).zip(lanes) {
             if !recorded {
                 self.counters.record_lease_lost();
