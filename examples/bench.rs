@@ -1008,7 +1008,7 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     }
     // What claiming and acking each event costs delivery on these cores, with none of the
     // crate's own work: the least relay against the same bare ureq loop.
-    for workers in [4, 8, 16] {
+    for workers in [1, 4, 8, 16] {
         let least = alternate_spread(
             5,
             || {
@@ -1025,9 +1025,10 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
                 rate(n, t.elapsed())
             },
         );
+        let plural = if workers == 1 { "" } else { "s" };
         lines.push(
             Line::rates(
-                format!("least relay (bare claim + ack, threads posting over ureq), 1 event/request, {workers} workers"),
+                format!("least relay (bare claim + ack, threads posting over ureq), 1 event/request, {workers} worker{plural}"),
                 "events",
                 least.a,
                 least.b,
