@@ -971,6 +971,17 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     let batch_body = sqlite_outbox::wire::batch_body(&batch).unwrap();
     let mut lines = Vec::new();
     let mut round = 0;
+    // The baseline of every row at one event per request: plain ureq keep-alive posts of
+    // the same body over `workers` connections.
+    let bare_rate = |workers: usize| {
+        let start = receiver.count();
+        let t = Instant::now();
+        let content_type = "application/cloudevents+json";
+        bare_posts(&receiver.url, &single_body, content_type, n, workers);
+        assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
+        rate(n, t.elapsed())
+    };
+    let plural = |workers: usize| if workers == 1 { "" } else { "s" };
     for workers in [1, 4, 8, 16] {
         let alternated = alternate_spread(
             5,
@@ -979,21 +990,9 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
                 let path = dir.join(format!("relay-{round}.db"));
                 rate(n, timed_drain(&path, receiver, n, workers, None))
             },
-            || {
-                let start = receiver.count();
-                let t = Instant::now();
-                bare_posts(
-                    &receiver.url,
-                    &single_body,
-                    "application/cloudevents+json",
-                    n,
-                    workers,
-                );
-                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
-                rate(n, t.elapsed())
-            },
+            || bare_rate(workers),
         );
-        let plural = if workers == 1 { "" } else { "s" };
+        let plural = plural(workers);
         lines.push(
             Line::rates(
                 format!("relay, 1 event/request, {workers} worker{plural}"),
@@ -1016,16 +1015,9 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
                 let path = dir.join(format!("least-relay-{round}.db"));
                 rate(n, timed_least_relay(&path, receiver, n, workers))
             },
-            || {
-                let start = receiver.count();
-                let t = Instant::now();
-                let content_type = "application/cloudevents+json";
-                bare_posts(&receiver.url, &single_body, content_type, n, workers);
-                assert!(receiver.wait_for(start + n as u64, Duration::from_secs(60)));
-                rate(n, t.elapsed())
-            },
+            || bare_rate(workers),
         );
-        let plural = if workers == 1 { "" } else { "s" };
+        let plural = plural(workers);
         lines.push(
             Line::rates(
                 format!("least relay (bare claim + ack, threads posting over ureq), 1 event/request, {workers} worker{plural}"),
