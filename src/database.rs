@@ -99,6 +99,47 @@ fn busy_handler(attempt: i32) -> bool {
     true
 }
 
+/// `conn` with no busy handler, so a statement that needs a lock held elsewhere fails at
+/// once instead of waiting; dropping it puts the outbox's busy handler back.
+///
+/// Why not `Connection::busy_timeout(0)` and back: that replaces the outbox's handler with
+/// SQLite's own, and `PRAGMA busy_timeout` reads 0 while a custom handler is set, so the
+/// "restored" connection would go back to the pool with no patience at all, and the app's
+/// next transaction on it would fail with "database is locked" the moment a relay wrote.
+pub(crate) struct NotWaiting<'c> {
+    conn: &'c mut Connection,
+}
+
+impl<'c> NotWaiting<'c> {
+    /// Takes `conn`'s busy handler away until the result is dropped.
+    pub fn new(conn: &'c mut Connection) -> rusqlite::Result<NotWaiting<'c>> {
+        conn.busy_handler(None)?;
+        Ok(NotWaiting { conn })
+    }
+}
+
+impl Deref for NotWaiting<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl DerefMut for NotWaiting<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn
+    }
+}
+
+impl Drop for NotWaiting<'_> {
+    fn drop(&mut self) {
+        // SQLite's busy_handler only fails on a misused handle; the connection is open.
+        if let Err(e) = self.conn.busy_handler(Some(busy_handler)) {
+            log::error!("the busy handler could not be put back on a connection: {e}");
+        }
+    }
+}
+
 /// Settings applied to every connection the outbox opens.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectionSettings {

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rusqlite::{params, Connection, TransactionBehavior};
 
+use crate::database::NotWaiting;
 use crate::error::Result;
 use crate::queue::{json_ids, pending, LEASE_CLOCK_SKEW_MS};
 
@@ -262,12 +263,10 @@ pub(crate) fn leased(
 /// another writer holds the lock, or the file is read-only, [`read`] counts those rows
 /// instead, as exactly.
 pub(crate) fn fold(conn: &mut Connection) -> Result<()> {
-    let patience: i64 = conn.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
-    conn.busy_timeout(std::time::Duration::ZERO)?;
-    if let Err(e) = fold_while_free(conn) {
+    let mut not_waiting = NotWaiting::new(conn)?;
+    if let Err(e) = fold_while_free(&mut not_waiting) {
         log::debug!("pending totals not folded now: {e}");
     }
-    conn.busy_timeout(std::time::Duration::from_millis(patience.max(0) as u64))?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{delivered_count, fast, rows, wait_until, Reply, TestReceiver, PATIENCE};
+use common::{delivered_count, fast, rows, wait_until, Reply, SetOnDrop, TestReceiver, PATIENCE};
 use serde_json::json;
 use sqlite_outbox::admin::{DeadFilter, HealthThresholds, Limit, State};
 use sqlite_outbox::clock::ManualClock;
@@ -560,13 +560,13 @@ fn stats_stay_exact_while_a_relay_drains_beside_them() {
                 std::thread::sleep(Duration::from_millis(2));
             }
         });
+        let _stop_stats = SetOnDrop(&stop);
         add(600);
         std::thread::sleep(Duration::from_millis(50));
         add(600);
         let busy = wait_until(PATIENCE, || {
             calls.load(std::sync::atomic::Ordering::SeqCst) > 1_000
         });
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
         assert!(busy, "the relay made too few requests");
     });
     // Stopped part way: what it left, leases handed back, counted exactly.
@@ -581,6 +581,46 @@ fn stats_stay_exact_while_a_relay_drains_beside_them() {
         .query_row("SELECT tallied_through FROM outbox_stats", [], |r| r.get(0))
         .unwrap();
     assert!(tallied > 0, "no stats call folded rows in");
+}
+
+#[test]
+fn after_stats_the_apps_next_transaction_still_waits_for_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("patient.db");
+    // One pooled connection: the one `stats` folds the totals on is the app's next one.
+    let patience = Duration::from_secs(30);
+    let outbox = Outbox::builder()
+        .pool_size(1)
+        .busy_timeout(patience)
+        .open(&path)
+        .unwrap();
+    let enqueue =
+        |name: &str| outbox.transaction(|tx| outbox.enqueue(tx, Event::new(name, json!({}))));
+    enqueue("before").unwrap();
+    // Another program holds the write lock, as a relay's ack does.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Stats does not wait for the lock to fold its totals: it counts and returns.
+    let started = std::time::Instant::now();
+    assert_eq!(outbox.stats().unwrap().pending, 1);
+    assert!(
+        started.elapsed() < patience / 3,
+        "stats waited for the write lock"
+    );
+    // The connection must have its patience back: the app's next transaction waits for
+    // the lock instead of failing with "database is locked".
+    let held_for = Duration::from_millis(200);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(held_for);
+        other.execute_batch("COMMIT").unwrap();
+    });
+    let started = std::time::Instant::now();
+    let after = enqueue("after");
+    let waited = started.elapsed();
+    release.join().unwrap();
+    after.expect("the transaction waits for the lock instead of failing at once");
+    assert!(waited >= held_for / 2, "waited only {waited:?}");
+    assert_eq!(outbox.stats().unwrap().pending, 2);
 }
 
 #[test]
