@@ -312,6 +312,15 @@ mod tests {
         });
     }
 
+    /// Sets its flag when dropped.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// The WAL header's first salt, which SQLite changes whenever the WAL starts over.
     fn wal_salt(outbox: &Outbox) -> [u8; 4] {
         let conn = outbox.connection().unwrap();
@@ -339,6 +348,9 @@ mod tests {
         let mut rounds = 0;
         std::thread::scope(|s| {
             write_like_a_relay_and_an_app(s, &outbox, &done);
+            // Stops the writers however this closure ends: the scope joins them before it
+            // passes a panic on, so writers left running would turn a failure into a hang.
+            let _stop_writers = StopOnDrop(&done);
             // A catch-up that a busy machine keeps off the CPU past its 3 ms falls back to
             // the RESTART (as it should); rounds go on until three copied without it.
             while copied < 3 && rounds < MOST_ROUNDS {
@@ -364,7 +376,6 @@ mod tests {
                     }
                 }
             }
-            done.store(true, Ordering::Relaxed);
         });
         // Catch-ups do copy without the RESTART, whose copy holds the write lock.
         assert!(copied >= 3, "copied all {copied} times in {rounds}");

@@ -232,6 +232,17 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Sets its flag when dropped, so a scoped thread looping until the flag is set stops even
+/// when the test's own thread panics: `std::thread::scope` joins its threads before it
+/// passes the panic on, and a loop nobody stops would turn a failing test into a hang.
+pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// The default bound on how long a test waits for deliveries.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
