@@ -127,6 +127,12 @@ impl Outcomes {
     /// runs what [`then`](Self::then) left, on this thread, after the lock is released.
     pub fn settle(&self, index: usize, outcome: Attempt) {
         let mut state = self.lock();
+        // Once every outcome is in they may have been handed on, which empties the slots:
+        // an answer that comes later (a second PUBACK, or one after the deadline) changes
+        // nothing, and must not count down an open outcome that is no longer there.
+        if state.waiting == 0 {
+            return;
+        }
         if let Some(slot @ None) = state.slots.get_mut(index) {
             *slot = Some(outcome);
             state.waiting -= 1;
@@ -255,6 +261,29 @@ mod tests {
             [Attempt::Unsendable { reason: "x".into() }, delivered()]
         );
         settler.join().unwrap();
+    }
+
+    #[test]
+    fn answers_after_the_outcomes_were_handed_on_change_nothing() {
+        let outcomes = Outcomes::new(2, "no answer in time".into());
+        outcomes.settle(0, delivered());
+        outcomes.settle(1, delivered());
+        let handed_on = Arc::new(Mutex::new(Vec::new()));
+        let into = Arc::clone(&handed_on);
+        outcomes.then(Box::new(move |got| into.lock().unwrap().extend(got)));
+        assert_eq!(*handed_on.lock().unwrap(), [delivered(), delivered()]);
+        // A second answer for a slot already handed on: no count below zero, no panic.
+        outcomes.settle(0, Attempt::Unsendable { reason: "x".into() });
+        assert!(outcomes.is_settled());
+
+        // The same after the deadline failed the open outcomes and a waiter took them.
+        let late = Outcomes::new(2, "no answer in time".into());
+        late.settle(0, delivered());
+        let got = Sending::settling(Arc::clone(&late), Duration::from_millis(10)).wait();
+        assert_eq!(got[0], delivered());
+        late.settle(1, delivered());
+        late.settle(0, delivered());
+        assert!(late.is_settled());
     }
 
     #[test]
