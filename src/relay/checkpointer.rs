@@ -313,9 +313,9 @@ mod tests {
     }
 
     /// Sets its flag when dropped.
-    struct StopOnDrop<'a>(&'a AtomicBool);
+    struct SetOnDrop<'a>(&'a AtomicBool);
 
-    impl Drop for StopOnDrop<'_> {
+    impl Drop for SetOnDrop<'_> {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Relaxed);
         }
@@ -350,7 +350,7 @@ mod tests {
             write_like_a_relay_and_an_app(s, &outbox, &done);
             // Stops the writers however this closure ends: the scope joins them before it
             // passes a panic on, so writers left running would turn a failure into a hang.
-            let _stop_writers = StopOnDrop(&done);
+            let _stop_writers = SetOnDrop(&done);
             // A catch-up that a busy machine keeps off the CPU past its 3 ms falls back to
             // the RESTART (as it should); rounds go on until three copied without it.
             while copied < 3 && rounds < MOST_ROUNDS {
