@@ -164,3 +164,51 @@ fn a_429_retry_after_still_wins_over_the_rate() {
         "the 429 asked for 1 s; waited {waited:?}"
     );
 }
+
+/// Issue 38, item 1: a paced lane never claims more than its pacer lets out well within a
+/// lease, so a backlog far larger than a lease's worth goes out at the rate, none twice, and
+/// none handed back over and over unsent.
+#[test]
+fn a_paced_backlog_larger_than_a_lease_goes_out_at_its_rate_none_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("paced.db")).unwrap();
+    backlog(&outbox, 600, json!({"n": 1}));
+    let receiver = TestReceiver::ok();
+    let started = Instant::now();
+    let relay = outbox
+        .relay(
+            fast(RelayConfig::new())
+                .destination(
+                    Destination::http("default", receiver.url())
+                        .rate_limit(10.0)
+                        .http_config(
+                            sqlite_outbox::transport::HttpConfig::new()
+                                .connect_timeout(Duration::from_secs(2))
+                                .request_timeout(Duration::from_secs(4)),
+                        ),
+                )
+                .lease(Duration::from_secs(10))
+                .workers(4),
+        )
+        .start()
+        .unwrap();
+    // 600 at 10 a second: about a minute. Before the fix the lane queued its whole
+    // in-flight limit, jobs outwaited half their lease and went back unsent, and the
+    // delivered count stopped rising for good.
+    let all_in = wait_until(Duration::from_secs(120), || {
+        outbox.stats().map(|s| s.pending == 0).unwrap_or(false)
+    });
+    let took = started.elapsed();
+    relay.shutdown();
+    let stats = outbox.stats().unwrap();
+    assert!(all_in, "not all delivered in 120 s: {stats:?}");
+    let ids = receiver.event_ids();
+    let unique: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), 600, "every event arrived");
+    assert_eq!(ids.len(), 600, "no event arrived twice");
+    // The rate held: 600 at 10 a second cannot take much under a minute.
+    assert!(
+        took >= Duration::from_secs(55),
+        "600 paced events in {took:?}"
+    );
+}

@@ -7,6 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -23,6 +24,12 @@ const MAX_RETRY_TIMES: usize = 100_000;
 /// One unit of work for a delivery worker: one request's worth of events.
 pub(crate) type Job = Vec<OutboundEvent>;
 
+/// What a paced lane may claim now, and what makes a claim worth its transaction.
+struct PacedRoom {
+    room: usize,
+    worth_it: usize,
+}
+
 /// One destination as the writer drives it.
 pub(crate) struct Lane {
     name: String,
@@ -34,6 +41,12 @@ pub(crate) struct Lane {
     gate: Arc<Gate>,
     /// The destination's rate and bandwidth limits, shared by its workers.
     pacer: Option<Arc<Pacer>>,
+    /// How far ahead a paced lane claims: what its pacer lets out within this much time.
+    /// A quarter of the lease, so a claimed event starts well before half its lease is gone
+    /// (where a worker hands it back unsent).
+    pace_window: Duration,
+    /// Request bodies' bytes per event, as last claimed (for a bandwidth limit's share).
+    bytes_per_event: Option<f64>,
     /// `None` once the lane is closed: its workers exit after their current request.
     jobs_tx: Option<Sender<Job>>,
     jobs_rx: Receiver<Job>,
@@ -82,6 +95,8 @@ impl Lane {
                 let (rate, bandwidth) = destination.pacing();
                 Pacer::new(rate, bandwidth).map(Arc::new)
             },
+            pace_window: config.lease / 4,
+            bytes_per_event: None,
             jobs_tx: Some(jobs_tx),
             jobs_rx,
             in_flight: HashSet::new(),
@@ -120,8 +135,16 @@ impl Lane {
     /// open, and a whole batch fits. Waiting until a whole batch fits keeps claims (each a
     /// write transaction) few and large while the workers still have queued work.
     pub fn wants_claim(&self) -> bool {
-        let room = self.max_in_flight.saturating_sub(self.in_flight.len());
-        let worth_it = self.claim_batch.min(self.max_in_flight / 2).max(1);
+        let paced = self.paced_room();
+        let room = self
+            .max_in_flight
+            .saturating_sub(self.in_flight.len())
+            .min(paced.room);
+        let worth_it = self
+            .claim_batch
+            .min(self.max_in_flight / 2)
+            .min(paced.worth_it)
+            .max(1);
         let blocked = (room < worth_it && !self.in_flight.is_empty())
             || room == 0
             || self.gate.is_closed()
@@ -135,7 +158,66 @@ impl Lane {
         if self.gate.is_suspect() {
             1
         } else {
-            (self.max_in_flight - self.in_flight.len()).min(self.claim_batch)
+            (self.max_in_flight - self.in_flight.len())
+                .min(self.claim_batch)
+                .min(self.paced_room().room)
+        }
+    }
+
+    /// How many more events a paced lane may claim: what its pacer lets out within the
+    /// pace window beyond what workers reserved, less the jobs still queued. Without this a
+    /// lane queued its whole in-flight limit; at a low rate the last jobs outwaited half
+    /// their lease, went back unsent and were claimed again behind the rest, for ever.
+    fn paced_room(&self) -> PacedRoom {
+        let unpaced = PacedRoom {
+            room: usize::MAX,
+            worth_it: usize::MAX,
+        };
+        let Some(pacer) = &self.pacer else {
+            return unpaced;
+        };
+        let per_request = self.batch.map_or(1, |b| b.max_events) as f64;
+        let queued_jobs = self.jobs_rx.len() as f64;
+        let allowance = pacer.allowance(self.pace_window);
+        let window_secs = self.pace_window.as_secs_f64();
+        let mut room = f64::INFINITY;
+        let mut worth_it = f64::INFINITY;
+        if let Some(requests) = allowance.requests {
+            room = room.min((requests - queued_jobs).floor() * per_request);
+            // Half a window's worth per claim keeps claims few without starving workers.
+            worth_it = worth_it.min(pacer.requests_per_second() * window_secs * per_request / 2.0);
+        }
+        if let Some(bytes) = allowance.bytes {
+            match self.bytes_per_event {
+                Some(per_event) => {
+                    let queued = queued_jobs * per_request * per_event;
+                    room = room.min(((bytes - queued) / per_event).floor());
+                    worth_it =
+                        worth_it.min(pacer.bytes_per_second() * window_secs / per_event / 2.0);
+                }
+                // Nothing learnt yet: one event, to learn its size.
+                None => {
+                    room = room.min(if bytes > 0.0 && queued_jobs == 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    });
+                    worth_it = 1.0;
+                }
+            }
+        }
+        let to_count = |x: f64| {
+            if x.is_nan() || x <= 0.0 {
+                0
+            } else if x >= usize::MAX as f64 {
+                usize::MAX
+            } else {
+                x as usize
+            }
+        };
+        PacedRoom {
+            room: to_count(room),
+            worth_it: to_count(worth_it).max(1),
         }
     }
 
@@ -143,6 +225,10 @@ impl Lane {
     /// claim filled its limit, so more may be due.
     pub fn dispatch(&mut self, events: Vec<OutboundEvent>, more_due: bool) {
         self.claim_due = more_due;
+        if self.pacer.as_ref().is_some_and(|p| p.counts_bytes()) && !events.is_empty() {
+            let bytes: usize = events.iter().map(|e| encoded_size_bound(e) + 1).sum();
+            self.bytes_per_event = Some(bytes as f64 / events.len() as f64);
+        }
         for job in self.group_into_jobs(events) {
             for event in &job {
                 self.in_flight.insert(event.id);

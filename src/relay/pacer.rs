@@ -40,6 +40,23 @@ impl Bucket {
             Duration::from_secs_f64(-self.tokens / self.rate)
         }
     }
+
+    /// What the bucket lets out from `now` to `now + within`, given what is already
+    /// reserved (a debt counts against it): may be negative.
+    fn allows_within(&self, within: Duration, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        let tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        tokens + within.as_secs_f64() * self.rate
+    }
+}
+
+/// What a pacer lets out within some time, beyond the requests already reserved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Allowance {
+    /// Requests, if the rate is limited.
+    pub requests: Option<f64>,
+    /// Body bytes, if the bandwidth is limited.
+    pub bytes: Option<f64>,
 }
 
 /// A destination's request rate and bandwidth limits.
@@ -62,9 +79,45 @@ impl Pacer {
         })
     }
 
+    /// The request rate, or unlimited.
+    pub fn requests_per_second(&self) -> f64 {
+        self.requests.as_ref().map_or(f64::INFINITY, |b| {
+            b.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .rate
+        })
+    }
+
+    /// The bandwidth, or unlimited.
+    pub fn bytes_per_second(&self) -> f64 {
+        self.bytes.as_ref().map_or(f64::INFINITY, |b| {
+            b.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .rate
+        })
+    }
+
     /// Whether the byte size of requests matters (so the caller computes it).
     pub fn counts_bytes(&self) -> bool {
         self.bytes.is_some()
+    }
+
+    /// What the limits let out within `within` from now, beyond what workers have already
+    /// reserved. The lane claims no more than this, so no claimed event waits its turn for
+    /// longer than its lease allows.
+    pub fn allowance(&self, within: Duration) -> Allowance {
+        let now = Instant::now();
+        let allows = |bucket: &Option<Mutex<Bucket>>| {
+            bucket.as_ref().map(|b| {
+                b.lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .allows_within(within, now)
+            })
+        };
+        Allowance {
+            requests: allows(&self.requests),
+            bytes: allows(&self.bytes),
+        }
     }
 
     /// Reserves one request of `body_bytes` and returns how long to wait before sending it.
@@ -101,6 +154,24 @@ mod tests {
             assert_eq!(bucket.reserve(1.0, later), Duration::ZERO);
         }
         assert!(bucket.reserve(1.0, later) > Duration::ZERO);
+    }
+
+    #[test]
+    fn the_allowance_counts_what_is_reserved_against_what_the_window_refills() {
+        let t0 = Instant::now();
+        let mut bucket = Bucket::new(10.0, t0);
+        // A full bucket and five seconds: one second's worth now and fifty more.
+        assert_eq!(bucket.allows_within(Duration::from_secs(5), t0), 60.0);
+        // Thirty reserved (twenty in debt): thirty left in the same window.
+        for _ in 0..30 {
+            bucket.reserve(1.0, t0);
+        }
+        assert_eq!(bucket.allows_within(Duration::from_secs(5), t0), 30.0);
+        // A debt larger than the window: nothing more within it.
+        for _ in 0..40 {
+            bucket.reserve(1.0, t0);
+        }
+        assert!(bucket.allows_within(Duration::from_secs(5), t0) < 0.0);
     }
 
     #[test]
