@@ -1262,6 +1262,19 @@ pub(crate) fn lease_for_export(
             pending!("e."),
             " AND e.destination = ?1 AND ",
             lease_claimable!("e.", "?2", "?3"),
+            // Per-key order: not while an older pending row of its key stays behind (its
+            // lease held by a relay, in flight or left by a crash), else the bundle would
+            // deliver the key's successors before its head. The rows taken are the oldest,
+            // so an older claimable row of the key is in the bundle too.
+            " AND (e.partition_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM outbox_events AS k
+                 WHERE k.partition_key = e.partition_key AND k.destination = e.destination
+                   AND k.id < e.id AND ",
+            pending!("k."),
+            // (COALESCE: a lease with no leased_at still holds.)
+            " AND NOT COALESCE(",
+            lease_claimable!("k.", "?2", "?3"),
+            ", 0)))",
             " ORDER BY e.id LIMIT CAST(?4 AS INTEGER)"
         ))?
         .query_map(
