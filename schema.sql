@@ -449,3 +449,130 @@ BEGIN
      WHERE OLD.lease_owner IS NOT NULL AND OLD.lease_expires_at IS NOT NULL
     ON CONFLICT (owner, destination) DO UPDATE SET rows = rows + excluded.rows;
 END;
+
+-- version 12
+
+-- The SQL contract after the clock stepped back. The enqueue trigger keeps an event id's
+-- time (and `created_at`) from going back in commit order by carrying the newest row's
+-- `created_at` forward; it used that same value as the due time, the base of the lifetime
+-- and the time that making way compares leases with, so once any row was written while
+-- the clock was ahead every later event waited for that old future. Now those use the
+-- real now. A lifetime too long to add to now (`expires_in_ms` of i64::MAX, "never") is
+-- clamped to the largest time, instead of overflowing into a REAL that a claim cannot read.
+DROP TRIGGER outbox_enqueue_insert;
+
+CREATE TRIGGER outbox_enqueue_insert INSTEAD OF INSERT ON outbox_enqueue
+BEGIN
+    -- Checks, with Outbox::enqueue's limits.
+    SELECT CASE
+           WHEN typeof(NEW.type) <> 'text' OR length(CAST(NEW.type AS BLOB)) NOT BETWEEN 1 AND 255
+           THEN RAISE(ABORT, 'outbox: type must be text of 1 to 255 bytes')
+           WHEN NEW.data IS NOT NULL AND (typeof(NEW.data) <> 'text' OR NOT json_valid(NEW.data))
+           THEN RAISE(ABORT, 'outbox: data must be JSON text (leave it out for null)')
+           WHEN NEW.key IS NOT NULL AND (typeof(NEW.key) <> 'text'
+                OR length(CAST(NEW.key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: key must be text of at most 255 bytes')
+           WHEN NEW.idempotency_key IS NOT NULL AND (typeof(NEW.idempotency_key) <> 'text'
+                OR length(CAST(NEW.idempotency_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: idempotency_key must be text of at most 255 bytes')
+           WHEN NEW.subject IS NOT NULL AND (typeof(NEW.subject) <> 'text'
+                OR length(CAST(NEW.subject AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: subject must be text of at most 255 bytes')
+           WHEN NEW.coalesce_key IS NOT NULL AND (typeof(NEW.coalesce_key) <> 'text'
+                OR length(CAST(NEW.coalesce_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: coalesce_key must be text of at most 255 bytes')
+           WHEN NEW.source IS NOT NULL AND (typeof(NEW.source) <> 'text'
+                OR length(CAST(NEW.source AS BLOB)) > 1024)
+           THEN RAISE(ABORT, 'outbox: source must be text of at most 1024 bytes')
+           WHEN NEW.priority IS NOT NULL
+                AND (typeof(NEW.priority) <> 'integer' OR NEW.priority NOT BETWEEN 0 AND 9)
+           THEN RAISE(ABORT, 'outbox: priority must be a whole number from 0 (least urgent) to 9 (most urgent)')
+           WHEN NEW.expires_in_ms IS NOT NULL
+                AND (typeof(NEW.expires_in_ms) <> 'integer' OR NEW.expires_in_ms < 1)
+           THEN RAISE(ABORT, 'outbox: expires_in_ms must be a whole number of milliseconds, at least 1')
+           WHEN length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB))
+                > COALESCE((SELECT CAST(value AS INTEGER) FROM outbox_settings
+                             WHERE key = 'payload_limit'), 262144)
+           THEN RAISE(ABORT, 'outbox: data is over the payload limit (setting payload_limit, 262144 bytes unless set)')
+           END;
+
+    -- Make way (only with a coalescing key or a storage limit, and never for a repeated
+    -- idempotency key, which changes nothing at all).
+    INSERT INTO outbox_enqueue_make_way (type, coalesce_key, routes, rows, bytes, ms)
+    SELECT NEW.type, NEW.coalesce_key, routes, json_array_length(routes),
+           json_array_length(routes) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)),
+           CAST(strftime('%s', 'now') AS INTEGER) * 1000
+               + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER)
+      FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END AS routes
+             WHERE NEW.coalesce_key IS NOT NULL OR EXISTS (SELECT 1 FROM outbox_settings WHERE key IN ('max_pending', 'max_pending_bytes')))
+     WHERE NEW.idempotency_key IS NULL OR EXISTS (
+               SELECT 1 FROM json_each(routes) AS d
+                WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e
+                                   WHERE e.destination = d.value
+                                     AND e.idempotency_key = NEW.idempotency_key));
+
+    -- One row per destination, one event id for all of them.
+    INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type, source,
+                               subject, partition_key, payload, created_at, available_at,
+                               coalesce_key, droppable, priority, expires_at)
+    SELECT x.top + d.key + 1, x.eid, d.value, NEW.idempotency_key, NEW.type,
+           COALESCE(NEW.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                    '/sqlite-outbox'),
+           NEW.subject, NEW.key, json(COALESCE(NEW.data, 'null')), x.ms,
+           CASE WHEN NEW.key IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM outbox_events AS k
+                     WHERE k.partition_key = NEW.key AND k.destination = d.value
+                       AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+                THEN 9223372036854775807 ELSE x.now END,
+           NEW.coalesce_key,
+           COALESCE((SELECT value FROM (SELECT s.value = 'drop_oldest' AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'policy:' AND s.key < 'policy;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'policy:' AND s.key < 'policy;')), 0),
+           COALESCE(NEW.priority, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'priority:' AND s.key < 'priority;'
+                   AND (substr(s.key, 10) = NEW.type OR (substr(substr(s.key, 10), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 10)) - 1) = substr(substr(s.key, 10), 1, length(substr(s.key, 10)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'priority:' AND s.key < 'priority;')), 5),
+           CASE WHEN x.life > 9223372036854775807 - x.now THEN 9223372036854775807
+                ELSE x.now + x.life END
+      FROM (SELECT ms, now, life,
+                   printf('%08x-%04x-7%s-%s%s-%s', ms >> 16, ms & 65535, substr(h, 1, 3),
+                         substr('89ab', 1 + (abs(random()) % 4), 1), substr(h, 4, 3), substr(h, 7, 12)) AS eid,
+                   max(COALESCE((SELECT MAX(id) FROM outbox_events), 0),
+                       (SELECT high_water FROM outbox_stats WHERE id = 1)) AS top
+              FROM (SELECT max(now, COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)) AS ms,
+                           now, h,
+                           COALESCE(NEW.expires_in_ms, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'expiry:' AND s.key < 'expiry;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'expiry:' AND s.key < 'expiry;'))) AS life
+                      FROM (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000
+                                   + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER) AS now,
+                                   lower(hex(randomblob(9))) AS h)) LIMIT 1) AS x,
+           json_each(COALESCE(NULLIF(CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END, '[]'),
+                     RAISE(ABORT, 'outbox: no route matches this type (settings route:<pattern>)'))) AS d
+     WHERE true
+    ON CONFLICT DO NOTHING;
+
+END;

@@ -135,7 +135,10 @@
 //! [`Outbox::enqueue`] gives it: a UUIDv7 id whose time never goes back in commit order,
 //! routing, parking behind its key, coalescing, idempotency (a repeat is no error and adds
 //! nothing), the storage limits, the type's default priority and lifetime, and a row id above
-//! every id ever given. Bad input fails the statement with `RAISE(ABORT, 'outbox: …')`,
+//! every id ever given. Its due time, lifetime and the leases making way compares with
+//! follow the real clock, even after rows were written while the clock was ahead (the id's
+//! time alone is carried forward); a lifetime of `i64::MAX` ("never") is clamped, not
+//! overflowed (schema version 12). Bad input fails the statement with `RAISE(ABORT, 'outbox: …')`,
 //! naming the field and its limit; the caller's transaction stays usable. The new event's id
 //! is read back by its idempotency key:
 //! `SELECT event_id FROM outbox_events WHERE idempotency_key = ? ORDER BY id LIMIT 1`. It

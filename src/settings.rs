@@ -263,7 +263,8 @@ pub(crate) fn canonical_value(key: &str, value: &str) -> std::result::Result<Str
                     };
                     if millis == 0 || millis > i64::MAX as u64 {
                         return Err(format!(
-                            "a lifetime of {value:?} is out of range: at least 1 ms"
+                            "a lifetime of {value:?} is out of range: at least 1 ms, at most {} ms",
+                            i64::MAX
                         ));
                     }
                     Ok(millis.to_string())

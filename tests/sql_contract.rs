@@ -491,3 +491,84 @@ fn a_coalesced_event_makes_its_own_room_before_anything_is_dropped() {
     let data: Vec<String> = stored(&outbox).into_iter().map(|r| r.4).collect();
     assert_eq!(data, ["3", "4", "5"]);
 }
+
+/// Issue 38, item 3: after a row was written while the clock was an hour ahead (here even
+/// delivered), an event inserted through the SQL contract keeps its id rising but is due at
+/// the real now, and a running relay delivers it at once, not an hour later.
+#[test]
+fn after_a_row_written_an_hour_ahead_an_sql_insert_is_delivered_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stepped.db");
+    let outbox = Outbox::open(&path).unwrap();
+    let receiver = TestReceiver::ok();
+    let ahead = Outbox::builder()
+        .clock(sqlite_outbox::clock::ManualClock::new(
+            outbox.now_ms() + 3_600_000,
+        ))
+        .open(&path)
+        .unwrap();
+    ahead
+        .transaction(|tx| ahead.enqueue(tx, Event::new("t", json!("ahead"))))
+        .unwrap();
+    let relay = outbox
+        .relay(fast(RelayConfig::new()).destination(Destination::http("default", receiver.url())))
+        .start()
+        .unwrap();
+    // The relay re-anchors the row written ahead and delivers it.
+    assert!(wait_until(Duration::from_secs(10), || receiver.count() == 1));
+    let conn = app_connection(&outbox);
+    enqueue_sql(&conn, "t", "\"after\"", None);
+    let delivered = wait_until(Duration::from_secs(5), || receiver.count() == 2);
+    relay.shutdown();
+    let rows = stored(&outbox);
+    assert!(
+        delivered,
+        "the SQL insert was not delivered within 5 s: {:?}",
+        rows.last()
+    );
+    let (newest, before) = (&rows[1], &rows[0]);
+    assert!(v7_millis(&newest.1) as i64 >= before.9, "ids keep rising");
+    assert!(
+        newest.6 <= outbox.now_ms(),
+        "due at the real now: {newest:?}"
+    );
+}
+
+/// Issue 38, item 4: a lifetime near `i64::MAX` (a Python app passing `sys.maxsize` for
+/// "never") is clamped, not turned into a REAL that the claim cannot read; the event is
+/// delivered, whether the lifetime comes with the insert or from an `expiry:` setting.
+#[test]
+fn a_lifetime_of_i64_max_through_the_sql_contract_never_expires_and_is_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("forever.db")).unwrap();
+    let conn = app_connection(&outbox);
+    conn.execute(
+        "INSERT INTO outbox_enqueue (type, data, expires_in_ms) VALUES ('t', '1', ?1)",
+        [i64::MAX],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO outbox_settings (key, value) VALUES ('expiry:s', ?1)",
+        [i64::MAX.to_string()],
+    )
+    .unwrap();
+    enqueue_sql(&conn, "s", "2", None);
+    let types: Vec<String> = conn
+        .prepare("SELECT typeof(expires_at) FROM outbox_events ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(types, ["integer", "integer"], "expires_at stays an integer");
+    let receiver = TestReceiver::ok();
+    let relay = outbox
+        .relay(fast(RelayConfig::new()).destination(Destination::http("default", receiver.url())))
+        .start()
+        .unwrap();
+    let delivered = wait_until(Duration::from_secs(10), || receiver.count() == 2);
+    relay.shutdown();
+    let stats = outbox.stats().unwrap();
+    assert!(delivered, "{stats:?}");
+    assert_eq!(stats.dead, 0);
+}
