@@ -175,9 +175,11 @@
 //! | 2xx | delivered; many acks are written in one transaction |
 //! | 5xx, 408, 429 | retried with exponential backoff and full jitter (1 s base, 5 min cap), or at `Retry-After` (seconds or HTTP date, capped at 1 h) if later; dead-lettered after 25 answered attempts |
 //! | 429 | also pauses that destination (only) for its `Retry-After`, or the retry base without one |
+//! | a rate or bandwidth limit with a backlog far larger than a lease's worth | the destination claims only what its limits let out within a quarter of the lease; the backlog goes out at the rate, each event once, none handed back unsent for ever |
 //! | 410 | the destination is disabled (persisted; its events stay pending, attempts untouched) until [`Outbox::enable_destination`] |
 //! | other 4xx | dead-lettered at once with status and body start kept ([`RelayConfig::dead_letter_client_errors`]`(false)` retries them instead) |
 //! | DNS failure, connection refused, connect timeout, TLS handshake failure (the request never left) | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed. A released probe moves behind the other due events, so the next probe is another event |
+//! | 502, 503 or 504 (or 503/429 with `Retry-After`) to three requests in a row for three different events: the receiver's own backend is down (its store restarting, a load balancer with no healthy upstream) | the answers that made the judgement spent an attempt each; from then on the **destination** is treated as unreachable: no event spends an attempt (requests still in flight included), the destination backs off as a whole for at least the `Retry-After`, single probes, and the first other answer lifts it and the backlog drains at full speed. An hour's outage dead-letters nothing. One event answered so while others succeed (a poison event) never makes three in a row and spends its attempts |
 //! | the request was written but no valid answer came (read timeout, reset or close mid-response, malformed answer) | that **event** spends an attempt and backs off on its own, like a 5xx; the destination stays open, so a poison event that hangs or crashes the receiver is dead-lettered at `max_attempts` while every other event keeps flowing |
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
 //! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
@@ -516,8 +518,10 @@
 //! wait its excess off. A batch is one request, and so is one MQTT publish. A 429's
 //! `Retry-After` still closes the destination for as long as it asks. Waiting uses the
 //! monotonic clock and gives way to shutdown and to an offline destination (the events are
-//! handed back, nothing spent). Zero, negative or non-finite limits are refused at start
-//! (CLI: exit 2). `tests/pacing.rs` checks the pace on the receiver's clock.
+//! handed back, nothing spent). A paced destination claims only what its limits let out
+//! within a quarter of the lease, so a backlog of any size goes out at its rate, no claimed
+//! event outwaits its lease and none is sent twice. Zero, negative or non-finite limits are
+//! refused at start (CLI: exit 2). `tests/pacing.rs` checks the pace on the receiver's clock.
 //!
 //! # Outcomes back to the app
 //!

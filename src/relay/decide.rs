@@ -65,6 +65,31 @@ pub(crate) enum GateChange {
     Pause { pause: Duration },
     /// The receiver answered 410: disable the destination (persisted) for this reason.
     Disable { reason: String },
+    /// The receiver answered that its own backend is down (see [`is_sick`]) before the
+    /// destination was judged down: the gate counts it towards that judgement, and waits
+    /// out a `Retry-After` destination-wide.
+    Sick { retry_after: Option<Duration> },
+    /// Such an answer while the destination is judged down: back off the whole destination
+    /// as when it cannot be reached, for at least the `Retry-After`.
+    Down { retry_after: Option<Duration> },
+}
+
+/// Whether an answer says the receiver's own backend is down rather than anything about
+/// the event: 502, 503 or 504 (a gateway with no healthy upstream, a store restarting), or
+/// 429 with `Retry-After`. Three in a row for three different events judge the destination
+/// down (see [`Gate`](crate::relay::gate::Gate)); from then on they spend no attempt.
+pub(crate) fn is_sick(attempt: &Attempt) -> bool {
+    matches!(
+        attempt,
+        Attempt::Answered {
+            status: 502..=504,
+            ..
+        } | Attempt::Answered {
+            status: 429,
+            retry_after: Some(_),
+            ..
+        }
+    )
 }
 
 /// What to do about one event after one request.
@@ -77,13 +102,16 @@ pub(crate) struct Decision {
 }
 
 /// Decides what `tried` means for an event that had `attempts` answered attempts before it,
-/// at `now` (unix ms), given `backoff` drawn for this request.
+/// at `now` (unix ms), given `backoff` drawn for this request. `down` says whether the
+/// destination was judged down (its backend, by three sick answers in a row for different
+/// events) before this answer: then a sick answer spends no attempt, as no answer does not.
 pub(crate) fn decide(
     tried: &Tried<'_>,
     attempts: i64,
     backoff: Duration,
     policy: &Policy,
     now: i64,
+    down: bool,
 ) -> Decision {
     // An attempt that the receiver failed: spend it, and try again later unless it was the
     // last one allowed.
@@ -134,6 +162,35 @@ pub(crate) fn decide(
             },
             GateChange::Unchanged,
         ),
+        // The receiver's backend is down and the destination judged so: the event waits
+        // without spending an attempt, moved behind the other due events as for no answer.
+        Tried::Attempted(
+            attempt @ Attempt::Answered {
+                retry_after,
+                detail,
+                ..
+            },
+        ) if down && is_sick(attempt) => (
+            WriteBack::Release {
+                error: Some(format!("{detail} (destination down: no attempt spent)")),
+                available_at: Some(now),
+            },
+            GateChange::Down {
+                retry_after: retry_after.map(|d| d.min(policy.retry_after_cap)),
+            },
+        ),
+        Tried::Attempted(
+            attempt @ Attempt::Answered {
+                retry_after,
+                detail,
+                ..
+            },
+        ) if is_sick(attempt) => (
+            retry_or_dead(detail.clone(), *retry_after),
+            GateChange::Sick {
+                retry_after: retry_after.map(|d| d.min(policy.retry_after_cap)),
+            },
+        ),
         Tried::Attempted(Attempt::Answered {
             status,
             retry_after,
@@ -178,6 +235,8 @@ mod tests {
 
     const NOW: i64 = 1_000_000;
     const BACKOFF: Duration = Duration::from_millis(700);
+    /// The destination not judged down.
+    const UP: bool = false;
 
     fn policy() -> Policy {
         Policy {
@@ -207,6 +266,7 @@ mod tests {
             BACKOFF,
             &policy(),
             NOW,
+            UP,
         )
     }
 
@@ -231,8 +291,98 @@ mod tests {
         for status in [500, 502, 503, 599, 408] {
             let d = decide_answer(status, None, 0);
             assert_eq!(d.write_back, retry_at(700, status));
-            assert_eq!(d.gate, GateChange::Answered);
+            let gate = if (502..=504).contains(&status) {
+                GateChange::Sick { retry_after: None }
+            } else {
+                GateChange::Answered
+            };
+            assert_eq!(d.gate, gate, "{status}");
         }
+    }
+
+    fn decide_when_down(status: u16, retry_after: Option<Duration>, attempts: i64) -> Decision {
+        let attempt = answered(status, retry_after);
+        decide(
+            &Tried::Attempted(&attempt),
+            attempts,
+            BACKOFF,
+            &policy(),
+            NOW,
+            true,
+        )
+    }
+
+    #[test]
+    fn a_sick_answer_before_the_destination_is_judged_down_spends_an_attempt() {
+        // The answers that lead to the judgement count, as any failed attempt does: a
+        // receiver that is down for one event only (a poison event answered 503) still
+        // dead-letters that event at its last attempt.
+        for status in [502, 503, 504] {
+            let d = decide_answer(status, None, 24);
+            assert!(matches!(d.write_back, WriteBack::Dead { .. }), "{status}");
+            assert_eq!(d.gate, GateChange::Sick { retry_after: None });
+        }
+        let d = decide_answer(429, Some(Duration::from_secs(30)), 0);
+        assert_eq!(d.write_back, retry_at(30_000, 429));
+        assert_eq!(
+            d.gate,
+            GateChange::Sick {
+                retry_after: Some(Duration::from_secs(30))
+            }
+        );
+    }
+
+    #[test]
+    fn a_sick_answer_once_the_destination_is_judged_down_spends_nothing() {
+        for status in [502, 503, 504] {
+            let d = decide_when_down(status, None, 24);
+            assert_eq!(
+                d.write_back,
+                WriteBack::Release {
+                    error: Some(format!(
+                        "HTTP {status} (destination down: no attempt spent)"
+                    )),
+                    available_at: Some(NOW),
+                },
+                "even at the last attempt, nothing is dead-lettered"
+            );
+            assert_eq!(d.gate, GateChange::Down { retry_after: None });
+        }
+        // Retry-After is honoured destination-wide, capped.
+        let d = decide_when_down(503, Some(Duration::from_secs(86_400)), 0);
+        assert_eq!(
+            d.gate,
+            GateChange::Down {
+                retry_after: Some(Duration::from_secs(3600))
+            }
+        );
+        let d = decide_when_down(429, Some(Duration::from_secs(5)), 3);
+        assert!(matches!(d.write_back, WriteBack::Release { .. }));
+    }
+
+    #[test]
+    fn answers_about_the_event_spend_attempts_even_while_the_destination_is_down() {
+        // A 500 or a 4xx is about the event; a 2xx is delivered; a 429 without Retry-After
+        // is a pause.
+        assert_eq!(
+            decide_when_down(500, None, 0).write_back,
+            retry_at(700, 500)
+        );
+        assert_eq!(
+            decide_when_down(200, None, 0).write_back,
+            WriteBack::Delivered
+        );
+        assert!(matches!(
+            decide_when_down(422, None, 0).write_back,
+            WriteBack::Dead { .. }
+        ));
+        assert_eq!(
+            decide_when_down(429, None, 0).write_back,
+            retry_at(700, 429)
+        );
+        assert!(!is_sick(&answered(500, Some(Duration::from_secs(1)))));
+        assert!(!is_sick(&answered(429, None)));
+        assert!(is_sick(&answered(503, None)));
     }
 
     #[test]
@@ -247,14 +397,8 @@ mod tests {
 
     #[test]
     fn a_429_retries_the_event_and_pauses_only_its_destination() {
-        let d = decide_answer(429, Some(Duration::from_secs(30)), 0);
-        assert_eq!(d.write_back, retry_at(30_000, 429));
-        assert_eq!(
-            d.gate,
-            GateChange::Pause {
-                pause: Duration::from_secs(30)
-            }
-        );
+        // With Retry-After it is a sick answer (see below), counted towards judging the
+        // destination down and waited out destination-wide.
         let d = decide_answer(429, None, 0);
         assert_eq!(
             d.gate,
@@ -292,7 +436,7 @@ mod tests {
             ..policy()
         };
         let attempt = answered(404, None);
-        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &lenient, NOW);
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &lenient, NOW, UP);
         assert_eq!(d.write_back, retry_at(700, 404));
     }
 
@@ -329,7 +473,7 @@ mod tests {
         let attempt = Attempt::Unreachable {
             reason: "connection refused".into(),
         };
-        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW, UP);
         assert_eq!(
             d.write_back,
             WriteBack::Release {
@@ -346,7 +490,7 @@ mod tests {
         let attempt = Attempt::Failed {
             reason: "timeout: recv response".into(),
         };
-        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW, UP);
         assert_eq!(
             d.write_back,
             WriteBack::Retry {
@@ -355,7 +499,7 @@ mod tests {
             }
         );
         assert_eq!(d.gate, GateChange::Answered, "the destination stays open");
-        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 24, BACKOFF, &policy(), NOW, UP);
         assert!(
             matches!(d.write_back, WriteBack::Dead { .. }),
             "a poison event is dead-lettered at max attempts"
@@ -367,7 +511,7 @@ mod tests {
         let attempt = Attempt::Unsendable {
             reason: "stored data is not valid JSON".into(),
         };
-        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &policy(), NOW, UP);
         assert_eq!(
             d.write_back,
             WriteBack::Dead {
@@ -379,7 +523,7 @@ mod tests {
 
     #[test]
     fn an_event_not_sent_is_handed_back_untouched() {
-        let d = decide(&Tried::Skipped, 5, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Skipped, 5, BACKOFF, &policy(), NOW, UP);
         assert_eq!(
             d.write_back,
             WriteBack::Release {
@@ -392,7 +536,7 @@ mod tests {
 
     #[test]
     fn a_transport_panic_spends_an_attempt() {
-        let d = decide(&Tried::Panicked("boom"), 0, BACKOFF, &policy(), NOW);
+        let d = decide(&Tried::Panicked("boom"), 0, BACKOFF, &policy(), NOW, UP);
         assert_eq!(
             d.write_back,
             WriteBack::Retry {

@@ -1,6 +1,13 @@
 //! A destination's gate: whether it may be sent to now. It closes for the offline backoff of
-//! a destination that cannot be reached, for a receiver's 429 pause, and while the
-//! destination is disabled.
+//! a destination that cannot be reached or whose receiver's backend is down, for a
+//! receiver's 429 pause or `Retry-After`, and while the destination is disabled.
+//!
+//! A receiver whose own backend is down (its database restarting, a load balancer with no
+//! healthy upstream) answers 502, 503 or 504 to everything. Three such answers in a row for
+//! three different events judge the destination down: from then on it is treated as
+//! unreachable (a destination-wide backoff, single probes, no attempt spent) until the first
+//! answer that is not sick. One event answered so while others succeed (a poison event)
+//! never makes three in a row, and spends its attempts.
 //!
 //! Written by the delivery workers the moment an attempt's decision is known (so queued
 //! requests are not sent into a closed gate) and read by the writer before it claims. The
@@ -12,6 +19,7 @@
 //! cuts a pause short.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
@@ -32,7 +40,17 @@ pub(crate) struct Gate {
     paused_until: AtomicI64,
     /// Set while the destination is disabled (410, or an operator).
     disabled: AtomicBool,
+    /// Set while the destination is judged down by its sick answers.
+    down: AtomicBool,
+    /// The events (row ids) of the sick answers in a row so far, while it is not judged down.
+    sick_rows: Mutex<Vec<i64>>,
+    /// Set while `sick_rows` holds any or `down` is set, so that a good answer (the hot
+    /// path) takes no lock.
+    sick_seen: AtomicBool,
 }
+
+/// Sick answers in a row, for this many different events, that judge a destination down.
+pub(crate) const SICK_ANSWERS_TO_JUDGE_DOWN: usize = 3;
 
 impl Gate {
     /// An open gate that backs off by `offline` while the destination is unreachable.
@@ -44,7 +62,44 @@ impl Gate {
             failures: AtomicU32::new(0),
             paused_until: AtomicI64::new(0),
             disabled: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            sick_rows: Mutex::new(Vec::new()),
+            sick_seen: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a sick answer for the event of row `row` and says whether the destination was
+    /// judged down before it (so the answer spends no attempt). The third different event
+    /// in a row judges it down, and starts the destination-wide backoff. One lock, so of
+    /// the requests in flight at that moment only those that made the judgement spent one.
+    pub fn sick_answer(&self, row: i64) -> bool {
+        self.sick_answer_at(row, self.now())
+    }
+
+    fn sick_answer_at(&self, row: i64, now: i64) -> bool {
+        let mut rows = self
+            .sick_rows
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.down.load(Ordering::Acquire) {
+            return true;
+        }
+        self.sick_seen.store(true, Ordering::Release);
+        if !rows.contains(&row) {
+            rows.push(row);
+        }
+        if rows.len() >= SICK_ANSWERS_TO_JUDGE_DOWN {
+            rows.clear();
+            self.down.store(true, Ordering::Release);
+            self.offline_until.store(0, Ordering::Release);
+            self.mark_unreachable(now);
+        }
+        false
+    }
+
+    /// Whether the destination is judged down by its receiver's sick answers.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
     }
 
     /// Milliseconds since the gate's epoch.
@@ -71,6 +126,27 @@ impl Gate {
                 self.mark_answered();
                 self.set_disabled(true);
             }
+            // Counted by `sick_answer` already; reachable, so no offline window unless that
+            // judged it down.
+            GateChange::Sick { retry_after } => {
+                if !self.is_down() {
+                    self.failures.store(0, Ordering::Release);
+                    self.offline_until.store(0, Ordering::Release);
+                }
+                self.pause_for(*retry_after, now);
+            }
+            GateChange::Down { retry_after } => {
+                self.mark_unreachable(now);
+                self.pause_for(*retry_after, now);
+            }
+        }
+    }
+
+    /// Sends the destination nothing for `retry_after` (a receiver's `Retry-After`).
+    fn pause_for(&self, retry_after: Option<Duration>, now: i64) {
+        if let Some(pause) = retry_after {
+            let until = now.saturating_add(millis(pause));
+            self.paused_until.fetch_max(until, Ordering::AcqRel);
         }
     }
 
@@ -92,6 +168,15 @@ impl Gate {
     fn mark_answered(&self) {
         self.failures.store(0, Ordering::Release);
         self.offline_until.store(0, Ordering::Release);
+        if self.sick_seen.load(Ordering::Acquire) {
+            let mut rows = self
+                .sick_rows
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            rows.clear();
+            self.down.store(false, Ordering::Release);
+            self.sick_seen.store(false, Ordering::Release);
+        }
     }
 
     /// Marks the destination disabled or enabled.
@@ -172,6 +257,52 @@ mod tests {
             0,
         );
         assert!(g.is_closed_at(499) && !g.is_closed_at(500));
+    }
+
+    #[test]
+    fn three_sick_answers_for_different_events_judge_the_destination_down() {
+        let g = gate();
+        assert!(!g.sick_answer_at(1, 0));
+        assert!(!g.sick_answer_at(2, 0));
+        assert!(!g.is_down() && !g.is_closed_at(0));
+        // The third one made the judgement: it spent its attempt, but the destination is
+        // down now, backed off and probed.
+        assert!(!g.sick_answer_at(3, 0));
+        assert!(g.is_down() && g.is_suspect() && g.is_closed_at(0));
+        // A request that was in flight meanwhile spends nothing.
+        assert!(g.sick_answer_at(4, 1));
+        // The first good answer: full speed.
+        g.apply_at(&GateChange::Answered, 2_000);
+        assert!(!g.is_down() && !g.is_suspect() && !g.is_closed_at(2_000));
+    }
+
+    #[test]
+    fn one_event_answered_sick_again_and_again_judges_nothing() {
+        let g = gate();
+        for _ in 0..10 {
+            assert!(!g.sick_answer_at(7, 0));
+        }
+        assert!(!g.is_down());
+        // Nor do sick answers broken up by good ones (a poison event among others).
+        let g = gate();
+        for row in 0..10 {
+            assert!(!g.sick_answer_at(row, 0));
+            assert!(!g.sick_answer_at(100 + row, 0));
+            g.apply_at(&GateChange::Answered, 0);
+        }
+        assert!(!g.is_down());
+    }
+
+    #[test]
+    fn a_retry_after_of_a_sick_answer_closes_the_destination_for_as_long() {
+        let g = gate();
+        g.apply_at(
+            &GateChange::Down {
+                retry_after: Some(Duration::from_secs(30)),
+            },
+            0,
+        );
+        assert!(g.is_closed_at(29_999) && !g.is_closed_at(30_000));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::clock::Clock;
 use crate::relay::backlog::{Backlog, SETTLING_PER_WORKER};
 use crate::relay::config::RelayConfig;
-use crate::relay::decide::{decide, Decision, GateChange, Policy, Tried};
+use crate::relay::decide::{decide, is_sick, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
@@ -84,15 +84,23 @@ impl Decisions {
 impl Report {
     /// A report for `events` that were never sent (shutdown), deciding as a worker would.
     pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
-        Report::decide(lane, events, &Tried::Skipped, policy, now)
+        Report::decide(lane, events, &Tried::Skipped, policy, now, false)
     }
 
-    fn decide(lane: usize, events: Job, tried: &Tried<'_>, policy: &Policy, now: i64) -> Report {
+    /// Decides every event of a request by one outcome; `down` as in [`decide`].
+    fn decide(
+        lane: usize,
+        events: Job,
+        tried: &Tried<'_>,
+        policy: &Policy,
+        now: i64,
+        down: bool,
+    ) -> Report {
         let backoff = backoff(tried, &events, policy);
         let decisions = Decisions::gather(
             events
                 .iter()
-                .map(|event| decide(tried, event.attempts, backoff, policy, now)),
+                .map(|event| decide(tried, event.attempts, backoff, policy, now, down)),
         );
         let gate = (!events.is_empty()).then(|| decisions.of(0).gate.clone());
         Report {
@@ -112,10 +120,11 @@ impl Report {
         attempts: &[Attempt],
         policy: &Policy,
         now: i64,
+        down: bool,
     ) -> Report {
         if let Some(first) = attempts.first() {
             if attempts.len() == events.len() && attempts.iter().all(|a| a == first) {
-                return Report::decide(lane, events, &Tried::Attempted(first), policy, now);
+                return Report::decide(lane, events, &Tried::Attempted(first), policy, now, down);
             }
         }
         let lost = Attempt::Failed {
@@ -127,7 +136,7 @@ impl Report {
             .map(|(i, event)| {
                 let tried = Tried::Attempted(attempts.get(i).unwrap_or(&lost));
                 let backoff = backoff(&tried, std::slice::from_ref(event), policy);
-                decide(&tried, event.attempts, backoff, policy, now)
+                decide(&tried, event.attempts, backoff, policy, now, down)
             })
             .collect();
         // The destination's gate follows the answer that says most about it: no answer, a
@@ -187,6 +196,16 @@ impl Report {
     /// What the request's answer tells about the destination (the same for all its events).
     pub fn gate_change(&self) -> Option<&GateChange> {
         self.gate.as_ref()
+    }
+}
+
+/// Whether the destination was judged down before this request's answers, counting its
+/// first sick answer (one request is one answer, for its first such event) towards the
+/// judgement. Answers that are not sick leave the count to the gate's change.
+fn judge(gate: &Gate, events: &[OutboundEvent], attempts: &[Attempt]) -> bool {
+    match attempts.iter().zip(events).find(|(a, _)| is_sick(a)) {
+        Some((_, event)) => gate.sick_answer(event.id),
+        None => gate.is_down(),
     }
 }
 
@@ -303,7 +322,8 @@ impl Worker {
                 (Vec::new(), events)
             };
             if !late.is_empty() {
-                let report = Report::decide(self.lane, late, &Tried::Skipped, &self.policy, now);
+                let report =
+                    Report::decide(self.lane, late, &Tried::Skipped, &self.policy, now, false);
                 if self.reports.send(report).is_err() {
                     return;
                 }
@@ -384,7 +404,8 @@ impl Worker {
             .iter()
             .any(|e| now + self.lease_ms / 2 > e.lease_expires_at);
         if !paced || self.gate.is_closed() || lease_short {
-            let report = Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now);
+            let report =
+                Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now, false);
             return Started::Done(report);
         }
         let sending = catch_unwind(AssertUnwindSafe(|| self.transport.start_each(&events)))
@@ -422,7 +443,8 @@ impl Worker {
             // This runs on the transport's thread (MQTT's connection): a panic here (a
             // clock that panics) must not take the connection down with it.
             let decided = catch_unwind(AssertUnwindSafe(|| {
-                Report::decide_each(lane, events, &attempts, &policy, clock.now_ms())
+                let down = judge(&gate, &events, &attempts);
+                Report::decide_each(lane, events, &attempts, &policy, clock.now_ms(), down)
             }));
             match decided {
                 Ok(report) => {
@@ -452,11 +474,21 @@ impl Worker {
         });
         let now = self.clock.now_ms();
         let report = match attempts {
-            Ok(attempts) => Report::decide_each(self.lane, events, &attempts, &self.policy, now),
+            Ok(attempts) => {
+                let down = judge(&self.gate, &events, &attempts);
+                Report::decide_each(self.lane, events, &attempts, &self.policy, now, down)
+            }
             Err(msg) => {
                 let first = events.first().map_or("", |e| e.event_id.as_str());
                 log::error!("event {first}: transport panicked: {msg}");
-                Report::decide(self.lane, events, &Tried::Panicked(&msg), &self.policy, now)
+                Report::decide(
+                    self.lane,
+                    events,
+                    &Tried::Panicked(&msg),
+                    &self.policy,
+                    now,
+                    false,
+                )
             }
         };
         if let Some(change) = report.gate_change() {
@@ -781,6 +813,7 @@ mod tests {
             &[delivered(), too_big, delivered()],
             &policy,
             1_000,
+            false,
         );
         let write_backs: Vec<_> = report
             .decided()
@@ -801,7 +834,7 @@ mod tests {
         let events = vec![event(1), event(2), event(3)];
         let claimed_at = events.as_ptr();
         let answers = [delivered(), delivered(), delivered()];
-        let report = Report::decide_each(0, events, &answers, &policy, 1_000);
+        let report = Report::decide_each(0, events, &answers, &policy, 1_000, false);
         assert!(matches!(report.decisions, Decisions::Same(_)));
         assert_eq!(
             report.events().as_ptr(),
@@ -839,6 +872,7 @@ mod tests {
             &[delivered(), too_big, delivered()],
             &policy,
             1_000,
+            false,
         );
         assert_eq!(report.drop_expired(1_000), 1);
         let kept: Vec<_> = report
@@ -865,6 +899,7 @@ mod tests {
             &[delivered(), lost],
             &policy,
             1_000,
+            false,
         );
         assert_eq!(report.gate_change(), Some(&GateChange::Unreachable));
     }
