@@ -148,7 +148,7 @@ impl Destination {
 
     /// Adds a `whsec_…` signing secret. With two or more, every request carries one
     /// signature per secret, so receivers can rotate without a gap. Ignored by custom
-    /// transports. An empty or non-base64 secret is refused by
+    /// transports. An empty or non-base64 secret, or a key under 24 bytes, is refused by
     /// [`Relay::start`](crate::Relay::start) with an error that does not repeat it.
     pub fn secret(mut self, secret: impl Into<String>) -> Destination {
         if let Target::Http { secrets, .. } = &mut self.target {

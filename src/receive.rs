@@ -34,7 +34,8 @@
 //! CloudEvents HTTP cases from the reference libraries' and SDKs' own test suites; every case
 //! gives the expected outcome. Where the references disagree, this crate chooses:
 //!
-//! - secrets are decoded leniently (padding optional), like the Python reference;
+//! - secrets are decoded leniently (padding optional), like the Python reference, but a key
+//!   under [`MIN_SECRET_BYTES`] (24, the specification's minimum) is refused;
 //! - a timestamp before 1970 is refused when the window is enforced; exactly ±tolerance is in;
 //! - the content type must say CloudEvents (a bare `application/json` is not guessed at);
 //! - attribute names are `a-z0-9` only (names with `_` are refused), extension values are
@@ -48,4 +49,4 @@ pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]
 pub use crate::pg::{migrate as pg_migrate, schema_version as pg_schema_version, PgInbox};
-pub use crate::signature::{Secret, Verifier, VerifyError, SECRET_PREFIX};
+pub use crate::signature::{Secret, Verifier, VerifyError, MIN_SECRET_BYTES, SECRET_PREFIX};

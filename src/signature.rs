@@ -28,6 +28,11 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
 /// The prefix of a Standard Webhooks secret.
 pub const SECRET_PREFIX: &str = "whsec_";
 
+/// The shortest key a secret may have, in bytes: the Standard Webhooks specification asks
+/// for 24 to 64. A shorter one (`whsec_AA` is a single zero byte) is guessed offline from
+/// one signed request.
+pub const MIN_SECRET_BYTES: usize = 24;
+
 /// A signing key. Its `Debug` output never shows the key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
@@ -46,7 +51,8 @@ impl Secret {
     /// # Errors
     ///
     /// [`VerifyError::EmptySecret`] for an empty key, [`VerifyError::InvalidSecret`] if it is
-    /// not base64. Neither error repeats the secret.
+    /// not base64, [`VerifyError::SecretTooShort`] for a key of fewer than
+    /// [`MIN_SECRET_BYTES`] bytes. No error repeats the secret.
     pub fn parse(text: &str) -> Result<Secret, VerifyError> {
         let encoded = text
             .trim()
@@ -58,15 +64,24 @@ impl Secret {
         let key = LENIENT
             .decode(encoded)
             .map_err(|_| VerifyError::InvalidSecret)?;
-        if key.is_empty() {
-            return Err(VerifyError::EmptySecret);
-        }
-        Ok(Secret { key })
+        Secret::from_bytes(key)
     }
 
     /// Creates a secret from raw key bytes.
-    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Secret {
-        Secret { key: key.into() }
+    ///
+    /// # Errors
+    ///
+    /// [`VerifyError::EmptySecret`] for no bytes, [`VerifyError::SecretTooShort`] for fewer
+    /// than [`MIN_SECRET_BYTES`].
+    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Result<Secret, VerifyError> {
+        let key = key.into();
+        if key.is_empty() {
+            return Err(VerifyError::EmptySecret);
+        }
+        if key.len() < MIN_SECRET_BYTES {
+            return Err(VerifyError::SecretTooShort { bytes: key.len() });
+        }
+        Ok(Secret { key })
     }
 
     /// A new random 32-byte secret from the operating system's RNG, and its `whsec_…` text,
@@ -136,6 +151,11 @@ pub enum VerifyError {
     EmptySecret,
     /// The secret is not valid base64.
     InvalidSecret,
+    /// The secret's key has fewer than [`MIN_SECRET_BYTES`] bytes.
+    SecretTooShort {
+        /// How many it has.
+        bytes: usize,
+    },
 }
 
 impl VerifyError {
@@ -149,6 +169,7 @@ impl VerifyError {
             VerifyError::InvalidSignature => "invalid_signature",
             VerifyError::EmptySecret => "empty_secret",
             VerifyError::InvalidSecret => "invalid_secret",
+            VerifyError::SecretTooShort { .. } => "secret_too_short",
         }
     }
 }
@@ -165,6 +186,11 @@ impl fmt::Display for VerifyError {
             VerifyError::InvalidSignature => write!(f, "no valid v1 signature"),
             VerifyError::EmptySecret => write!(f, "the webhook secret is empty"),
             VerifyError::InvalidSecret => write!(f, "the webhook secret is not valid base64"),
+            VerifyError::SecretTooShort { bytes } => write!(
+                f,
+                "the webhook secret's key is {bytes} bytes: at least {MIN_SECRET_BYTES} are \
+                 needed (Standard Webhooks asks for 24 to 64)"
+            ),
         }
     }
 }

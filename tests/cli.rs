@@ -468,3 +468,28 @@ fn an_absurd_lease_is_bad_input_not_a_spinning_relay() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// Issue 38, item 10: every command that takes a secret refuses one shorter than 24 bytes
+/// with exit 2 and the minimum, before it does anything.
+#[test]
+fn a_short_secret_is_refused_by_every_command_that_takes_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let bundle = dir.path().join("b.bundle");
+    let bundle = bundle.to_str().unwrap();
+    let url = "http://127.0.0.1:9/events";
+    for args in [
+        vec!["relay", "--url", url, "--secret", "whsec_AA"],
+        vec!["export", "--out", bundle, "--secret", "whsec_AAAAAAAA"],
+        vec!["import", bundle, "--url", url, "--secret", "whsec_AA"],
+    ] {
+        let o = outbox(&db, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("at least 24"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert!(!std::path::Path::new(bundle).exists(), "no bundle written");
+}

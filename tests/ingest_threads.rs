@@ -103,6 +103,11 @@ fn the_cli_refuses_bad_settings_with_exit_code_2() {
             "a secret",
         ),
         (
+            [&listen[..], &["--secret", "whsec_AA"]].concat(),
+            vec![pg],
+            "at least 24",
+        ),
+        (
             [&listen[..], &["--threads", "0"]].concat(),
             vec![pg, secret],
             "database threads is out of range",
