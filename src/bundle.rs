@@ -307,8 +307,9 @@ impl Default for ImportOptions {
 /// Verifies the bundle at `path` with `secret` (refusing it before sending anything if it
 /// does not verify), then POSTs its events to `url` in order, each signed with the same
 /// secret, one at a time, retrying each with backoff: a 2xx delivers it, a 4xx other than
-/// 408 and 429 refuses it for good, anything else is tried again (a 429's `Retry-After` is
-/// waited out). Needs no outbox database.
+/// 408 and 429 refuses it for good, anything else is tried again (a `Retry-After` is waited
+/// out, up to an hour). A redirect is not followed and counts as a failure; proxy settings
+/// in the environment are not used. Needs no outbox database.
 ///
 /// # Errors
 ///
@@ -320,11 +321,12 @@ pub fn import(
     options: &ImportOptions,
 ) -> Result<ImportReport> {
     let bundle = read_bundle(path, secret)?;
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(options.request_timeout))
-        .build()
-        .into();
+    // The relay's own settings: no redirect, no proxy, timeouts.
+    let agent = ureq::Agent::new_with_config(crate::transport::agent_config(
+        options.request_timeout.min(IMPORT_CONNECT_TIMEOUT),
+        options.request_timeout,
+        1,
+    ));
     let mut report = ImportReport {
         delivered: 0,
         failed: Vec::new(),
@@ -345,6 +347,12 @@ pub fn import(
     Ok(report)
 }
 
+/// How long import waits for a connection (or the whole request, if that is shorter).
+const IMPORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest `Retry-After` import waits out, as the relay's default cap.
+const IMPORT_RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
+
 fn send_with_retries(
     agent: &ureq::Agent,
     url: &str,
@@ -355,7 +363,8 @@ fn send_with_retries(
 ) -> std::result::Result<(), String> {
     let mut pause = options.first_backoff;
     let mut last = String::new();
-    for _ in 0..options.max_attempts.max(1) {
+    let attempts = options.max_attempts.max(1);
+    for attempt in 1..=attempts {
         let timestamp = unix_ms() / 1000;
         let sent = agent
             .post(url)
@@ -381,10 +390,14 @@ fn send_with_retries(
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| wire::parse_retry_after(v, SystemTime::now()))
                 {
-                    wait = wait.max(after);
+                    wait = wait.max(after.min(IMPORT_RETRY_AFTER_CAP));
                 }
             }
             Err(e) => last = e.to_string(),
+        }
+        // No pause after the last attempt: the import ends with its failure at once.
+        if attempt == attempts {
+            break;
         }
         // Jitter keeps importers that started together from retrying together.
         let jittered = wait.mul_f64(0.5 + fastrand::f64() * 0.5);

@@ -364,3 +364,52 @@ fn export_while_a_keys_head_is_in_flight_leaves_the_whole_key_behind() {
         "the key's successors went without their head: {exported:?} (key: {keyed:?})"
     );
 }
+
+/// Issue 38, item 9: import follows no redirect (a captive portal's 302 would turn the POST
+/// into a GET without its body, and the final 2xx counted the bundle delivered) and caps a
+/// receiver's `Retry-After` (a huge one panicked on an `Instant` overflow).
+#[test]
+fn import_counts_a_redirect_as_a_failure_and_a_huge_retry_after_ends_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = site_with_events(dir.path(), 2);
+    let file = dir.path().join("site.bundle");
+    outbox.export(&file, &secret(), "default", 10).unwrap();
+    let portal = TestReceiver::ok();
+    let portal_url = portal.url();
+    let redirecting = TestReceiver::start(0, move |_| {
+        Reply::StatusHeader(302, "location", portal_url.clone())
+    });
+    let o = import_cli(
+        &dir.path().join("site.db"),
+        &file,
+        &redirecting.url(),
+        &["--max-attempts", "1"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(portal.count(), 0, "the redirect was not followed");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("302"));
+
+    let huge = TestReceiver::start(0, |_| {
+        Reply::StatusHeader(503, "retry-after", "99999999999999999".into())
+    });
+    let started = std::time::Instant::now();
+    let o = import_cli(
+        &dir.path().join("site.db"),
+        &file,
+        &huge.url(),
+        &["--max-attempts", "1"],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "one attempt each, no wait after the last: {:?}",
+        started.elapsed()
+    );
+}

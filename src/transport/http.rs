@@ -82,6 +82,28 @@ impl HttpConfig {
     }
 }
 
+/// The HTTP client settings of everything that delivers (the relay, `import`): statuses as
+/// answers, no redirect followed (a captive portal's 302 would turn a POST into a GET
+/// without its body, and its 2xx would count as delivered), no proxy from the environment,
+/// and a deadline for each part of a request.
+pub(crate) fn agent_config(
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_idle_connections: usize,
+) -> ureq::config::Config {
+    ureq::config::Config::builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .timeout_resolve(Some(connect_timeout))
+        .timeout_connect(Some(connect_timeout))
+        .timeout_global(Some(request_timeout))
+        .max_idle_connections(max_idle_connections)
+        .max_idle_connections_per_host(max_idle_connections)
+        .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
@@ -203,17 +225,11 @@ impl HttpTransport {
                 ))
             })?;
         }
-        let agent_config = ureq::config::Config::builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .proxy(None)
-            .timeout_resolve(Some(config.connect_timeout))
-            .timeout_connect(Some(config.connect_timeout))
-            .timeout_global(Some(config.request_timeout))
-            .max_idle_connections(config.max_idle_connections)
-            .max_idle_connections_per_host(config.max_idle_connections)
-            .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
-            .build();
+        let agent_config = agent_config(
+            config.connect_timeout,
+            config.request_timeout,
+            config.max_idle_connections,
+        );
         // A lookup per host every 30 s, not per request (see `resolver`); each request in
         // one write, TLS or not, and socket timeouts set only when they change (see `tcp`).
         let agent = Agent::with_parts(

@@ -31,6 +31,7 @@ mod tcp;
 
 use std::time::Duration;
 
+pub(crate) use http::agent_config;
 pub use http::{HttpConfig, HttpTransport};
 #[cfg(feature = "mqtt")]
 pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
