@@ -539,8 +539,9 @@ impl Outbox {
     }
 
     /// Makes the given events due now with a fresh attempt budget: dead letters come back,
-    /// and pending events waiting out a backoff are tried at once. Delivered ones are left
-    /// alone. Returns how many deliveries were reset.
+    /// and pending events waiting out a backoff are tried at once. Delivered, expired (past
+    /// their deadline) and exported (handed to a bundle) ones are left alone. Returns how
+    /// many deliveries were reset.
     ///
     /// # Errors
     ///

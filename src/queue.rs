@@ -1396,7 +1396,8 @@ macro_rules! retry_reset {
 pub(crate) fn retry_event(tx: &Transaction<'_>, event_id: &str, now: i64) -> Result<usize> {
     let ids: Vec<i64> = tx
         .prepare_cached(
-            "SELECT id FROM outbox_events WHERE event_id = ?1 AND delivered_at IS NULL",
+            "SELECT id FROM outbox_events WHERE event_id = ?1 AND delivered_at IS NULL
+                AND expired_at IS NULL AND exported_at IS NULL",
         )?
         .query_map([event_id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
@@ -1405,7 +1406,10 @@ pub(crate) fn retry_event(tx: &Transaction<'_>, event_id: &str, now: i64) -> Res
             .prepare_cached(concat!(
                 "UPDATE outbox_events ",
                 retry_reset!(),
-                " WHERE event_id = ?1 AND delivered_at IS NULL"
+                // Pending or dead only: an expired event is past its deadline, an exported
+                // one travels in a bundle; neither is sent again.
+                " WHERE event_id = ?1 AND delivered_at IS NULL
+                    AND expired_at IS NULL AND exported_at IS NULL"
             ))?
             .execute(params![event_id, now])?)
     })

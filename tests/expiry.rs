@@ -203,3 +203,55 @@ fn zero_and_negative_lifetimes_are_refused() {
         .unwrap();
     assert_eq!(lifetimes, vec![30_000, 7_200_000]);
 }
+
+/// Issue 38, item 11: `retry` brings back dead letters and hurries pending events, but
+/// leaves expired and exported events alone (an expired one is past its deadline, an
+/// exported one travels in a bundle): neither is sent again.
+#[test]
+fn retry_leaves_expired_and_exported_events_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("r.db")).unwrap();
+    let mut ids = Vec::new();
+    outbox
+        .transaction(|tx| {
+            let short = Event::new("t", json!(1)).expires_in(Duration::from_millis(200));
+            ids.push(outbox.enqueue(tx, short)?.event_id().to_string());
+            Ok(())
+        })
+        .unwrap();
+    // Expired by a relay's sweep while its receiver is down.
+    let port = closed_port();
+    let relay = outbox
+        .relay(fast(RelayConfig::new()).destination(Destination::http(
+            "default",
+            format!("http://127.0.0.1:{port}/events"),
+        )))
+        .start()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || outbox
+        .stats()
+        .is_ok_and(|s| s.expired == 1)));
+    relay.shutdown();
+    outbox
+        .transaction(|tx| {
+            ids.push(
+                outbox
+                    .enqueue(tx, Event::new("t", json!(2)))?
+                    .event_id()
+                    .to_string(),
+            );
+            Ok(())
+        })
+        .unwrap();
+    let secret =
+        sqlite_outbox::receive::Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+    let report = outbox
+        .export(&dir.path().join("b.bundle"), &secret, "default", 10)
+        .unwrap();
+    assert_eq!(report.count, 1);
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(outbox.retry(&id_refs).unwrap(), 0, "nothing to retry");
+    assert_eq!(outbox.status(&ids[0]).unwrap()[0].state, State::Expired);
+    assert_eq!(outbox.status(&ids[1]).unwrap()[0].state, State::Exported);
+    assert_eq!(outbox.stats().unwrap().pending, 0);
+}
