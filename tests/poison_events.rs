@@ -81,3 +81,62 @@ fn a_receiver_resetting_on_one_event_dead_letters_only_that_event() {
     let rows = run_with_poison(Reply::Reset);
     assert_only_the_poison_is_dead(&rows, "no valid answer");
 }
+
+/// Issue 38, item 8: a batch the receiver refuses (422) because one event in it is bad is
+/// split and sent again in halves, spending nothing on the splits, so only that event is
+/// dead-lettered, with the receiver's reason, and the other 49 are delivered.
+#[test]
+fn a_refused_batch_is_bisected_so_only_the_bad_event_is_dead_lettered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("batch.db");
+    let outbox = Outbox::open(&db).unwrap();
+    let mut bad_id = String::new();
+    outbox
+        .transaction(|tx| {
+            for n in 0..50 {
+                let data = serde_json::json!({ "n": n, "bad": n == 17 });
+                let id = outbox
+                    .enqueue(tx, Event::new("t", data))?
+                    .event_id()
+                    .to_string();
+                if n == 17 {
+                    bad_id = id;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let receiver = TestReceiver::start(0, |r| {
+        if String::from_utf8_lossy(&r.raw).contains("\"bad\":true") {
+            Reply::StatusBody(422, "cannot store field bad")
+        } else {
+            Reply::Status(200)
+        }
+    });
+    let o = outbox_cli(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &receiver.url(),
+            "--batch",
+            "10",
+            "--until-empty",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = rows(&outbox);
+    let dead: Vec<&Row> = rows.iter().filter(|r| r.dead).collect();
+    assert_eq!(rows.iter().filter(|r| r.delivered).count(), 49, "{rows:?}");
+    assert_eq!(dead.len(), 1, "{rows:?}");
+    assert_eq!(dead[0].event_id, bad_id);
+    let error = dead[0].last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("422") && error.contains("cannot store"),
+        "{error}"
+    );
+    // No attempt spent on a split: each delivered event once, the bad one once alone.
+    assert!(rows.iter().all(|r| r.attempts == 1), "{rows:?}");
+}

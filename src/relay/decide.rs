@@ -99,20 +99,41 @@ pub(crate) struct Decision {
     pub write_back: WriteBack,
     /// What the answer tells about the destination (the same for every event of a request).
     pub gate: GateChange,
+    /// Whether the event goes out again at once in a smaller request (its batch was refused
+    /// as a whole, perhaps for another event's sake), nothing recorded. If it cannot,
+    /// `write_back` hands it back without spending an attempt.
+    pub split: bool,
+}
+
+/// What a decision knows of the request beyond its outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Context {
+    /// The destination was judged down (its backend, by three sick answers in a row for
+    /// different events) before this answer: a sick answer then spends no attempt, as no
+    /// answer does not.
+    pub down: bool,
+    /// The request carried more than one event (a batch).
+    pub batch: bool,
+}
+
+/// Statuses by which a receiver refuses a request for what it holds (a malformed or
+/// oversized event, one its store cannot take): a batch refused so is split and sent again,
+/// so that only the events refused alone are dead-lettered.
+fn refuses_content(status: u16) -> bool {
+    matches!(status, 400 | 413 | 422)
 }
 
 /// Decides what `tried` means for an event that had `attempts` answered attempts before it,
-/// at `now` (unix ms), given `backoff` drawn for this request. `down` says whether the
-/// destination was judged down (its backend, by three sick answers in a row for different
-/// events) before this answer: then a sick answer spends no attempt, as no answer does not.
+/// at `now` (unix ms), given `backoff` drawn for this request and the request's `context`.
 pub(crate) fn decide(
     tried: &Tried<'_>,
     attempts: i64,
     backoff: Duration,
     policy: &Policy,
     now: i64,
-    down: bool,
+    context: Context,
 ) -> Decision {
+    let down = context.down;
     // An attempt that the receiver failed: spend it, and try again later unless it was the
     // last one allowed.
     let retry_or_dead = |error: String, retry_after: Option<Duration>| {
@@ -191,6 +212,20 @@ pub(crate) fn decide(
                 retry_after: retry_after.map(|d| d.min(policy.retry_after_cap)),
             },
         ),
+        // A batch refused for what it holds: split, nothing spent (see `refuses_content`).
+        Tried::Attempted(Attempt::Answered { status, detail, .. })
+            if context.batch && refuses_content(*status) =>
+        {
+            let decision = Decision {
+                write_back: WriteBack::Release {
+                    error: Some(format!("{detail} (to a batch: split and sent again)")),
+                    available_at: None,
+                },
+                gate: GateChange::Answered,
+                split: true,
+            };
+            return decision;
+        }
         Tried::Attempted(Attempt::Answered {
             status,
             retry_after,
@@ -222,7 +257,11 @@ pub(crate) fn decide(
             (write_back, gate)
         }
     };
-    Decision { write_back, gate }
+    Decision {
+        write_back,
+        gate,
+        split: false,
+    }
 }
 
 fn millis(d: Duration) -> i64 {
@@ -235,8 +274,11 @@ mod tests {
 
     const NOW: i64 = 1_000_000;
     const BACKOFF: Duration = Duration::from_millis(700);
-    /// The destination not judged down.
-    const UP: bool = false;
+    /// The destination not judged down, one event a request.
+    const UP: Context = Context {
+        down: false,
+        batch: false,
+    };
 
     fn policy() -> Policy {
         Policy {
@@ -308,7 +350,10 @@ mod tests {
             BACKOFF,
             &policy(),
             NOW,
-            true,
+            Context {
+                down: true,
+                batch: false,
+            },
         )
     }
 
@@ -438,6 +483,55 @@ mod tests {
         let attempt = answered(404, None);
         let d = decide(&Tried::Attempted(&attempt), 0, BACKOFF, &lenient, NOW, UP);
         assert_eq!(d.write_back, retry_at(700, 404));
+    }
+
+    #[test]
+    fn a_batch_refused_for_its_content_is_split_with_nothing_spent() {
+        for status in [400, 413, 422] {
+            let attempt = answered(status, None);
+            let batch = Context {
+                down: false,
+                batch: true,
+            };
+            let d = decide(
+                &Tried::Attempted(&attempt),
+                24,
+                BACKOFF,
+                &policy(),
+                NOW,
+                batch,
+            );
+            assert!(d.split, "{status}");
+            assert!(
+                matches!(d.write_back, WriteBack::Release { .. }),
+                "no attempt spent: {:?}",
+                d.write_back
+            );
+            // The same answer to one event alone dead-letters it, with the reason.
+            let d = decide_answer(status, None, 0);
+            assert!(!d.split);
+            assert_eq!(
+                d.write_back,
+                WriteBack::Dead {
+                    error: format!("HTTP {status}")
+                }
+            );
+        }
+        // Other answers to a batch are not split.
+        let attempt = answered(401, None);
+        let batch = Context {
+            down: false,
+            batch: true,
+        };
+        let d = decide(
+            &Tried::Attempted(&attempt),
+            0,
+            BACKOFF,
+            &policy(),
+            NOW,
+            batch,
+        );
+        assert!(!d.split);
     }
 
     #[test]

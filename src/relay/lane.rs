@@ -247,6 +247,28 @@ impl Lane {
         }
     }
 
+    /// Queues `events` of a batch the receiver refused for its content again, as two
+    /// requests (halves, in order), so that only an event refused alone is dead-lettered:
+    /// a bisection that spends no attempt. They stay in flight. Hands back the events it
+    /// could not queue (the lane closed).
+    pub fn split_again(&mut self, mut events: Job) -> Job {
+        let Some(jobs_tx) = &self.jobs_tx else {
+            return events;
+        };
+        let second = events.split_off(events.len().div_ceil(2));
+        let mut left = Vec::new();
+        for job in [events, second] {
+            if job.is_empty() {
+                continue;
+            }
+            // Each slot of the channel is an in-flight event's, and these are in flight.
+            if let Err(e) = jobs_tx.try_send(job) {
+                left.extend(e.into_inner());
+            }
+        }
+        left
+    }
+
     /// Splits claimed events into requests: one event each, or batches within both limits.
     fn group_into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
         let Some(batch) = self.batch else {

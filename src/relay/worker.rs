@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::clock::Clock;
 use crate::relay::backlog::{Backlog, SETTLING_PER_WORKER};
 use crate::relay::config::RelayConfig;
-use crate::relay::decide::{decide, is_sick, Decision, GateChange, Policy, Tried};
+use crate::relay::decide::{decide, is_sick, Context, Decision, GateChange, Policy, Tried};
 use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
@@ -97,10 +97,14 @@ impl Report {
         down: bool,
     ) -> Report {
         let backoff = backoff(tried, &events, policy);
+        let context = Context {
+            down,
+            batch: events.len() > 1,
+        };
         let decisions = Decisions::gather(
             events
                 .iter()
-                .map(|event| decide(tried, event.attempts, backoff, policy, now, down)),
+                .map(|event| decide(tried, event.attempts, backoff, policy, now, context)),
         );
         let gate = (!events.is_empty()).then(|| decisions.of(0).gate.clone());
         Report {
@@ -136,7 +140,8 @@ impl Report {
             .map(|(i, event)| {
                 let tried = Tried::Attempted(attempts.get(i).unwrap_or(&lost));
                 let backoff = backoff(&tried, std::slice::from_ref(event), policy);
-                decide(&tried, event.attempts, backoff, policy, now, down)
+                let context = Context { down, batch: false };
+                decide(&tried, event.attempts, backoff, policy, now, context)
             })
             .collect();
         // The destination's gate follows the answer that says most about it: no answer, a
@@ -172,6 +177,35 @@ impl Report {
         }
         self.events.retain(holds);
         before - self.events.len()
+    }
+
+    /// Takes out the events to be sent again in smaller requests (their batch was refused
+    /// for its content), in their order; the rest stay in the report.
+    pub fn take_split(&mut self) -> Job {
+        match &mut self.decisions {
+            Decisions::Same(decision) if decision.split => std::mem::take(&mut self.events),
+            Decisions::Same(_) => Vec::new(),
+            Decisions::Each(each) => {
+                if !each.iter().any(|d| d.split) {
+                    return Vec::new();
+                }
+                let (mut split, mut kept_events, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+                for (event, decision) in std::mem::take(&mut self.events)
+                    .into_iter()
+                    .zip(each.drain(..))
+                {
+                    if decision.split {
+                        split.push(event);
+                    } else {
+                        kept_events.push(event);
+                        kept.push(decision);
+                    }
+                }
+                self.events = kept_events;
+                *each = kept;
+                split
+            }
+        }
     }
 
     /// The index of the lane the request came from.

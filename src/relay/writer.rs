@@ -407,6 +407,31 @@ impl Writer {
     /// Records a batch of reports in one transaction and books them in their lanes.
     fn record(&mut self, reports: &mut Vec<Report>) {
         let now = self.outbox.now_ms();
+        // Batches refused for their content go out again in halves, nothing recorded; the
+        // events that cannot (the lane closed) are handed back as not sent.
+        let mut not_sent = Vec::new();
+        for report in reports.iter_mut() {
+            let split = report.take_split();
+            if split.is_empty() {
+                continue;
+            }
+            let lane = report.lane();
+            log::info!(
+                "relay {}: a batch of {} to {} was refused for its content; sending it again in halves",
+                self.relay_id,
+                split.len(),
+                self.lanes[lane].name()
+            );
+            let left = self.lanes[lane].split_again(split);
+            if !left.is_empty() {
+                not_sent.push(Report::not_sent(lane, left, &self.policy, now));
+            }
+        }
+        reports.retain(|r| r.len() > 0);
+        reports.append(&mut not_sent);
+        if reports.is_empty() {
+            return;
+        }
         for report in reports.iter() {
             self.lanes[report.lane()].finished(report.events());
             if let Some(GateChange::Disable { reason }) = report.gate_change() {
