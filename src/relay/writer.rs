@@ -161,7 +161,15 @@ impl Writer {
                 self.relay_id
             );
             self.counters.record_writer_restart();
-            reports.clear();
+            // The outcomes it held are lost (their leases expire and the events are claimed
+            // again), so their lanes no longer count them in flight: else the slots stay
+            // taken for events this relay may never see again (delivered by another relay,
+            // expired), and shutdown would wait for them.
+            for report in reports.drain(..) {
+                if let Some(lane) = self.lanes.get_mut(report.lane()) {
+                    lane.finished(report.events());
+                }
+            }
             // Wait out the pause unless the relay is being stopped.
             if !matches!(
                 self.stop.recv_timeout(pause),
