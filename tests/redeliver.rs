@@ -141,3 +141,50 @@ fn bad_input_is_refused_and_writes_nothing() {
     }
     assert!(rows(&outbox).is_empty());
 }
+
+/// Issue 38, item 6: a replay of a long history goes in pages, each a short transaction of
+/// its own (progress after each), sends an event delivered to several destinations once,
+/// and a repeat while the copies are pending adds nothing.
+#[test]
+fn a_long_history_is_replayed_in_pages_each_event_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("long.db");
+    let outbox = Outbox::builder()
+        .route("*", "a")
+        .route("*", "b")
+        .open(&db)
+        .unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..1_300 {
+                outbox.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    // Delivered to both, as a relay would have marked them.
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "UPDATE outbox_events SET delivered_at = created_at + 1, attempts = 1",
+            [],
+        )
+        .unwrap();
+    let mut pages = Vec::new();
+    let queued = outbox
+        .redeliver_with_progress(&Redelivery::to("c"), |n| pages.push(n))
+        .unwrap();
+    assert_eq!(queued, 1_300);
+    // 2,600 rows in pages of 500 ids.
+    assert_eq!(pages.len(), 6, "{pages:?}");
+    assert!(pages.windows(2).all(|w| w[0] <= w[1]));
+    let copies: Vec<(String, i64)> = common::query_rows(
+        &outbox,
+        "SELECT event_id, COUNT(*) FROM outbox_events WHERE destination = 'c' GROUP BY event_id",
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    );
+    assert_eq!(copies.len(), 1_300);
+    assert!(copies.iter().all(|(_, n)| *n == 1), "each event once");
+    assert_eq!(outbox.redeliver(&Redelivery::to("c")).unwrap(), 0);
+}

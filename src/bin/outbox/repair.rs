@@ -150,7 +150,20 @@ pub fn redeliver(outbox: &Outbox, args: RedeliverArgs) -> Outcome {
     if let Some(until) = args.until {
         redelivery = redelivery.delivered_until(until);
     }
-    let count = outbox.redeliver(&redelivery)?;
+    let spinner = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message("redelivering");
+        bar
+    });
+    let count = outbox.redeliver_with_progress(&redelivery, |n| {
+        if let Some(bar) = &spinner {
+            bar.set_message(format!("queued {n} again"));
+            bar.tick();
+        }
+    })?;
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
     println!(
         "queued {count} delivered events again for destination {}",
         args.destination
