@@ -559,29 +559,44 @@ impl Outbox {
         Ok(reset)
     }
 
-    /// Retries every dead letter that `filter` selects; returns how many.
+    /// Retries every dead letter that `filter` selects; returns how many. Works in pages of
+    /// 500 dead rows, each a short transaction of its own with a
+    /// pause between them, so the app's commits do not wait behind a long history of dead
+    /// letters; on an error the pages before it stay retried.
     ///
     /// # Errors
     ///
     /// SQLite errors.
     pub fn retry_dead(&self, filter: &DeadFilter) -> Result<usize> {
         let mut conn = self.connection()?;
-        let now = self.now_ms();
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let since = filter.since_ms.unwrap_or(i64::MIN);
         let until = filter.until_ms.unwrap_or(i64::MAX);
         let mut reset = 0;
-        for (id, event_type) in queue::dead_rows(&tx, since, until)? {
-            if filter
-                .event_type
-                .as_deref()
-                .is_none_or(|p| type_matches(p, &event_type))
-            {
-                reset += queue::retry_row(&tx, id, now)?;
+        let mut after = None;
+        loop {
+            let started = std::time::Instant::now();
+            let now = self.now_ms();
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let page = queue::dead_rows_page(&tx, since, until, after, queue::DELETE_PAGE_ROWS)?;
+            let Some((dead_at, id, _)) = page.last() else {
+                tx.commit()?;
+                break;
+            };
+            after = Some((*dead_at, *id));
+            for (_, id, event_type) in &page {
+                if filter
+                    .event_type
+                    .as_deref()
+                    .is_none_or(|p| type_matches(p, event_type))
+                {
+                    reset += queue::retry_row(&tx, *id, now)?;
+                }
             }
+            tx.commit()?;
+            self.notify();
+            // Give way to the app for as long as the page held the lock (at most 100 ms).
+            std::thread::sleep(started.elapsed().min(Duration::from_millis(100)));
         }
-        tx.commit()?;
-        self.notify();
         Ok(reset)
     }
 

@@ -1428,19 +1428,28 @@ pub(crate) fn retry_row(tx: &Transaction<'_>, id: i64, now: i64) -> Result<usize
     })
 }
 
-/// Dead rows committed in `[since, until)`, as `(row id, event type)`.
-pub(crate) fn dead_rows(
+/// One page of the dead rows committed in `[since, until)`: at most `limit` of them in the
+/// dead index's order, after the row `after` (`(dead_at, id)`, `None` for the first page),
+/// as `(dead_at, row id, event type)`.
+pub(crate) fn dead_rows_page(
     tx: &Transaction<'_>,
     since: i64,
     until: i64,
-) -> Result<Vec<(i64, String)>> {
+    after: Option<(i64, i64)>,
+    limit: usize,
+) -> Result<Vec<(i64, i64, String)>> {
+    let (after_dead_at, after_id) = after.unwrap_or((i64::MIN, i64::MIN));
     Ok(tx
-        .prepare(concat!(
-            "SELECT id, event_type FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
+        .prepare_cached(concat!(
+            "SELECT dead_at, id, event_type FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
             dead!(),
-            " AND created_at >= ?1 AND created_at < ?2"
+            " AND created_at >= ?1 AND created_at < ?2 AND (dead_at, id) > (?3, ?4)
+             ORDER BY dead_at, id LIMIT ?5"
         ))?
-        .query_map(params![since, until], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map(
+            params![since, until, after_dead_at, after_id, limit as i64],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?
         .collect::<rusqlite::Result<_>>()?)
 }
 
