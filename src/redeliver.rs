@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::queue::{self, NewRow};
 use crate::Outbox;
 
-/// Delivered rows one page of a replay reads at most (one short transaction each).
-pub const REDELIVER_PAGE_ROWS: usize = 500;
+/// Row ids one page of a replay reads at most (one short transaction each).
+const REDELIVER_PAGE_ROWS: usize = 500;
 
 /// The longest pause between pages.
 const MAX_PAUSE: Duration = Duration::from_millis(100);
@@ -92,7 +92,7 @@ impl Outbox {
     }
 
     /// As [`redeliver`](Self::redeliver), calling `progress` with the count queued so far
-    /// after each page of [`REDELIVER_PAGE_ROWS`] delivered rows read (for a terminal's
+    /// after each page of 500 row ids read (for a terminal's
     /// progress line). Each page is a transaction of its own: on an error, the pages before
     /// it stay queued (a second run skips what is already pending).
     ///
@@ -182,7 +182,7 @@ impl Outbox {
 }
 
 /// One page of the delivered events to send again: of the delivered rows with ids in
-/// `(after, through]` (at most [`REDELIVER_PAGE_ROWS`] ids), in id order, the first delivery
+/// `(after, through]` (at most `REDELIVER_PAGE_ROWS` ids), in id order, the first delivery
 /// row of each event id (no earlier row of it was delivered in the window, on this page or
 /// an earlier one), without those already pending for the destination.
 fn select_page(

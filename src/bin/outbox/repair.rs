@@ -67,20 +67,10 @@ pub fn purge_dead(outbox: &Outbox, args: PurgeDeadArgs) -> Outcome {
 }
 
 pub fn prune(outbox: &Outbox, args: PruneArgs) -> Outcome {
-    let spinner = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message("pruning");
-        bar
-    });
-    let report = outbox.prune_delivered_with_progress(args.older_than, |n| {
-        if let Some(bar) = &spinner {
-            bar.set_message(format!("pruned {n}"));
-            bar.tick();
-        }
-    })?;
-    if let Some(bar) = spinner {
-        bar.finish_and_clear();
-    }
+    let spinner = Spinner::new("pruning");
+    let report = outbox
+        .prune_delivered_with_progress(args.older_than, |n| spinner.say(format!("pruned {n}")))?;
+    spinner.finish();
     println!(
         "pruned {} delivered events older than {} in {} transactions",
         report.deleted,
@@ -150,23 +140,40 @@ pub fn redeliver(outbox: &Outbox, args: RedeliverArgs) -> Outcome {
     if let Some(until) = args.until {
         redelivery = redelivery.delivered_until(until);
     }
-    let spinner = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message("redelivering");
-        bar
-    });
-    let count = outbox.redeliver_with_progress(&redelivery, |n| {
-        if let Some(bar) = &spinner {
-            bar.set_message(format!("queued {n} again"));
-            bar.tick();
-        }
-    })?;
-    if let Some(bar) = spinner {
-        bar.finish_and_clear();
-    }
+    let spinner = Spinner::new("redelivering");
+    let count = outbox
+        .redeliver_with_progress(&redelivery, |n| spinner.say(format!("queued {n} again")))?;
+    spinner.finish();
     println!(
         "queued {count} delivered events again for destination {}",
         args.destination
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress line on a terminal (stderr), nothing otherwise: for the commands that work
+/// through history in pages.
+struct Spinner(Option<indicatif::ProgressBar>);
+
+impl Spinner {
+    fn new(message: &'static str) -> Spinner {
+        Spinner(std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_message(message);
+            bar
+        }))
+    }
+
+    fn say(&self, message: String) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(message);
+            bar.tick();
+        }
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.0 {
+            bar.finish_and_clear();
+        }
+    }
 }
