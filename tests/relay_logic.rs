@@ -188,6 +188,72 @@ impl sqlite_outbox::clock::Clock for PanicsInTheWriter {
     }
 }
 
+/// A clock that panics once, on the first reading from the relay's writer thread after
+/// `armed` is set: the transport sets it, so the writer is then most likely about to record
+/// that delivery's outcome (its poll ticks are seconds apart here).
+#[derive(Clone)]
+struct PanicsWhenArmed {
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl sqlite_outbox::clock::Clock for PanicsWhenArmed {
+    fn now_ms(&self) -> i64 {
+        if std::thread::current().name() == Some("outbox-relay")
+            && self.armed.swap(false, Ordering::SeqCst)
+        {
+            panic!("a bug in the writer, with an outcome in hand");
+        }
+        sqlite_outbox::clock::SystemClock.now_ms()
+    }
+}
+
+#[test]
+fn outcomes_lost_in_a_writer_panic_leave_the_in_flight_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outbox = Outbox::builder()
+        .clock(PanicsWhenArmed {
+            armed: armed.clone(),
+        })
+        .open(dir.path().join("writer-panic-in-flight.db"))
+        .unwrap();
+    let arm = armed.clone();
+    let relay = outbox
+        .relay(
+            RelayConfig::transport(move |_: &[OutboundEvent]| {
+                arm.store(true, Ordering::SeqCst);
+                Attempt::Answered {
+                    status: 204,
+                    retry_after: None,
+                    detail: String::new(),
+                }
+            })
+            // Ticks seconds apart, so the writer's next clock reading after the send is the
+            // one that records its outcome; a lease that outlives the test, so the event
+            // is not claimed again and its outcome stays lost.
+            .poll_interval(Duration::from_secs(5))
+            .lease(Duration::from_secs(600))
+            .shutdown_timeout(Duration::from_secs(3)),
+        )
+        .start()
+        .unwrap();
+    one_event(&outbox);
+    assert!(
+        wait_until(PATIENCE, || relay.stats().writer_restarts == 1),
+        "the writer never panicked"
+    );
+    let row = &rows(&outbox)[0];
+    assert!(
+        !row.delivered,
+        "the panic did not hit the outcome (it was recorded): the test proves nothing; {row:?}"
+    );
+    let report = relay.shutdown();
+    // The lost outcome's event left the in-flight count: nothing is running, so shutdown
+    // has nothing to wait for or abandon (before the fix: 1 abandoned).
+    assert_eq!(report.abandoned, 0, "{report:?}");
+    assert_eq!(report.writer_restarts, 1);
+}
+
 #[test]
 fn a_panic_in_the_writer_is_caught_reported_and_the_writer_restarted() {
     let dir = tempfile::tempdir().unwrap();
