@@ -393,12 +393,28 @@ pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pendi
         let (destination, leased) = row?;
         add(destination, 0, 0, 0, leased);
     }
+    // Summed here, not by a GROUP BY: after a first fold cut short by its budget the rows
+    // above are most of a backlog, and sorting them for the groups made the first `stats`
+    // beside 1M pending take 1.4 s.
+    let mut above: HashMap<String, HashMap<i64, (i64, i64, i64)>> = HashMap::new();
     let mut counted = conn.prepare_cached(&counted_above_sql(through))?;
-    for row in counted.query_map(params![through, now], |r| {
-        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-    })? {
-        let (destination, attempts, rows, bytes, leased) = row?;
-        add(destination, attempts, rows, bytes, leased);
+    let mut rows = counted.query(params![through, now])?;
+    while let Some(row) = rows.next()? {
+        let destination = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+        let (attempts, bytes, leased): (i64, i64, i64) = (row.get(1)?, row.get(2)?, row.get(3)?);
+        let by_attempts = match above.get_mut(destination) {
+            Some(by_attempts) => by_attempts,
+            None => above.entry(destination.to_owned()).or_default(),
+        };
+        let counted = by_attempts.entry(attempts).or_default();
+        counted.0 += 1;
+        counted.1 += bytes;
+        counted.2 += leased;
+    }
+    for (destination, by_attempts) in above {
+        for (attempts, (rows, bytes, leased)) in by_attempts {
+            add(destination.clone(), attempts, rows, bytes, leased);
+        }
     }
     by_destination.retain(|_, p| p.rows != 0);
     for p in by_destination.values_mut() {
@@ -418,11 +434,9 @@ fn counted_above_sql(through: i64) -> String {
         "outbox_events NOT INDEXED"
     };
     format!(
-        "SELECT CAST(destination AS TEXT) AS d, CAST(attempts AS INTEGER) AS a, COUNT(*),
-                SUM(length(CAST(payload AS BLOB))),
-                SUM(COALESCE(lease_expires_at > ?2, 0))
-           FROM {above} WHERE id > ?1 AND {}
-          GROUP BY d, a",
+        "SELECT CAST(destination AS TEXT), CAST(attempts AS INTEGER),
+                length(CAST(payload AS BLOB)), COALESCE(lease_expires_at > ?2, 0)
+           FROM {above} WHERE id > ?1 AND {}",
         pending!("")
     )
 }
