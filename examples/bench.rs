@@ -14,15 +14,9 @@
 
 #[path = "../benches/support/mod.rs"]
 mod support;
-#[cfg(feature = "postgres")]
-#[path = "../benches/support/ingest.rs"]
-mod support_ingest;
 #[cfg(feature = "mqtt")]
 #[path = "../benches/support/mqtt.rs"]
 mod support_mqtt;
-#[cfg(feature = "postgres")]
-#[path = "../tests/common/postgres.rs"]
-mod support_postgres;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1664,84 +1658,88 @@ fn probe_claim(dir: &std::path::Path, variant: &str) {
     );
 }
 
-/// Events stored per second by `ingest` servers (in this process, each with its own runtime
-/// and 8 database threads) from 8 keep-alive clients, one event per request and batches of
-/// 100, against a bare loop of the same INSERT statement over one connection, in the same
-/// run, on a PostgreSQL cluster of the bench's own (`fsync=off` for both).
-#[cfg(feature = "postgres")]
-fn ingest() -> Vec<Line> {
-    use sqlite_outbox::ingest::{IngestConfig, IngestServer};
-    use sqlite_outbox::receive::Secret;
-    if !std::path::Path::new("/usr/lib/postgresql").exists() {
-        eprintln!("PostgreSQL is not installed: no ingest rows");
-        return Vec::new();
-    }
-    let postgres = support_postgres::Postgres::start();
-    let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-    let start = |_| {
-        IngestServer::start(
-            IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
-                .secret(secret.clone())
-                .threads(8),
-        )
-        .unwrap()
-    };
-    let servers: Vec<IngestServer> = (0..3).map(start).collect();
-    let addrs: Vec<_> = servers.iter().map(IngestServer::local_addr).collect();
-    let mut bare_client = postgres.client();
-    let round = std::cell::Cell::new(0);
-    let next_run = || {
-        round.set(round.get() + 1);
-        format!("r{}", round.get())
-    };
-    let mut lines = Vec::new();
-    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
-        for processes in [1, 3] {
-            let (o, b) = alternate(
-                3,
-                || {
-                    let bodies = support_ingest::bodies(&next_run(), events, per_request);
-                    let took = support_ingest::post_all(
-                        &addrs[..processes],
-                        &secret,
-                        &bodies,
-                        per_request > 1,
-                        8,
-                    );
-                    rate(events, took)
-                },
-                || {
-                    rate(
-                        events,
-                        support_ingest::bare_inserts(
-                            &mut bare_client,
-                            &next_run(),
-                            events,
-                            per_request,
-                        ),
-                    )
-                },
-            );
-            lines.push(Line {
-                what: format!(
-                    "ingest into PostgreSQL, {per_request} event(s)/request, {processes} server(s)"
-                ),
-                outbox: format!("{} events", per_s(o)),
-                baseline: format!("{} (bare INSERT loop)", per_s(b)),
-                ratio: format!("{:.2}×", o / b),
-                target: if per_request > 1 { "≥ 0.5×" } else { "" },
-            });
+/// What an app pays to link the crate: the crates a project that depends on it with default
+/// features builds (`cargo tree -e normal`), against rusqlite and ureq alone, and the stripped
+/// release size of `examples/footprint_app.rs` (open, enqueue in a transaction, HTTPS relay)
+/// against `examples/footprint_bare.rs` (the same with only rusqlite and ureq).
+fn footprint() -> Vec<Line> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let crates = |packages: &[&str]| -> usize {
+        let mut command = std::process::Command::new(&cargo);
+        command
+            .current_dir(root)
+            .args(["tree", "-e", "normal", "--prefix", "none", "--locked"]);
+        for package in packages {
+            command.args(["-p", package]);
         }
-    }
-    for server in servers {
-        server.shutdown();
-    }
-    lines
-}
-
-#[cfg(not(feature = "postgres"))]
-fn ingest() -> Vec<Line> {
-    Vec::new()
+        let out = command.output().expect("run cargo tree");
+        assert!(
+            out.status.success(),
+            "cargo tree: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let unique: std::collections::BTreeSet<&str> = text
+            .lines()
+            .map(|l| l.trim_end_matches(" (*)").trim())
+            .filter(|l| !l.is_empty())
+            .collect();
+        unique.len()
+    };
+    let ours = crates(&["sqlite-outbox"]);
+    let bare = crates(&["rusqlite", "ureq"]);
+    let built = std::process::Command::new(&cargo)
+        .current_dir(root)
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            "footprint",
+            "--example",
+            "footprint_app",
+            "--example",
+            "footprint_bare",
+        ])
+        .status()
+        .expect("run cargo build");
+    assert!(built.success(), "cargo build --profile footprint failed");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{root}/target"));
+    let size = |name: &str| {
+        std::fs::metadata(format!("{target}/footprint/examples/{name}"))
+            .expect("the footprint example was built")
+            .len() as f64
+    };
+    let (app, bare_app) = (size("footprint_app"), size("footprint_bare"));
+    let mib = |b: f64| format!("{:.2} MiB", b / (1024.0 * 1024.0));
+    vec![
+        Line {
+            what: "crates an app builds to depend on it (default features, cargo tree -e normal)"
+                .into(),
+            outbox: format!("{ours} crates"),
+            baseline: format!("{bare} (rusqlite bundled + ureq alone)"),
+            ratio: format!(
+                "{:.2}× (+{})",
+                ours as f64 / bare as f64,
+                ours - bare.min(ours)
+            ),
+            target: "",
+        },
+        Line {
+            what: "stripped release size of a minimal app (examples/footprint_app.rs)".into(),
+            outbox: mib(app),
+            baseline: format!(
+                "{} (footprint_bare: rusqlite bundled + ureq)",
+                mib(bare_app)
+            ),
+            ratio: format!(
+                "{:.2}× (the crate's share: {})",
+                app / bare_app,
+                mib(app - bare_app)
+            ),
+            target: "",
+        },
+    ]
 }
 
 /// What the durability barrier costs a drain, barrier on against off: of a backlog committed
@@ -1922,10 +1920,6 @@ fn main() {
         eprintln!("mqtt…");
         lines.extend(relay_mqtt(dir));
     }
-    if run("ingest") {
-        eprintln!("ingest…");
-        lines.extend(ingest());
-    }
     if run("latency") {
         eprintln!("latency…");
         lines.extend(commit_to_receipt(dir));
@@ -1939,6 +1933,10 @@ fn main() {
     if run("growth") {
         eprintln!("growth…");
         lines.extend(growth(dir));
+    }
+    if run("footprint") {
+        eprintln!("footprint…");
+        lines.extend(footprint());
     }
     if run("memory") {
         eprintln!("memory…");

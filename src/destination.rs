@@ -230,6 +230,7 @@ impl Destination {
     /// Checks the settings and builds the transport. `workers` is how many delivery threads
     /// the relay gives it: with the batch size, the in-flight window of a transport that
     /// has one (MQTT).
+    #[cfg_attr(not(feature = "mqtt"), allow(unused_variables))]
     pub(crate) fn build_transport(&self, workers: usize) -> Result<Arc<dyn Transport>> {
         validate_name(&self.name)?;
         if let Some(b) = self.batch {

@@ -74,9 +74,3 @@ pub fn sample_event(data: &serde_json::Value) -> OutboundEvent {
         expires_at: None,
     }
 }
-
-/// The statement `outbox ingest` stores a request's events with: one `text[]` per column
-/// (source, id, type, subject, partitionkey), then `int8[]` (sequence), `text[]` (time) and
-/// `jsonb[]` (data). For the bench's bare INSERT loop.
-#[cfg(feature = "postgres")]
-pub const INGEST_INSERT: &str = crate::ingest::store::INSERT_EVENTS;

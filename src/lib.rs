@@ -102,8 +102,8 @@
 //! A transaction that writes many events (a burst of sensor readings, the lines of an
 //! order) hands them over in one call: [`Outbox::enqueue_many`] stores the same rows, ids,
 //! key order and answers as one `enqueue` per event, with one `INSERT` per hundred events.
-//! A hundred keyed events a transaction went 1.3–1.6× as fast as through `enqueue` (README,
-//! Performance).
+//! A hundred keyed events a transaction went 1.3–1.6× as fast as through `enqueue`
+//! (docs/PERFORMANCE.md).
 //!
 //! ```
 //! use sqlite_outbox::{Event, Outbox};
@@ -122,8 +122,8 @@
 //! # Enqueueing from any language: the SQL contract
 //!
 //! An app in another language enqueues with one statement in its own transaction on the same
-//! file, and `outbox relay` runs beside it (the README shows the same order in Python, Node
-//! and Go, and a systemd unit and a launchd plist for the relay):
+//! file, and `outbox relay` runs beside it (docs/SQL-CONTRACT.md shows the same order in
+//! Python, Node and Go, and cli/README.md a systemd unit and a launchd plist for the relay):
 //!
 //! ```sql
 //! INSERT INTO outbox_enqueue (type, data, key, idempotency_key, subject, source,
@@ -231,7 +231,7 @@
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
 //!   sees the wall clock move more than 2 s away from `Instant` between two polls.
 //!
-//! `tests/clocks.rs` covers these with an injected clock; `tests/clocks_cli.rs` runs the
+//! `tests/clocks.rs` covers these with an injected clock; `cli/tests/clocks_cli.rs` runs the
 //! `outbox relay` CLI under `faketime` 10 minutes behind, 10 minutes ahead and a day ahead.
 //!
 //! # Several destinations
@@ -338,7 +338,7 @@
 //! (`workers × batch`). On port 443 add `.alpn("x-amzn-mqtt-ca")`. For EMQX or HiveMQ: user
 //! name and password, or a client certificate, and MQTT 5 so that an ACL refusal is seen.
 //!
-//! `tests/mqtt.rs`, `tests/mqtt5.rs` and `tests/mqtt_tls.rs` run each of these against a
+//! `cli/tests/mqtt.rs`, `cli/tests/mqtt5.rs` and `cli/tests/mqtt_tls.rs` run each of these against a
 //! real Mosquitto broker started by the test (the TLS ones with certificates made at test
 //! time). A structured message as a subscriber receives it, on topic
 //! `devices/sqlite-outbox/reading.taken`:
@@ -412,7 +412,7 @@
 //! ```
 //!
 //! `outbox ingest --listen 0.0.0.0:8080 --postgres-file pg-url --secret-file secrets`
-//! (library: [`ingest::IngestServer`]) verifies each request's signature, parses its
+//! (library: `outbox_cli::ingest::IngestServer`, in the crate `outbox-cli`) verifies each request's signature, parses its
 //! CloudEvents, and stores them in **one** PostgreSQL transaction in `outbox_ingested`
 //! (`source, id, type, subject, partitionkey, sequence bigint, time timestamptz, data jsonb,
 //! received_at`; primary key `(source, id)`), answering 204 only after the commit. It
@@ -422,7 +422,7 @@
 //!   the commit; the commit skips every `(source, id)` already stored (`ON CONFLICT DO
 //!   NOTHING`, which also waits out a concurrent transaction storing the same pair). So a
 //!   retry after a lost answer, a killed process or a replay stores nothing new, whichever
-//!   process it reaches: each committed event is stored once. `tests/ingest_fleet.rs` kills
+//!   process it reaches: each committed event is stored once. `cli/tests/ingest_fleet.rs` kills
 //!   ingest processes with SIGKILL under four devices and counts: 0 lost, 0 stored twice.
 //! - **Order.** A device sends a key's events one at a time in commit order, each after the
 //!   previous one's 2xx, so within `(source, partitionkey)` rows commit in `sequence` order
@@ -437,7 +437,7 @@
 //! - **Limits.** `--threads` database threads (and connections), `--max-connections` open
 //!   connections (past it, new ones wait to be accepted), `--read-timeout` for a request's
 //!   head and for its body (a slow or idle client is cut off at it: slowloris cannot hold
-//!   anything). The module docs of [`ingest`] list what happens at each.
+//!   anything). The docs of `outbox_cli::ingest` list what happens at each.
 //! - **Into Kafka.** The table is an ordinary one: Debezium's PostgreSQL connector
 //!   (`plugin.name=pgoutput`, `table.include.list=public.outbox_ingested`) streams each
 //!   committed row as a change event; key the topic by `source,partitionkey` so a key stays
@@ -522,7 +522,7 @@
 //! handed back, nothing spent). A paced destination claims only what its limits let out
 //! within a quarter of the lease, so a backlog of any size goes out at its rate, no claimed
 //! event outwaits its lease and none is sent twice. Zero, negative or non-finite limits are
-//! refused at start (CLI: exit 2). `tests/pacing.rs` checks the pace on the receiver's clock.
+//! refused at start (CLI: exit 2). `cli/tests/pacing.rs` checks the pace on the receiver's clock.
 //!
 //! # Outcomes back to the app
 //!
@@ -615,11 +615,11 @@
 //! has released SQLite's write lock, so the app's commits never wait for it. Without it, at `Normal` a relay could deliver an event a
 //! millisecond after its commit and a power cut could then roll the commit back, leaving the
 //! receiver with an event for a change the device no longer has. Draining a backlog costs
-//! one sync; while the app keeps committing, about one per claim (see the README's
-//! performance table for the cost). An ack lost in a power cut makes its event pending again,
+//! one sync; while the app keeps committing, about one per claim (see docs/PERFORMANCE.md
+//! for the cost). An ack lost in a power cut makes its event pending again,
 //! so it is sent again: a duplicate, which receivers drop by id.
 //!
-//! `tests/power_loss.rs` proves each cell on a file system that loses unsynced writes
+//! `cli/tests/power_loss.rs` proves each cell on a file system that loses unsynced writes
 //! (`tests/common/power_cut_fs.rs`, FUSE): an app process and a relay process run while the
 //! power is cut at random moments, 50 times per mode (a 1,000-cut soak is
 //! `POWER_CUTS=1000 cargo test --release --test power_loss`), half of the cuts tearing the
@@ -646,17 +646,54 @@
 //! destination, a configurable number of delivery threads (`outbox-<destination>-<n>`) that
 //! only do HTTP; all are joined by [`RelayHandle::shutdown`] or on drop, within a bounded
 //! time (`tests/threads.rs`). An MQTT destination adds its connection thread
-//! (`outbox-mqtt-<destination>`); an [`ingest::IngestServer`] runs two I/O threads
+//! (`outbox-mqtt-<destination>`); an `outbox_cli::ingest::IngestServer` runs two I/O threads
 //! (`outbox-ingest-io`) and its database threads (`outbox-ingest-db-<n>`), joined by its
 //! `shutdown`. Every blocking call has a
 //! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
 //! timeout).
 //!
+//! # Async apps: tokio and sqlx
+//!
+//! The crate has no async API and needs none: an enqueue is a short SQLite transaction, and
+//! the relay runs on its own threads whatever runtime the app uses. From an async handler,
+//! run the transaction on the runtime's blocking pool, so a commit that waits for the write
+//! lock (the busy timeout, 5 s at most) never stalls a worker thread of the runtime:
+//!
+//! ```no_run
+//! # async fn handler(outbox: sqlite_outbox::Outbox) -> Result<(), Box<dyn std::error::Error>> {
+//! # let id = 42;
+//! let event_id = tokio::task::spawn_blocking(move || {
+//!     outbox.transaction(|tx| {
+//!         tx.execute("INSERT INTO orders (id) VALUES (?1)", [id])?;
+//!         let event = sqlite_outbox::Event::new("order.placed", serde_json::json!({"id": id}));
+//!         Ok(outbox.enqueue(tx, event)?.event_id().to_owned())
+//!     })
+//! })
+//! .await??;
+//! # let _ = event_id; Ok(()) }
+//! ```
+//!
+//! Start the relay once at startup and shut it down on the app's shutdown signal, also from
+//! `spawn_blocking` (it waits, bounded, for requests in flight). `examples/tokio_app.rs` is a
+//! whole app: handlers placing orders concurrently, the relay beside the runtime, shutdown on
+//! Ctrl-C or SIGTERM.
+//!
+//! An app whose database layer is sqlx cannot hand over a `rusqlite::Transaction`: it writes
+//! its event with the [SQL contract](#enqueueing-from-any-language-the-sql-contract) in its
+//! own sqlx transaction (`INSERT INTO outbox_enqueue …`), and the crate's relay, opened on
+//! the same file, delivers it; `examples/sqlx_app.rs` does so. Both examples run in the tests
+//! (`tests/async_apps.rs`). sqlx links its own `libsqlite3-sys`: Cargo allows one in a build,
+//! so sqlx must be a version whose range includes the one rusqlite here uses.
+//!
 //! # Features
 //!
-//! - `cli` (default): the `outbox` command-line tool (with `mqtt` and `postgres`).
+//! None is on by default: the default build delivers over HTTP(S) and nothing more (no async
+//! runtime, no PostgreSQL or MQTT client, no argument parser, no terminal UI). The `outbox`
+//! command is the crate `outbox-cli` of the same workspace (`cargo install --path cli`).
+//!
 //! - `mqtt`: [`Destination::mqtt`], delivery to MQTT brokers through rumqttc.
-//! - `postgres`: [`receive::PgInbox`] and [`ingest`], the receiving end in PostgreSQL.
+//! - `postgres`: [`receive::PgInbox`] and the tables of the receiving end in PostgreSQL
+//!   ([`receive::pg_migrate`]), which `outbox ingest` (the crate `outbox-cli`) stores in.
 //! - `metrics`: counters, gauges and a latency histogram through the `metrics` facade.
 
 #![forbid(unsafe_code)]
@@ -673,8 +710,6 @@ mod disabled;
 mod error;
 mod event;
 mod inbox;
-#[cfg(feature = "postgres")]
-pub mod ingest;
 #[doc(hidden)]
 pub mod internal;
 mod limits;

@@ -446,7 +446,7 @@ impl Outbox {
     /// lines of an order): SQLite starts and halts a statement for every `INSERT`, and
     /// `enqueue` checks each event's key and id inside its own; here those checks run once
     /// for the whole call. `cargo run --release --example bench -- enqueue` compares both
-    /// with bare `INSERT`s (README, Performance).
+    /// with bare `INSERT`s (docs/PERFORMANCE.md).
     ///
     /// Events with an idempotency key or a coalescing key, events routed to several
     /// destinations, and every event while a storage limit is set are written one at a

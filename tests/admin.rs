@@ -519,7 +519,7 @@ fn stats_stay_exact_while_a_relay_drains_beside_them() {
     // Every third request fails for a while: retries spend attempts and move due times.
     let receiver = TestReceiver::start(0, move |_| {
         let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if n % 3 == 0 && n < 1_500 {
+        if n.is_multiple_of(3) && n < 1_500 {
             Reply::Status(503)
         } else {
             Reply::Status(200)

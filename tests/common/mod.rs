@@ -45,7 +45,12 @@ pub fn unix_secs(at: std::time::SystemTime) -> i64 {
 
 /// The `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
 fn cli_command(db: &std::path::Path, args: &[&str]) -> std::process::Command {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    // Set by cargo for the tests of the package with the binary (cli/): the tests of the
+    // library at the top share these helpers but never run the CLI.
+    let Some(binary) = option_env!("CARGO_BIN_EXE_outbox") else {
+        panic!("the `outbox` binary is built for the tests in cli/tests only");
+    };
+    let mut command = std::process::Command::new(binary);
     command
         .arg("--db")
         .arg(db)
@@ -340,7 +345,10 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = std::process::Command::new(cargo);
-    build.args(["build", "--all-features", "--example", name]);
+    // The examples are the library's (the package at the top), whichever package this test
+    // belongs to; built as the workspace's, as `cargo test --workspace --all-features` builds
+    // everything, so the dependencies' features are the same and nothing is built twice.
+    build.args(["build", "--workspace", "--all-features", "--example", name]);
     if release {
         build.arg("--release");
     }

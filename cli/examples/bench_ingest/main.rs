@@ -1,0 +1,110 @@
+//! Events stored per second by `ingest` servers (in this process, each with its own runtime
+//! and 8 database threads) from 8 keep-alive clients, one event per request and batches of
+//! 100, against a bare loop of the same INSERT statement over one connection, in the same
+//! run, on a PostgreSQL cluster of the bench's own (`fsync=off` for both). The rows of the
+//! performance record's ingest section (docs/PERFORMANCE.md).
+//!
+//! ```text
+//! cargo run --release -p outbox-cli --example bench_ingest
+//! ```
+
+mod support_ingest;
+#[path = "../../../tests/common/postgres.rs"]
+mod support_postgres;
+
+use std::time::Duration;
+
+use outbox_cli::ingest::{IngestConfig, IngestServer};
+use sqlite_outbox::receive::Secret;
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn per_s(r: f64) -> String {
+    if r >= 10_000.0 {
+        format!("{:.0}k/s", r / 1000.0)
+    } else {
+        format!("{r:.0}/s")
+    }
+}
+
+/// Medians of `rounds` alternating runs of `a` and `b`, so drift hits both alike.
+fn alternate(rounds: usize, mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> (f64, f64) {
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        xs.push(a());
+        ys.push(b());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(&mut xs), median(&mut ys))
+}
+
+fn main() {
+    if !std::path::Path::new("/usr/lib/postgresql").exists() {
+        eprintln!("PostgreSQL is not installed: no ingest rows");
+        std::process::exit(1);
+    }
+    let postgres = support_postgres::Postgres::start();
+    let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("a valid secret");
+    let start = |_| {
+        IngestServer::start(
+            IngestConfig::new("127.0.0.1:0".parse().expect("an address"), postgres.url())
+                .secret(secret.clone())
+                .threads(8),
+        )
+        .expect("the ingest server starts")
+    };
+    let servers: Vec<IngestServer> = (0..3).map(start).collect();
+    let addrs: Vec<_> = servers.iter().map(IngestServer::local_addr).collect();
+    let mut bare_client = postgres.client();
+    let round = std::cell::Cell::new(0);
+    let next_run = || {
+        round.set(round.get() + 1);
+        format!("r{}", round.get())
+    };
+    println!("| measure | outbox | baseline (same run) | ratio | target |");
+    println!("|---|---|---|---|---|");
+    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
+        for processes in [1, 3] {
+            let (ours, bare) = alternate(
+                3,
+                || {
+                    let bodies = support_ingest::bodies(&next_run(), events, per_request);
+                    let took = support_ingest::post_all(
+                        &addrs[..processes],
+                        &secret,
+                        &bodies,
+                        per_request > 1,
+                        8,
+                    );
+                    rate(events, took)
+                },
+                || {
+                    rate(
+                        events,
+                        support_ingest::bare_inserts(
+                            &mut bare_client,
+                            &next_run(),
+                            events,
+                            per_request,
+                        ),
+                    )
+                },
+            );
+            println!(
+                "| ingest into PostgreSQL, {per_request} event(s)/request, {processes} server(s) | {} events | {} (bare INSERT loop) | {:.2}× | {} |",
+                per_s(ours),
+                per_s(bare),
+                ours / bare,
+                if per_request > 1 { "≥ 0.5×" } else { "" },
+            );
+        }
+    }
+    for server in servers {
+        server.shutdown();
+    }
+}

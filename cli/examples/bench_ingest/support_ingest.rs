@@ -1,0 +1,138 @@
+#![allow(dead_code)]
+//! The ingest comparison of the bench example: signed CloudEvents posted to `ingest`
+//! servers, one event per request or batches, against a bare loop of the same INSERT
+//! statement over one PostgreSQL connection, in the same run.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use sqlite_outbox::receive::Secret;
+
+/// The content types of one event and of a batch.
+const ONE: &str = "application/cloudevents+json";
+const BATCH: &str = "application/cloudevents-batch+json";
+
+fn event(run: &str, i: usize) -> serde_json::Value {
+    json!({
+        "specversion": "1.0", "id": format!("{run}-{i}"), "source": "/devices/bench",
+        "type": "reading.taken", "partitionkey": format!("k{}", i % 16),
+        "sequence": format!("{:020}", i), "time": "2026-11-30T12:00:00.000Z",
+        "datacontenttype": "application/json",
+        "data": {"sensor": "s-1", "celsius": 21.5, "n": i}
+    })
+}
+
+/// Request bodies for `events` events, `per_request` in each.
+pub fn bodies(run: &str, events: usize, per_request: usize) -> Vec<Vec<u8>> {
+    (0..events)
+        .collect::<Vec<_>>()
+        .chunks(per_request)
+        .map(|chunk| {
+            if per_request == 1 {
+                serde_json::to_vec(&event(run, chunk[0])).unwrap()
+            } else {
+                let items: Vec<_> = chunk.iter().map(|&i| event(run, i)).collect();
+                serde_json::to_vec(&items).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// Posts `bodies`, signed, over `connections` keep-alive connections spread over `servers`;
+/// how long until every one was answered 204.
+pub fn post_all(
+    servers: &[SocketAddr],
+    secret: &Secret,
+    bodies: &[Vec<u8>],
+    batch: bool,
+    connections: usize,
+) -> Duration {
+    let content_type = if batch { BATCH } else { ONE };
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..connections {
+            let url = format!("http://{}/events", servers[c % servers.len()]);
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .proxy(None)
+                .timeout_global(Some(Duration::from_secs(30)))
+                .build()
+                .into();
+            s.spawn(move || {
+                for (i, body) in bodies.iter().enumerate().skip(c).step_by(connections) {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap()
+                        .as_secs() as i64;
+                    let id = format!("msg-{c}-{i}");
+                    let response = agent
+                        .post(&url)
+                        .header("content-type", content_type)
+                        .header("webhook-id", &id)
+                        .header("webhook-timestamp", now.to_string())
+                        .header("webhook-signature", secret.sign(&id, now, body))
+                        .send(body)
+                        .expect("post to ingest");
+                    assert_eq!(response.status().as_u16(), 204, "ingest refused a request");
+                }
+            });
+        }
+    });
+    started.elapsed()
+}
+
+/// The columns of one INSERT of events `chunk` of `run`.
+type Columns = (
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<Option<String>>,
+    Vec<Option<String>>,
+    Vec<Option<i64>>,
+    Vec<Option<String>>,
+    Vec<Option<serde_json::Value>>,
+);
+
+fn columns(run: &str, chunk: &[usize]) -> Columns {
+    let mut columns: Columns = Default::default();
+    for &i in chunk {
+        let e = event(run, i);
+        columns.0.push("/devices/bench".into());
+        columns.1.push(format!("{run}-{i}"));
+        columns.2.push("reading.taken".into());
+        columns.3.push(None);
+        columns.4.push(Some(format!("k{}", i % 16)));
+        columns.5.push(Some(i as i64));
+        columns.6.push(Some("2026-11-30T12:00:00.000Z".into()));
+        columns.7.push(Some(e["data"].clone()));
+    }
+    columns
+}
+
+/// The same INSERT statement as ingest, `per_statement` events each, one transaction per
+/// statement, over one connection; the values are built before the clock starts.
+pub fn bare_inserts(
+    client: &mut postgres::Client,
+    run: &str,
+    events: usize,
+    per_statement: usize,
+) -> Duration {
+    let statement = client.prepare(outbox_cli::INGEST_INSERT).unwrap();
+    let all: Vec<Columns> = (0..events)
+        .collect::<Vec<_>>()
+        .chunks(per_statement)
+        .map(|chunk| columns(run, chunk))
+        .collect();
+    let started = Instant::now();
+    for c in &all {
+        let mut tx = client.transaction().unwrap();
+        tx.execute(
+            &statement,
+            &[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+    }
+    started.elapsed()
+}

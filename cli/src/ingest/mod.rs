@@ -1,0 +1,254 @@
+//! The fleet's receiving end (feature `postgres`): an HTTP server that verifies, de-duplicates
+//! and stores device events in PostgreSQL, as many processes as the fleet needs.
+//!
+//! ```text
+//! devices (outbox relay) ──HTTPS──▶ load balancer ──▶ outbox ingest × N ──▶ PostgreSQL
+//!                                                                           │
+//!                                   your consumers (SQL, logical replication, Debezium → Kafka)
+//! ```
+//!
+//! Each request is verified (Standard Webhooks signature and timestamp), parsed (structured
+//! or batched CloudEvents), and its events stored in **one** PostgreSQL transaction in
+//! `outbox_ingested`, whose primary key is `(source, id)`: an event already stored is
+//! skipped. Only after the commit does the device get its 204, so a 2xx means stored; a
+//! device that gets no answer (a killed process, a lost connection) sends the same events
+//! again, and the primary key drops them. Every event is therefore stored exactly once,
+//! whichever ingest process each attempt reached. The processes share nothing but the
+//! database, so a load balancer may send any request anywhere.
+//!
+//! [`IngestServer::start`] binds, starts the threads, and returns; it creates or upgrades the
+//! tables first (or, while PostgreSQL is down, at the first request after it is back):
+//! until then every request gets 503 and `/healthz` is not 200. The command-line form is
+//! `outbox ingest`.
+//!
+//! **Order.** A device's relay sends a partition key's events one at a time, in commit
+//! order, each only after the previous one was acknowledged; so within `(source,
+//! partitionkey)` rows are *committed* in `sequence` order, whichever process stored each
+//! of them. `received_at` is each ingest process's own clock and must not be used for order.
+//! Read a key's events in order with the function the migrations create:
+//!
+//! ```sql
+//! SELECT id, sequence, data FROM outbox_key_events('/devices/42', 'order-7');
+//! -- the same as
+//! SELECT id, sequence, data FROM outbox_ingested
+//!  WHERE source = '/devices/42' AND partitionkey = 'order-7' ORDER BY sequence;
+//! ```
+//!
+//! A consumer that tails the table (by `received_at`, or through logical replication) may
+//! see a key's event before a later one only in commit order: replication streams commits
+//! in commit order, so per key it sees `sequence` ascending. Across keys and devices there
+//! is no order.
+
+mod server;
+pub(crate) mod store;
+mod workers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use server::State;
+use sqlite_outbox::receive::{Secret, Verifier};
+use sqlite_outbox::{Error, Result};
+use workers::Workers;
+
+/// Settings of an ingest server.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    listen: SocketAddr,
+    postgres: String,
+    secrets: Vec<Secret>,
+    threads: usize,
+    max_body: usize,
+    max_connections: usize,
+    read_timeout: Duration,
+}
+
+impl IngestConfig {
+    /// Listen on `listen` (port 0: any free port, see [`IngestServer::local_addr`]) and
+    /// store in the PostgreSQL database at `postgres` (a `postgresql://` URL or a
+    /// `host=… user=…` string). Defaults: 8 database threads, bodies up to 1 MiB, 1,024 open
+    /// connections, 10 s to read a request.
+    pub fn new(listen: SocketAddr, postgres: impl Into<String>) -> IngestConfig {
+        IngestConfig {
+            listen,
+            postgres: postgres.into(),
+            secrets: Vec::new(),
+            threads: 8,
+            max_body: 1 << 20,
+            max_connections: 1024,
+            read_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// A signing secret requests may be signed with; add several to rotate. At least one.
+    pub fn secret(mut self, secret: Secret) -> Self {
+        self.secrets.push(secret);
+        self
+    }
+
+    /// Database threads, and PostgreSQL connections (1 to 256).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// The largest request body taken, in bytes (1 KiB to 256 MiB); larger ones get 413.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    /// Open connections at most (1 to 1,000,000); past it new ones wait to be accepted.
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = connections;
+        self
+    }
+
+    /// How long a client has to send a request's head, and its body (each, in total).
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+
+    fn check(&self) -> Result<postgres::Config> {
+        let bad = |why: String| Error::InvalidConfig(format!("ingest: {why}"));
+        if self.secrets.is_empty() {
+            return Err(bad("needs at least one signing secret".into()));
+        }
+        if !(1..=256).contains(&self.threads) {
+            return Err(bad(format!(
+                "{} database threads is out of range (1 to 256)",
+                self.threads
+            )));
+        }
+        if !(1024..=256 << 20).contains(&self.max_body) {
+            return Err(bad(format!(
+                "a body limit of {} bytes is out of range (1 KiB to 256 MiB)",
+                self.max_body
+            )));
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err(bad(format!(
+                "{} open connections is out of range (1 to 1,000,000)",
+                self.max_connections
+            )));
+        }
+        if self.read_timeout < Duration::from_millis(100)
+            || self.read_timeout > Duration::from_secs(3600)
+        {
+            return Err(bad(format!(
+                "a read timeout of {:?} is out of range (100 ms to 1 h)",
+                self.read_timeout
+            )));
+        }
+        let mut config: postgres::Config = self
+            .postgres
+            .parse()
+            .map_err(|e| bad(format!("the PostgreSQL URL is not valid: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("outbox-ingest");
+        }
+        Ok(config)
+    }
+}
+
+/// A running ingest server: two I/O threads (`outbox-ingest-io`) and the database threads
+/// (`outbox-ingest-db-N`), all joined by [`shutdown`](Self::shutdown) (or on drop).
+pub struct IngestServer {
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    runtime: Option<tokio::runtime::Runtime>,
+    serving: Option<tokio::task::JoinHandle<()>>,
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for IngestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngestServer")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IngestServer {
+    /// Checks `config`, binds, and starts serving.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a setting out of range or a bad URL; [`Error::Io`] when
+    /// the address cannot be bound or a thread cannot start.
+    pub fn start(config: IngestConfig) -> Result<IngestServer> {
+        let postgres = config.check()?;
+        let listener = std::net::TcpListener::bind(config.listen)?;
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let workers = Workers::start(postgres, config.threads, config.threads * 4)?;
+        let state = Arc::new(State {
+            verifier: Verifier::new(config.secrets.clone()),
+            workers,
+            max_body: config.max_body,
+            read_timeout: config.read_timeout,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(1)
+            .thread_name("outbox-ingest-io")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let (stop, stopped) = watch::channel(false);
+        let serving = {
+            let _entered = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            runtime.spawn(server::serve(
+                listener,
+                Arc::clone(&state),
+                config.max_connections,
+                stopped,
+            ))
+        };
+        log::info!("ingest: listening on http://{local_addr}");
+        Ok(IngestServer {
+            local_addr,
+            stop,
+            runtime: Some(runtime),
+            serving: Some(serving),
+            state,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, lets open requests finish (up to 5 s), and joins every thread.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(runtime) = self.runtime.take() {
+            if let Some(serving) = self.serving.take() {
+                let _ = runtime.block_on(serving);
+            }
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+        if let Some(state) = Arc::get_mut(&mut self.state) {
+            state.workers.shutdown();
+        }
+    }
+}
+
+impl Drop for IngestServer {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}

@@ -1,0 +1,139 @@
+//! Storing one request's events in `outbox_ingested`: one statement, one transaction, each
+//! `(source, id)` stored once however often it arrives.
+
+use base64::Engine;
+use serde_json::Value;
+
+use sqlite_outbox::receive::{CloudEvent, Data};
+
+/// The statement that stores a request's events: `unnest` turns the per-column arrays into
+/// rows, and `ON CONFLICT DO NOTHING` skips every `(source, id)` already stored, also one
+/// that a concurrent transaction is storing (it waits for that one, then skips or stores).
+pub(crate) const INSERT_EVENTS: &str = "
+    INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::int8[], $7::text[]::timestamptz[], $8::jsonb[])
+    ON CONFLICT (source, id) DO NOTHING";
+
+/// A request's events as the columns of [`INSERT_EVENTS`].
+#[derive(Debug, Default)]
+pub(crate) struct Columns {
+    source: Vec<String>,
+    id: Vec<String>,
+    event_type: Vec<String>,
+    subject: Vec<Option<String>>,
+    partitionkey: Vec<Option<String>>,
+    sequence: Vec<Option<i64>>,
+    time: Vec<Option<String>>,
+    data: Vec<Option<Value>>,
+}
+
+impl Columns {
+    /// The columns of `events`, or why one cannot be stored (its `sequence` is not a
+    /// decimal integer): the whole request is then refused with a 400.
+    pub fn new(events: Vec<CloudEvent>) -> Result<Columns, String> {
+        let mut columns = Columns::default();
+        for event in events {
+            let sequence = match event.extensions.get("sequence") {
+                None => None,
+                Some(value) => Some(decimal(value).ok_or_else(|| {
+                    format!(
+                        "event {}: sequence {value} is not a decimal integer",
+                        event.id
+                    )
+                })?),
+            };
+            let partitionkey = event.extensions.get("partitionkey").map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+            columns.data.push(match event.data {
+                Data::None => None,
+                Data::Json(value) => Some(value),
+                Data::Text(text) => Some(Value::String(text)),
+                Data::Binary(bytes) => Some(serde_json::json!({
+                    "data_base64": base64::engine::general_purpose::STANDARD.encode(bytes)
+                })),
+            });
+            columns.source.push(event.source);
+            columns.id.push(event.id);
+            columns.event_type.push(event.event_type);
+            columns.subject.push(event.subject);
+            columns.partitionkey.push(partitionkey);
+            columns.sequence.push(sequence);
+            columns.time.push(event.time);
+        }
+        Ok(columns)
+    }
+
+    /// How many events.
+    pub fn len(&self) -> usize {
+        self.id.len()
+    }
+
+    /// The parameters of [`INSERT_EVENTS`].
+    pub fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 8] {
+        [
+            &self.source,
+            &self.id,
+            &self.event_type,
+            &self.subject,
+            &self.partitionkey,
+            &self.sequence,
+            &self.time,
+            &self.data,
+        ]
+    }
+}
+
+/// `sequence` as a decimal integer: a string of digits (the crate's relay sends zero-padded
+/// ones) or a JSON integer.
+fn decimal(value: &Value) -> Option<i64> {
+    match value {
+        Value::String(s) => {
+            let digits = s.strip_prefix('-').unwrap_or(s);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            s.parse().ok()
+        }
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// Stores `columns` in one transaction; returns how many were new.
+pub(crate) fn store(
+    client: &mut postgres::Client,
+    columns: &Columns,
+) -> Result<u64, postgres::Error> {
+    let mut tx = client.transaction()?;
+    let statement = tx.prepare(INSERT_EVENTS)?;
+    let stored = tx.execute(&statement, &columns.params())?;
+    tx.commit()?;
+    Ok(stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sequence_must_be_a_decimal_integer() {
+        assert_eq!(decimal(&json!("00000000000000000042")), Some(42));
+        assert_eq!(decimal(&json!(7)), Some(7));
+        assert_eq!(decimal(&json!("-3")), Some(-3));
+        for bad in [
+            json!("4e2"),
+            json!("+1"),
+            json!(""),
+            json!("x"),
+            json!(1.5),
+            json!(true),
+        ] {
+            assert_eq!(decimal(&bad), None, "{bad}");
+        }
+        assert_eq!(decimal(&json!("99999999999999999999")), None, "out of i64");
+    }
+}

@@ -1,0 +1,313 @@
+//! `ingest` against a real PostgreSQL started by the test: device outboxes relay into it and
+//! every committed event is stored once, in key order; a replay stores nothing; forged,
+//! stale, malformed and oversize requests are refused by reason; a stopped PostgreSQL gives
+//! 503s and everything lands once it is back.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/postgres.rs"]
+mod pg;
+#[path = "../../tests/common/raw_http.rs"]
+mod raw_http;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::rows;
+use outbox_cli::ingest::{IngestConfig, IngestServer};
+use pg::Postgres;
+use raw_http::{request, signed_headers};
+use serde_json::json;
+use sqlite_outbox::receive::Secret;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const CLOUDEVENT: &str = "application/cloudevents+json";
+
+fn secret() -> Secret {
+    Secret::parse(SECRET).unwrap()
+}
+
+fn ingest(postgres: &Postgres) -> IngestServer {
+    IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
+            .secret(secret())
+            .threads(4)
+            .max_body(64 * 1024),
+    )
+    .unwrap()
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/events")
+}
+
+/// Commits `n` keyed events from a device in transactions of ten, rolling back every third
+/// transaction; returns the ids of the committed ones.
+fn commit_events(device: &Outbox, n: usize, keys: usize) -> Vec<String> {
+    let mut committed = Vec::new();
+    for (t, chunk) in (0..n).collect::<Vec<_>>().chunks(10).enumerate() {
+        let mut ids = Vec::new();
+        let result: Result<(), sqlite_outbox::Error> = device.transaction(|tx| {
+            for &i in chunk {
+                let id = device.enqueue(
+                    tx,
+                    Event::new("reading.taken", json!({"i": i}))
+                        .partition_key(format!("k{}", i % keys)),
+                )?;
+                ids.push(id.event_id().to_string());
+            }
+            if t % 3 == 2 {
+                return Err(sqlite_outbox::Error::InvalidConfig(
+                    "rolled back on purpose".into(),
+                ));
+            }
+            Ok(())
+        });
+        if result.is_ok() {
+            committed.extend(ids);
+        }
+    }
+    committed
+}
+
+fn stored_ids(postgres: &Postgres) -> Vec<String> {
+    postgres
+        .client()
+        .query("SELECT id FROM outbox_ingested", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[test]
+fn device_events_are_stored_once_each_and_read_back_in_key_order() {
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::builder()
+        .default_source("/devices/7")
+        .open(dir.path().join("device.db"))
+        .unwrap();
+    let committed = commit_events(&device, 300, 4);
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", url(server.local_addr()))
+                        .secret(SECRET)
+                        .batch(25, 1 << 20),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(60)
+    ));
+    relay.shutdown();
+    let stored = stored_ids(&postgres);
+    assert_eq!(
+        stored.len(),
+        committed.len(),
+        "each committed event stored once"
+    );
+    assert_eq!(
+        stored.iter().collect::<HashSet<_>>(),
+        committed.iter().collect::<HashSet<_>>(),
+        "exactly the committed ones: nothing rolled back"
+    );
+    // Per key, the documented function gives the device's commit order.
+    let mut client = postgres.client();
+    for k in 0..4 {
+        let key = format!("k{k}");
+        let rows = client
+            .query(
+                "SELECT id, sequence, type, time, data FROM outbox_key_events($1, $2)",
+                &[&"/devices/7", &key],
+            )
+            .unwrap();
+        let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        let expected: Vec<String> = device_order(&device, &key);
+        assert_eq!(ids, expected, "key {key}");
+        let sequences: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+        assert!(sequences.windows(2).all(|w| w[0] < w[1]));
+        let data: serde_json::Value = rows[0].get(4);
+        assert!(data["i"].is_u64());
+        let kind: String = rows[0].get(2);
+        assert_eq!(kind, "reading.taken");
+    }
+    server.shutdown();
+}
+
+/// The committed events of `key`, in commit order, as the device has them.
+fn device_order(device: &Outbox, key: &str) -> Vec<String> {
+    let conn = device.connection().unwrap();
+    let mut stmt = conn
+        .prepare("SELECT event_id FROM outbox_events WHERE partition_key = ?1 ORDER BY id")
+        .unwrap();
+    stmt.query_map([key], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+fn event_body(id: &str, sequence: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "specversion": "1.0", "id": id, "source": "/devices/1", "type": "t",
+        "partitionkey": "k", "sequence": sequence, "time": "2026-11-30T00:00:00Z",
+        "data": {"a": 1}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_replayed_request_is_answered_204_and_stores_nothing() {
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let body = event_body("e-1", "00000000000000000005");
+    let send = || {
+        request(
+            server.local_addr(),
+            "POST",
+            "/x",
+            &signed_headers(&secret(), "msg-1", &body, CLOUDEVENT),
+            &body,
+        )
+        .unwrap()
+    };
+    let first = send();
+    assert_eq!(first.status, 204, "{first:?}");
+    assert_eq!(first.header("outbox-stored"), Some("1"));
+    let again = send();
+    assert_eq!(again.status, 204, "{again:?}");
+    assert_eq!(again.header("outbox-stored"), Some("0"));
+    let row = postgres
+        .client()
+        .query_one("SELECT count(*), max(sequence) FROM outbox_ingested", &[])
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(row.get::<_, Option<i64>>(1), Some(5));
+    server.shutdown();
+}
+
+#[test]
+fn bad_requests_are_refused_by_reason_and_store_nothing() {
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let addr = server.local_addr();
+    let body = event_body("e-2", "7");
+    let forged = Secret::parse("whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0dGVzdA==").unwrap();
+    let mut stale = signed_headers(&secret(), "m", &body, CLOUDEVENT);
+    stale[2].1 = "1000000".into();
+    stale[3].1 = secret().sign("m", 1_000_000, &body);
+    let bad_sequence = event_body("e-3", "12a");
+    let not_cloudevents = br#"{"hello": "world"}"#.to_vec();
+    let huge = vec![b' '; 70 * 1024];
+    // Headers, body, expected status, and what the answer must say.
+    type Case<'a> = (Vec<(&'a str, String)>, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            signed_headers(&forged, "m", &body, CLOUDEVENT),
+            body.clone(),
+            401,
+            "invalid_signature",
+        ),
+        (
+            vec![("content-type", CLOUDEVENT.into())],
+            body.clone(),
+            401,
+            "missing_header",
+        ),
+        (stale, body.clone(), 401, "timestamp_too_old"),
+        (
+            signed_headers(&secret(), "m", &not_cloudevents, CLOUDEVENT),
+            not_cloudevents.clone(),
+            400,
+            "not CloudEvents",
+        ),
+        (
+            signed_headers(&secret(), "m", &bad_sequence, CLOUDEVENT),
+            bad_sequence.clone(),
+            400,
+            "not a decimal integer",
+        ),
+        (
+            signed_headers(&secret(), "m", &huge, CLOUDEVENT),
+            huge.clone(),
+            413,
+            "over the limit of 65536",
+        ),
+    ];
+    for (headers, body, status, why) in cases {
+        let answer = request(addr, "POST", "/events", &headers, &body).unwrap();
+        assert_eq!(answer.status, status, "{why}: {answer:?}");
+        assert!(answer.body.contains(why), "{why}: {answer:?}");
+    }
+    let get = request(addr, "GET", "/events", &[], b"").unwrap();
+    assert_eq!(get.status, 405);
+    let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(health.status, 200, "{health:?}");
+    assert!(stored_ids(&postgres).is_empty());
+    server.shutdown();
+}
+
+#[test]
+fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
+    let mut postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let addr = server.local_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::open(dir.path().join("device.db")).unwrap();
+    let mut committed = commit_events(&device, 60, 3);
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(Destination::http("default", url(addr)).secret(SECRET))
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(30)
+    ));
+    postgres.stop();
+    let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(health.status, 503, "{health:?}");
+    let body = event_body("e-down", "1");
+    let down = request(
+        addr,
+        "POST",
+        "/events",
+        &signed_headers(&secret(), "m", &body, CLOUDEVENT),
+        &body,
+    )
+    .unwrap();
+    assert_eq!(down.status, 503, "{down:?}");
+    assert_eq!(down.header("retry-after"), Some("5"));
+    // The device keeps committing while the database is down; its events wait.
+    committed.extend(commit_events(&device, 60, 3));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(rows(&device).iter().any(|r| !r.delivered));
+    postgres.restart();
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(60)
+    ));
+    let report = relay.shutdown();
+    assert_eq!(report.detached_threads, 0);
+    assert!(rows(&device).iter().all(|r| !r.dead));
+    let stored = stored_ids(&postgres);
+    assert_eq!(stored.len(), committed.len());
+    assert_eq!(
+        stored.iter().collect::<HashSet<_>>(),
+        committed.iter().collect::<HashSet<_>>()
+    );
+    let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(health.status, 200);
+    server.shutdown();
+}

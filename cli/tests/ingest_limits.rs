@@ -1,0 +1,184 @@
+//! What `ingest` does at each of its limits, against a real PostgreSQL: a head sent too
+//! slowly (slowloris) or not at all, and an idle keep-alive connection, are closed after the
+//! read timeout; past the connection cap new connections wait until one closes; a body too
+//! slow gets 408; a full database queue gets 503 with `Retry-After: 1` at once.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/postgres.rs"]
+mod pg;
+#[path = "../../tests/common/raw_http.rs"]
+mod raw_http;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use outbox_cli::ingest::{IngestConfig, IngestServer};
+use pg::Postgres;
+use raw_http::{read_answer, request, signed_headers};
+use serde_json::json;
+use sqlite_outbox::receive::Secret;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Far above the read timeout: only proves the server does not hang on to the connection.
+const BOUND: Duration = Duration::from_secs(8);
+
+fn server(postgres: &Postgres, threads: usize, max_connections: usize) -> IngestServer {
+    IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
+            .secret(Secret::parse(SECRET).unwrap())
+            .threads(threads)
+            .max_connections(max_connections)
+            .read_timeout(READ_TIMEOUT),
+    )
+    .unwrap()
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(BOUND)).unwrap();
+    stream
+}
+
+/// Reads until the server closes; how long that took.
+fn closed_after(stream: &mut TcpStream) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return started.elapsed(),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn slow_idle_and_kept_alive_clients_are_cut_off_after_the_read_timeout() {
+    let postgres = Postgres::start();
+    let server = server(&postgres, 2, 64);
+    let addr = server.local_addr();
+
+    // Slowloris: a head that never ends, one header line every 200 ms.
+    let mut dribbler = connect(addr);
+    dribbler.write_all(b"POST /events HTTP/1.1\r\n").unwrap();
+    let mut writer = dribbler.try_clone().unwrap();
+    let dribbling = std::thread::spawn(move || {
+        for i in 0..40 {
+            std::thread::sleep(Duration::from_millis(200));
+            if writer
+                .write_all(format!("x-{i}: y\r\n").as_bytes())
+                .is_err()
+            {
+                return i;
+            }
+        }
+        40
+    });
+    let took = closed_after(&mut dribbler);
+    eprintln!("dribbler cut after {took:?}");
+    assert!(took < BOUND, "a dribbled head was cut after {took:?}");
+    assert!(
+        dribbling.join().unwrap() < 40,
+        "the server stopped reading the head"
+    );
+
+    // A client that connects and sends nothing.
+    let mut idle = connect(addr);
+    let idle_took = closed_after(&mut idle);
+    eprintln!("idle cut after {idle_took:?}");
+    assert!(idle_took < BOUND);
+
+    // A keep-alive client that goes quiet after one request.
+    let mut kept = connect(addr);
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = [0u8; 256];
+    let n = kept.read(&mut answer).unwrap();
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"));
+    let kept_took = closed_after(&mut kept);
+    eprintln!("kept-alive cut after {kept_took:?}");
+    assert!(kept_took < BOUND);
+
+    // A body that stops halfway: 408.
+    let mut slow_body = connect(addr);
+    slow_body
+        .write_all(b"POST /events HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .unwrap();
+    let answer = read_answer(&mut slow_body).unwrap();
+    assert_eq!(answer.status, 408, "{answer:?}");
+    server.shutdown();
+}
+
+#[test]
+fn past_the_connection_cap_a_new_client_waits_until_a_connection_closes() {
+    let postgres = Postgres::start();
+    let server = server(&postgres, 2, 2);
+    let addr = server.local_addr();
+    let _held = [connect(addr), connect(addr)];
+    // Give the server a moment to accept both: the cap is then reached.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        third.read(&mut buf).is_err(),
+        "no answer while both connections are held"
+    );
+    // The held ones are idle: the read timeout closes them, and the third is served.
+    third.set_read_timeout(Some(BOUND)).unwrap();
+    let answer = read_answer(&mut third).unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    server.shutdown();
+}
+
+#[test]
+fn a_full_database_queue_answers_503_at_once_and_the_queued_requests_are_stored() {
+    let postgres = Postgres::start();
+    // One database thread, so a queue of four.
+    let server = server(&postgres, 1, 64);
+    let addr = server.local_addr();
+    // Hold the table: the one database thread waits on the lock with its request.
+    let mut holder = postgres.client();
+    let mut lock = holder.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE outbox_ingested IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let secret = Secret::parse(SECRET).unwrap();
+    let senders: Vec<_> = (0..10)
+        .map(|i| {
+            let secret = secret.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::to_vec(&json!({
+                    "specversion": "1.0", "id": format!("e-{i}"), "source": "/d", "type": "t"
+                }))
+                .unwrap();
+                let headers = signed_headers(&secret, "m", &body, "application/cloudevents+json");
+                request(addr, "POST", "/events", &headers, &body).unwrap()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    lock.rollback().unwrap();
+    let answers: Vec<_> = senders.into_iter().map(|s| s.join().unwrap()).collect();
+    let overloaded: Vec<_> = answers.iter().filter(|a| a.status == 503).collect();
+    let stored = answers.iter().filter(|a| a.status == 204).count();
+    assert!(!overloaded.is_empty(), "{answers:?}");
+    for a in &overloaded {
+        assert_eq!(a.header("retry-after"), Some("1"));
+        assert!(a.body.contains("overloaded"), "{a:?}");
+    }
+    assert_eq!(stored + overloaded.len(), 10, "{answers:?}");
+    let count: i64 = postgres
+        .client()
+        .query_one("SELECT count(*) FROM outbox_ingested", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(count as usize, stored);
+    server.shutdown();
+}
