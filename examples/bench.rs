@@ -1071,7 +1071,7 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     lines
 }
 
-/// Relay throughput by worker count and batch size, as CSV on stdout (for the README plot:
+/// Relay throughput by worker count and batch size, as CSV on stdout (for the plot in docs/PERFORMANCE.md:
 /// `cargo run --release --example bench -- sweep > sweep.csv`).
 fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
     println!("workers,batch,events_per_second");

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use http_server::{HttpServer, Response};
 use serde_json::json;
 use sqlite_outbox::admin::State;
-use sqlite_outbox::{DeliveryOutcome, Destination, Event, Outbox, RelayConfig};
+use sqlite_outbox::notices::DeliveryOutcome;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;

@@ -30,49 +30,18 @@ use rusqlite::Row;
 use serde::Serialize;
 
 use crate::database;
-use crate::destination::type_matches;
 use crate::disabled;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::oldest;
 use crate::outbox::Outbox;
+use crate::queue::tally;
 use crate::queue::{self, Finished, DEAD, EXPIRED, EXPORTED, PARKED, PENDING};
-use crate::tally;
+use crate::type_pattern::type_matches;
 
 pub use crate::database::{schema_version, PooledConnection};
 pub use crate::disabled::DisabledDestination;
-pub use crate::limits::Limit;
-
-/// Where a delivery stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    /// Waiting for delivery (including in flight and waiting for a retry).
-    Pending,
-    /// Accepted by the receiver.
-    Delivered,
-    /// Given up on; kept with its last error until retried or purged.
-    Dead,
-    /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)).
-    Expired,
-    /// Written to an offline bundle ([`Outbox::export`]), to be delivered from there.
-    Exported,
-}
-
-impl std::str::FromStr for State {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<State> {
-        match s {
-            "pending" => Ok(State::Pending),
-            "delivered" => Ok(State::Delivered),
-            "dead" => Ok(State::Dead),
-            "expired" => Ok(State::Expired),
-            "exported" => Ok(State::Exported),
-            other => Err(Error::InvalidConfig(format!(
-                "unknown state {other:?}: use pending, delivered, dead, expired or exported"
-            ))),
-        }
-    }
-}
+pub use crate::error::Limit;
+pub use crate::state::State;
 
 /// One delivery of one event to one destination, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -235,7 +204,7 @@ pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
 pub(crate) const DELIVERED_BY_DESTINATION: &str =
     "SELECT destination, delivered FROM outbox_delivered_totals WHERE delivered > 0";
 /// Attempts of dead rows (through the dead index); pending rows' attempts come with
-/// the pending totals (src/tally.rs).
+/// the pending totals (src/queue/tally.rs).
 pub(crate) const ATTEMPTS_OF_DEAD: &str = concat!(
     "SELECT attempts, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
     crate::queue::dead!(),
@@ -385,7 +354,7 @@ impl Outbox {
         let mut conn = self.connection()?;
         let now = self.now_ms();
         // Each count comes from where it costs what it returns: pending rows from the totals
-        // the queue keeps (src/tally.rs) and the rows committed since, their oldest through
+        // the queue keeps (src/queue/tally.rs) and the rows committed since, their oldest through
         // a few index seeks, dead ones through the dead index, delivered ones from the
         // totals the queue keeps. Nothing here reads delivered history, nor a backlog.
         tally::fold(&mut conn)?;

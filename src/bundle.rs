@@ -136,7 +136,7 @@ fn write_bundle(
     path: &Path,
     secret: &Secret,
     destination: &str,
-    events: &[crate::transport::OutboundEvent],
+    events: &[crate::outbound::OutboundEvent],
 ) -> Result<String> {
     let mut lines = Vec::new();
     for event in events {
@@ -144,7 +144,7 @@ fn write_bundle(
         lines.push(b'\n');
     }
     let sha256 = hex(&Sha256::digest(&lines));
-    let sequence = |e: &crate::transport::OutboundEvent| format!("{:020}", e.id);
+    let sequence = |e: &crate::outbound::OutboundEvent| format!("{:020}", e.id);
     let manifest = serde_json::to_vec(&Manifest {
         bundle: FORMAT.into(),
         count: events.len(),

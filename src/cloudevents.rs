@@ -19,6 +19,9 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{Map, Value};
 
+/// The `content-type` of a structured-mode CloudEvent.
+pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
+
 /// The `content-type` of a batched-mode request.
 pub const CLOUDEVENTS_BATCH_JSON: &str = "application/cloudevents-batch+json";
 
@@ -155,7 +158,7 @@ pub fn parse_request(
 /// [`ParseError`] naming the first problem.
 pub fn parse_structured(content_type: Option<&str>, body: &[u8]) -> Result<CloudEvent, ParseError> {
     let mt = media_type(content_type);
-    if mt != crate::wire::CLOUDEVENTS_JSON {
+    if mt != CLOUDEVENTS_JSON {
         return Err(ParseError::ContentType(mt));
     }
     let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::Body(e.to_string()))?;

@@ -321,15 +321,7 @@ impl Route {
 
     /// Whether `event_type` matches this route's pattern.
     pub fn matches(&self, event_type: &str) -> bool {
-        type_matches(&self.pattern, event_type)
-    }
-}
-
-/// Whether `event_type` matches `pattern`: an exact type, a prefix ending in `*`, or `*`.
-pub(crate) fn type_matches(pattern: &str, event_type: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => event_type.starts_with(prefix),
-        None => pattern == event_type,
+        crate::type_pattern::type_matches(&self.pattern, event_type)
     }
 }
 

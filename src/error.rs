@@ -68,7 +68,7 @@ pub enum Error {
     /// Nothing was written; the caller's transaction is still usable.
     OutboxFull {
         /// Which limit.
-        limit: crate::admin::Limit,
+        limit: Limit,
         /// The limit's value.
         max: i64,
         /// The current amount.
@@ -251,5 +251,23 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("300000") && msg.contains("262144"), "{msg}");
+    }
+}
+
+/// Which limit an enqueue ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The number of pending deliveries.
+    PendingEvents,
+    /// The bytes of pending event data.
+    PendingBytes,
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Limit::PendingEvents => "pending events",
+            Limit::PendingBytes => "pending bytes",
+        })
     }
 }

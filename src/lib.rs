@@ -50,8 +50,9 @@
 //!
 //! | who | where |
 //! |---|---|
-//! | an app that sends | the crate root: [`Outbox`], [`OutboxBuilder`], [`Event`], [`Enqueued`], [`RelayConfig`], [`Destination`], [`Relay`], [`RelayHandle`], [`RelayStats`], [`ShutdownReport`], [`Synchronous`], [`StoragePolicy`], [`Error`], [`Result`], and the [`rusqlite`] it was built with |
+//! | an app that sends | the crate root: [`Outbox`], [`OutboxBuilder`], [`Event`], [`Enqueued`], [`RelayConfig`], [`Destination`], [`Relay`], [`RelayHandle`], [`RelayStats`], [`ShutdownReport`], [`Synchronous`], [`StoragePolicy`], [`Redelivery`], [`Error`], [`Result`] (15 names), and the [`rusqlite`] it was built with |
 //! | a receiver | [`receive`]: verify signatures, parse CloudEvents, apply each event once with an inbox |
+//! | an app that wants outcomes back | [`notices`]: what [`Outbox::subscribe`] sends, and [`Outbox::status`]'s answer |
 //! | an operator | [`admin`]: stats, listings, dead letters, retry, prune, health (methods on [`Outbox`]) |
 //! | a receiver written without this crate, a test | [`wire`]: the exact bodies and headers on the wire |
 //! | another protocol, a fake receiver | [`transport`]: the [`Transport`](transport::Transport) seam and the HTTP transport |
@@ -199,7 +200,7 @@
 //! write lock. The claim is one `UPDATE … RETURNING` over a partial index, so its cost does
 //! not grow with delivered history (a test pins the query plan), and events queued behind an
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
-//! costs the claim nothing either (`src/queue.rs` draws the row's state machine). Acks are
+//! costs the claim nothing either (`src/queue/mod.rs` draws the row's state machine). Acks are
 //! gathered (up to 200 per transaction, waiting at most 1 ms for more) and written a hundred
 //! rows a statement, each row still fenced by its lease, claims wait until a
 //! whole batch fits, and a thread of the relay's own checkpoints the WAL in the background
@@ -501,7 +502,7 @@
 //! deadline. Not delivered by it, the event leaves the pending set as **expired**, a state
 //! of its own (not dead): counted in [`admin::Stats::expired`] and the
 //! `outbox_expired_total` metric, listed by `outbox list --state expired`, announced to
-//! subscribers ([`DeliveryOutcome::Expired`]), and its key's next event goes. It is never
+//! subscribers ([`notices::DeliveryOutcome::Expired`]), and its key's next event goes. It is never
 //! sent past its deadline: a claim does not take it, and a worker that finds a claimed event
 //! past its deadline hands it back unsent. A delivery already in flight is never expired
 //! under it (the sweep skips leased rows), so the receiver's answer decides. The relay's
@@ -526,10 +527,10 @@
 //!
 //! # Outcomes back to the app
 //!
-//! [`Outbox::subscribe`] returns a crossbeam `Receiver` of [`DeliveryNotice`]s (event id,
+//! [`Outbox::subscribe`] returns a crossbeam `Receiver` of [`notices::DeliveryNotice`]s (event id,
 //! destination, delivered or dead with the error, when) from the relays started from this
 //! outbox, so an app can mark a record "synced" or show a failure. The channel is bounded
-//! ([`NOTICE_CAPACITY`]) and a relay never waits for it: a subscriber that falls behind
+//! ([`notices::NOTICE_CAPACITY`]) and a relay never waits for it: a subscriber that falls behind
 //! loses notices, counted in [`Outbox::lost_notices`]. [`Outbox::status`]`(event_id)` answers
 //! from the file at any time, so a lost notice costs a query. `cargo run --example
 //! desktop_sync` is a notes app that marks each note synced when its event is delivered.
@@ -704,6 +705,7 @@ mod backoff;
 pub mod bundle;
 pub mod clock;
 mod cloudevents;
+mod configure;
 mod database;
 mod destination;
 mod disabled;
@@ -713,8 +715,9 @@ mod inbox;
 #[doc(hidden)]
 pub mod internal;
 mod limits;
-mod notices;
+pub mod notices;
 mod oldest;
+mod outbound;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -725,9 +728,12 @@ mod relay;
 mod right_of_way;
 pub mod settings;
 mod signature;
-mod tally;
+mod state;
+mod subscribe;
 mod telemetry;
 pub mod transport;
+mod type_pattern;
+mod wake;
 pub mod wire;
 
 pub use database::Synchronous;
@@ -735,7 +741,6 @@ pub use destination::Destination;
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event};
 pub use limits::StoragePolicy;
-pub use notices::{DeliveryNotice, DeliveryOutcome, DeliveryStatus, NOTICE_CAPACITY};
 pub use outbox::{Outbox, OutboxBuilder};
 pub use redeliver::Redelivery;
 pub use relay::config::RelayConfig;

@@ -3,7 +3,7 @@
 
 use rusqlite::Transaction;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::queue::{self, pending, RoomNeeded, PENDING};
 
 /// How events of a type are treated when the outbox is full.
@@ -26,24 +26,6 @@ pub(crate) struct StorageLimits {
     /// Policies by type pattern (exact, `prefix*`, `*`); the most specific match wins, and a
     /// type no pattern matches is `Reject`.
     pub policies: Vec<(String, StoragePolicy)>,
-}
-
-/// Which limit an enqueue ran into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
-    /// The number of pending deliveries.
-    PendingEvents,
-    /// The bytes of pending event data.
-    PendingBytes,
-}
-
-impl std::fmt::Display for Limit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Limit::PendingEvents => "pending events",
-            Limit::PendingBytes => "pending bytes",
-        })
-    }
 }
 
 /// Triggers that keep `outbox_stats.pending_count` and `pending_bytes` exact whoever writes
@@ -139,7 +121,7 @@ impl StorageLimits {
 
     /// Whether events of `event_type` may be dropped to make room.
     pub fn is_droppable(&self, event_type: &str) -> bool {
-        crate::settings::most_specific(&self.policies, event_type)
+        crate::type_pattern::most_specific(&self.policies, event_type)
             == Some(&StoragePolicy::DropOldest)
     }
 

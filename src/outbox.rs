@@ -16,11 +16,9 @@ use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
 use crate::limits::{StorageLimits, StoragePolicy};
 use crate::queue::{self, NewRow};
-use crate::relay::config::RelayConfig;
-use crate::relay::wake::Wakers;
-use crate::relay::Relay;
 use crate::right_of_way::RightOfWay;
 use crate::settings::{Explicit, LiveSettings, Settings};
+use crate::wake::Wakers;
 
 /// The longest an app transaction waits for a relay write transaction under way before it
 /// asks SQLite for the lock (and waits in the busy handler): relay transactions take
@@ -739,12 +737,6 @@ impl Outbox {
     pub fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>> {
         let conn = self.connection()?;
         disabled::list(&conn)
-    }
-
-    /// Prepares a relay that delivers this outbox's events as `config` says; call
-    /// [`Relay::start`] to run it.
-    pub fn relay(&self, config: RelayConfig) -> Relay {
-        Relay::new(self.clone(), config)
     }
 
     /// The clock every timestamp of this outbox comes from.

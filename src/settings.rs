@@ -28,10 +28,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection};
 
-use crate::destination::{self, type_matches, Route};
+use crate::destination::{self, Route};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::limits::{StorageLimits, StoragePolicy};
+use crate::type_pattern::most_specific;
 
 /// The CloudEvents `source` of events that set none, unless the file says otherwise.
 pub(crate) const DEFAULT_SOURCE: &str = "/sqlite-outbox";
@@ -140,16 +141,6 @@ impl Settings {
     pub fn lifetime_for(&self, event_type: &str) -> Option<Duration> {
         most_specific(&self.expiries, event_type).copied()
     }
-}
-
-/// The value of the most specific pattern in `entries` that matches `event_type`: the exact
-/// type, then the longest prefix, then `*`.
-pub(crate) fn most_specific<'a, T>(entries: &'a [(String, T)], event_type: &str) -> Option<&'a T> {
-    entries
-        .iter()
-        .filter(|(pattern, _)| type_matches(pattern, event_type))
-        .max_by_key(|(pattern, _)| (!pattern.ends_with('*'), pattern.len()))
-        .map(|(_, value)| value)
 }
 
 /// Splits `route:order.*` into `("route:", "order.*")`, checking the pattern.
@@ -387,65 +378,6 @@ pub(crate) fn overlay(
     Ok(rows)
 }
 
-impl crate::Outbox {
-    /// The settings kept in the file, key → value as stored (see the [module](self) for the
-    /// keys). Keys not stored take their defaults.
-    ///
-    /// # Errors
-    ///
-    /// SQLite errors.
-    pub fn settings(&self) -> Result<BTreeMap<String, String>> {
-        let conn = self.connection()?;
-        load_rows(&conn)
-    }
-
-    /// Checks `value` for `key` and stores it; returns the value as stored (routes as a JSON
-    /// array, lifetimes in milliseconds). Every writer follows it: this process at once,
-    /// other processes' outboxes within a quarter second, the SQL contract on its next
-    /// insert. A storage limit installs the triggers that keep the pending totals; a policy
-    /// is applied to the pending events too.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidSetting`] for an unknown key or a value out of range (nothing is
-    /// written), SQLite errors.
-    pub fn set_setting(&self, key: &str, value: &str) -> Result<String> {
-        let mut conn = self.connection()?;
-        let stored = {
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let stored = set(&tx, key, value)?;
-            tx.commit()?;
-            stored
-        };
-        let settings = Settings::from_rows(&load_rows(&conn)?);
-        if settings.limits.is_set() {
-            crate::limits::ensure_totals(&mut conn)?;
-        }
-        if key.starts_with("policy:") {
-            settings.limits.mark_pending(&mut conn)?;
-        }
-        self.refresh_settings();
-        Ok(stored)
-    }
-
-    /// Removes the setting `key` (it takes its default again); returns whether it was set.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidSetting`] for an unknown key, SQLite errors.
-    pub fn unset_setting(&self, key: &str) -> Result<bool> {
-        let mut conn = self.connection()?;
-        let was = unset(&conn, key)?;
-        if key.starts_with("policy:") {
-            Settings::from_rows(&load_rows(&conn)?)
-                .limits
-                .mark_pending(&mut conn)?;
-        }
-        self.refresh_settings();
-        Ok(was)
-    }
-}
-
 /// How soon a change to the file's settings (by `outbox config set`, another process) is
 /// followed by this process's enqueues.
 pub(crate) const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
@@ -547,21 +479,6 @@ impl Refresh {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_most_specific_pattern_wins_whatever_the_order() {
-        let entries = vec![
-            ("*".to_string(), 1),
-            ("order.created".to_string(), 3),
-            ("order.*".to_string(), 2),
-            ("order.item.*".to_string(), 4),
-        ];
-        assert_eq!(most_specific(&entries, "order.created"), Some(&3));
-        assert_eq!(most_specific(&entries, "order.item.added"), Some(&4));
-        assert_eq!(most_specific(&entries, "order.paid"), Some(&2));
-        assert_eq!(most_specific(&entries, "telemetry"), Some(&1));
-        assert_eq!(most_specific(&entries[1..], "telemetry"), None);
-    }
 
     #[test]
     fn values_are_checked_and_stored_in_one_form() {

@@ -6,14 +6,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::transport::OutboundEvent;
+use crate::outbound::OutboundEvent;
 
 pub use crate::backoff::parse_retry_after;
-pub use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
+pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
 pub use crate::signature::signature_header;
-
-/// The `content-type` of a structured-mode CloudEvent.
-pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
 
 /// Bytes of a structured event besides its strings and data: member names, quotes, the
 /// spec version, the content type and the time. Generous, so that

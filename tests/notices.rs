@@ -10,7 +10,8 @@ use std::time::Duration;
 use common::{fast, Reply, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::admin::State;
-use sqlite_outbox::{DeliveryOutcome, Destination, Event, Outbox, RelayConfig, NOTICE_CAPACITY};
+use sqlite_outbox::notices::{DeliveryOutcome, NOTICE_CAPACITY};
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
 #[test]
 fn delivered_and_dead_events_are_announced_and_status_agrees() {

@@ -11,7 +11,8 @@ use common::{closed_port, fast, outbox_cli, wait_until, Reply, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::admin::State;
 use sqlite_outbox::clock::ManualClock;
-use sqlite_outbox::{DeliveryOutcome, Destination, Error, Event, Outbox, RelayConfig};
+use sqlite_outbox::notices::DeliveryOutcome;
+use sqlite_outbox::{Destination, Error, Event, Outbox, RelayConfig};
 
 #[test]
 fn events_past_their_deadline_expire_unsent_and_unpark_their_key() {

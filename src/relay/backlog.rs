@@ -10,12 +10,9 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-/// The most requests one worker keeps waiting for their outcomes. A transport that queues
-/// requests behind its in-flight window must have room for this many per worker. With one
-/// event a request, each wake costs the connection thread a futex call between two PUBACKs:
-/// 4 workers × 1 to Mosquitto delivered 32k–37k events/s with 4 (a wake per 2 PUBACKs per
-/// worker), 38k–39k/s with 8, 37k–41k/s with 16.
-pub(crate) const SETTLING_PER_WORKER: usize = 16;
+/// Defined with the transport's side of the contract (a transport that queues requests
+/// must have room for this many per worker).
+pub(crate) use crate::transport::sending::SETTLING_PER_WORKER;
 
 /// The count of one worker's requests whose outcomes are still to come.
 #[derive(Default)]

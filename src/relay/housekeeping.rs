@@ -156,7 +156,7 @@ fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
     // As `stats` counts them (without folding: the writer leaves that to `stats`), in one
     // read transaction so that the totals and the rows above them are of one moment.
     let snapshot = conn.unchecked_transaction()?;
-    let pending: i64 = crate::tally::read(&snapshot, now_ms)?
+    let pending: i64 = crate::queue::tally::read(&snapshot, now_ms)?
         .values()
         .map(|p| p.rows)
         .sum();

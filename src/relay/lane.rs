@@ -12,10 +12,10 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::destination::{Batching, Destination};
+use crate::outbound::OutboundEvent;
 use crate::relay::config::RelayConfig;
 use crate::relay::gate::Gate;
 use crate::relay::pacer::Pacer;
-use crate::transport::OutboundEvent;
 use crate::wire::encoded_size_bound;
 
 /// Retry times a lane remembers at most (8 bytes each).

@@ -29,7 +29,6 @@ mod housekeeping;
 pub(crate) mod lane;
 mod pacer;
 pub(crate) mod stats;
-pub(crate) mod wake;
 mod worker;
 mod writer;
 
@@ -81,6 +80,14 @@ impl<T: Send + 'static> Watched<T> {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
             _ => Some(self.handle.join()),
         }
+    }
+}
+
+impl Outbox {
+    /// Prepares a relay that delivers this outbox's events as `config` says; call
+    /// [`Relay::start`] to run it.
+    pub fn relay(&self, config: RelayConfig) -> Relay {
+        Relay::new(self.clone(), config)
     }
 }
 

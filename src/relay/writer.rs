@@ -16,6 +16,7 @@ use crate::database::PooledConnection;
 use crate::disabled;
 use crate::error::Result;
 use crate::notices::{DeliveryNotice, DeliveryOutcome};
+use crate::outbound::OutboundEvent;
 use crate::outbox::Outbox;
 use crate::queue::{self, ClaimRequest, WriteBack};
 use crate::relay::barrier::Barrier;
@@ -25,7 +26,6 @@ use crate::relay::housekeeping::Housekeeping;
 use crate::relay::lane::Lane;
 use crate::relay::stats::{Counters, ShutdownReport};
 use crate::relay::worker::Report;
-use crate::transport::OutboundEvent;
 
 /// Outcomes written back in one transaction at most: enough to amortize the commit, few
 /// enough that the write lock is held well under a millisecond, so the app's own commits

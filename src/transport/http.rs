@@ -444,7 +444,7 @@ mod tests {
             .port();
         let t = HttpTransport::new(&format!("http://127.0.0.1:{port}/"), HttpConfig::default())
             .unwrap();
-        let event = crate::transport::OutboundEvent {
+        let event = crate::outbound::OutboundEvent {
             id: 1,
             event_id: "e".into(),
             destination: "default".into(),

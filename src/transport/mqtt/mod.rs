@@ -28,8 +28,8 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::error::{Error, Result};
-use crate::relay::backlog::SETTLING_PER_WORKER;
 use crate::transport::sending::Outcomes;
+use crate::transport::sending::SETTLING_PER_WORKER;
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 use crate::wire;
 pub use protocol::MqttVersion;

@@ -6,7 +6,7 @@
 //! `outbox/reading.taken/` to an event without a subject.
 
 use crate::error::{Error, Result};
-use crate::transport::OutboundEvent;
+use crate::outbound::OutboundEvent;
 
 /// The longest topic MQTT allows, in bytes (a two-byte length prefix).
 pub(crate) const MAX_TOPIC_BYTES: usize = 65_535;

@@ -28,7 +28,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::database::NotWaiting;
 use crate::error::Result;
-use crate::queue::{json_ids, pending, LEASE_CLOCK_SKEW_MS};
+use crate::queue::{json_ids, LEASE_CLOCK_SKEW_MS};
 
 /// The most row ids one fold transaction covers after the first: a fold holds the write
 /// lock for a few milliseconds at most, however long `stats` was not called.
@@ -445,8 +445,8 @@ fn counted_above_sql(through: i64) -> String {
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
+    use crate::outbound::OutboundEvent;
     use crate::queue::{self, ClaimRequest, WriteBack};
-    use crate::transport::OutboundEvent;
     use crate::{Event, Outbox, StoragePolicy};
 
     /// The pending rows by destination counted the slow way, a pass over every row: what
