@@ -434,7 +434,10 @@
 //!   CloudEvents, or a `sequence` that is not a decimal integer: 400; over `--max-body`
 //!   (1 MiB): 413; PostgreSQL unreachable or failing: 503 with `Retry-After: 5`; every
 //!   database thread busy: 503 with `Retry-After: 1`. A device's relay backs off on 503s
-//!   and keeps its events meanwhile.
+//!   and keeps its events meanwhile. `/healthz` answers `GET` and `HEAD` only; any other
+//!   method there is 405 with `Allow: GET, HEAD` (a relay given that path by mistake
+//!   dead-letters its events with the reason, to retry at the right one, instead of having
+//!   them counted delivered and never stored).
 //! - **Limits.** `--threads` database threads (and connections), `--max-connections` open
 //!   connections (past it, new ones wait to be accepted), `--read-timeout` for a request's
 //!   head and for its body (a slow or idle client is cut off at it: slowloris cannot hold

@@ -256,6 +256,60 @@ fn bad_requests_are_refused_by_reason_and_store_nothing() {
 }
 
 #[test]
+fn a_post_to_healthz_is_refused_and_a_relay_pointed_at_it_delivers_nothing() {
+    // Issue 40: `POST /healthz` answered 200 and stored nothing, so a relay pointed at that
+    // path marked its events delivered and they were gone.
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let addr = server.local_addr();
+    let body = event_body("e-h", "1");
+    let posted = request(
+        addr,
+        "POST",
+        "/healthz",
+        &signed_headers(&secret(), "m-h", &body, CLOUDEVENT),
+        &body,
+    )
+    .unwrap();
+    assert_eq!(posted.status, 405, "{posted:?}");
+    assert_eq!(posted.header("allow"), Some("GET, HEAD"), "{posted:?}");
+    let head = request(addr, "HEAD", "/healthz", &[], b"").unwrap();
+    assert_eq!(head.status, 200, "{head:?}");
+    // A device whose relay was given the health path by mistake: nothing is counted
+    // delivered; its events are dead letters with the reason, to retry at the right path.
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::open(dir.path().join("device.db")).unwrap();
+    commit_events(&device, 10, 2);
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", format!("http://{addr}/healthz")).secret(SECRET),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while device.stats().unwrap().pending > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay.shutdown();
+    let stats = device.stats().unwrap();
+    assert_eq!(stats.delivered, 0, "{stats:?}");
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    let dead = device.dead_letters(100).unwrap();
+    assert!(!dead.is_empty());
+    assert!(
+        dead.iter()
+            .all(|d| d.last_error.as_deref().is_some_and(|e| e.contains("405"))),
+        "{dead:?}"
+    );
+    assert!(stored_ids(&postgres).is_empty());
+    server.shutdown();
+}
+
+#[test]
 fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
     let mut postgres = Postgres::start();
     let server = ingest(&postgres);

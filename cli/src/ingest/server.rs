@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
@@ -115,9 +115,21 @@ pub(crate) async fn serve(
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all)).await;
 }
 
-/// One request: `GET /healthz`, or `POST` of signed CloudEvents to any other path.
+/// One request: `GET` or `HEAD /healthz`, or `POST` of signed CloudEvents to any other path.
 async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
     if request.uri().path() == "/healthz" {
+        // Only a health check: a POST here once got the health answer, a 200 for events
+        // that were never stored, and a relay pointed at this path lost them.
+        if request.method() != Method::GET && request.method() != Method::HEAD {
+            let mut refused = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "/healthz answers GET and HEAD only; POST events to another path",
+            );
+            refused
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return refused;
+        }
         return match run(state, Work::Health).await {
             Outcome::Healthy | Outcome::Stored(_) => text(StatusCode::OK, "ok"),
             Outcome::Unavailable(why) | Outcome::Rejected(why) => {
