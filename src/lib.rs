@@ -431,7 +431,11 @@
 //!   `SELECT * FROM outbox_key_events($source, $key)` (ordered by `sequence`); never order
 //!   by `received_at`, each process's own clock.
 //! - **Answers.** Bad or missing signature, stale timestamp: 401 with the reason; not
-//!   CloudEvents, or a `sequence` that is not a decimal integer: 400; over `--max-body`
+//!   CloudEvents, or a `sequence` that is not a decimal integer: 400; an event PostgreSQL
+//!   cannot hold (a NUL character, `\u0000`, in its data or a text attribute): 422 with a
+//!   JSON body naming each such event and why (`{"refused": [{"id", "reason"}]}`), nothing
+//!   of the request stored, and the device's relay splits the batch so that only that event
+//!   is dead-lettered, with the reason; over `--max-body`
 //!   (1 MiB): 413; PostgreSQL unreachable or failing: 503 with `Retry-After: 5`; every
 //!   database thread busy: 503 with `Retry-After: 1`. A device's relay backs off on 503s
 //!   and keeps its events meanwhile. `/healthz` answers `GET` and `HEAD` only; any other

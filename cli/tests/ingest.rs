@@ -310,6 +310,98 @@ fn a_post_to_healthz_is_refused_and_a_relay_pointed_at_it_delivers_nothing() {
 }
 
 #[test]
+fn an_event_postgres_cannot_hold_is_refused_by_id_and_the_rest_of_its_batch_is_stored() {
+    // Issue 40: one event with `\u0000` in its data (jsonb refuses it) made the whole
+    // request a 400 saying only "db error", and the device dead-lettered the whole batch.
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let addr = server.local_addr();
+    let batch = serde_json::to_vec(&json!([
+        {"specversion": "1.0", "id": "ok-1", "source": "/devices/1", "type": "t", "data": {"a": 1}},
+        {"specversion": "1.0", "id": "nul-1", "source": "/devices/1", "type": "t",
+         "data": {"note": "a\u{0}b"}},
+    ]))
+    .unwrap();
+    let batch_type = "application/cloudevents-batch+json";
+    let answer = request(
+        addr,
+        "POST",
+        "/events",
+        &signed_headers(&secret(), "m-nul", &batch, batch_type),
+        &batch,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 422, "{answer:?}");
+    let refused: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(
+        refused["refused"].as_array().map(Vec::len),
+        Some(1),
+        "{refused}"
+    );
+    assert_eq!(refused["refused"][0]["id"], "nul-1", "{refused}");
+    assert!(refused["refused"][0]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("u0000")));
+    assert!(
+        stored_ids(&postgres).is_empty(),
+        "nothing of a refused request"
+    );
+    // Through a device's relay in batches of 10: the batch is split, only the event that
+    // fails alone is dead-lettered, with the reason; the nine others are stored.
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::open(dir.path().join("device.db")).unwrap();
+    let mut poison = String::new();
+    device
+        .transaction(|tx| {
+            for i in 0..10 {
+                let data = if i == 4 {
+                    json!({"note": "a\u{0}b"})
+                } else {
+                    json!({"i": i})
+                };
+                let id = device.enqueue(tx, Event::new("t", data))?;
+                if i == 4 {
+                    poison = id.event_id().to_string();
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", url(addr))
+                        .secret(SECRET)
+                        .batch(10, 1 << 20),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while device.stats().unwrap().pending > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay.shutdown();
+    let stats = device.stats().unwrap();
+    assert_eq!((stats.delivered, stats.dead), (9, 1), "{stats:?}");
+    let dead = device.dead_letters(10).unwrap();
+    assert_eq!(dead[0].event_id, poison);
+    assert!(
+        dead[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("422") && e.contains("u0000")),
+        "{dead:?}"
+    );
+    let stored = stored_ids(&postgres);
+    assert_eq!(stored.len(), 9);
+    assert!(!stored.contains(&poison));
+    server.shutdown();
+}
+
+#[test]
 fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
     let mut postgres = Postgres::start();
     let server = ingest(&postgres);

@@ -32,7 +32,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
 
-use super::store::Columns;
+use super::store::{unstorable, Columns};
 use super::workers::{Job, Outcome, Work, Workers};
 use sqlite_outbox::receive::Verifier;
 use sqlite_outbox::receive::{verify_request, ReceiveError};
@@ -188,6 +188,10 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
             return text(StatusCode::BAD_REQUEST, &format!("not CloudEvents: {e}"))
         }
     };
+    let refused = unstorable(&events);
+    if !refused.is_empty() {
+        return unprocessable(&refused);
+    }
     let columns = match Columns::new(events) {
         Ok(columns) => columns,
         Err(why) => return text(StatusCode::BAD_REQUEST, &why),
@@ -233,6 +237,23 @@ fn text(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    response
+}
+
+/// 422 naming each event the store cannot hold and why, as JSON:
+/// `{"refused": [{"id": …, "reason": …}, …]}`. Nothing of the request was stored.
+fn unprocessable(refused: &[(String, String)]) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "refused": refused
+            .iter()
+            .map(|(id, reason)| serde_json::json!({"id": id, "reason": reason}))
+            .collect::<Vec<_>>(),
+    });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 

@@ -86,6 +86,59 @@ impl Columns {
     }
 }
 
+/// The events of a request that PostgreSQL cannot hold, each with why: a NUL character
+/// (`\u0000`) in its data (jsonb refuses it) or in one of its text attributes (text columns
+/// refuse it). Checked before the store, so the answer can name each event and the rest of
+/// a batch is not lost with it (the relay splits a refused batch and sends the rest again).
+pub(crate) fn unstorable(events: &[CloudEvent]) -> Vec<(String, String)> {
+    let mut refused = Vec::new();
+    for event in events {
+        let attributes = [
+            ("id", Some(event.id.as_str())),
+            ("source", Some(event.source.as_str())),
+            ("type", Some(event.event_type.as_str())),
+            ("subject", event.subject.as_deref()),
+        ];
+        let why = if let Some((name, _)) = attributes
+            .iter()
+            .find(|(_, value)| value.is_some_and(|v| v.contains('\0')))
+        {
+            Some(format!(
+                "{name} holds a NUL character, which PostgreSQL text cannot store"
+            ))
+        } else if event.extensions.values().any(holds_nul) {
+            Some(
+                "an extension attribute holds a NUL character, which PostgreSQL cannot store"
+                    .into(),
+            )
+        } else {
+            let nul_in_data = match &event.data {
+                Data::Json(value) => holds_nul(value),
+                Data::Text(text) => text.contains('\0'),
+                Data::None | Data::Binary(_) => false,
+            };
+            nul_in_data
+                .then(|| "data holds \\u0000, which PostgreSQL's jsonb cannot store".to_string())
+        };
+        if let Some(why) = why {
+            refused.push((event.id.clone(), why));
+        }
+    }
+    refused
+}
+
+/// Whether a NUL character is in any string or key of `value`.
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(members) => members
+            .iter()
+            .any(|(key, member)| key.contains('\0') || holds_nul(member)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
 /// `sequence` as a decimal integer: a string of digits (the crate's relay sends zero-padded
 /// ones) or a JSON integer.
 fn decimal(value: &Value) -> Option<i64> {
