@@ -445,7 +445,10 @@
 //! - **Limits.** `--threads` database threads (and connections), `--max-connections` open
 //!   connections (past it, new ones wait to be accepted), `--read-timeout` for a request's
 //!   head and for its body (a slow or idle client is cut off at it: slowloris cannot hold
-//!   anything). The docs of `outbox_cli::ingest` list what happens at each.
+//!   anything), `--write-timeout` (10 s) for each write of an answer (a client that
+//!   pipelines requests and reads none of the answers loses its connection then, so it
+//!   cannot hold a slot of `--max-connections`). The docs of `outbox_cli::ingest` list what
+//!   happens at each.
 //! - **Into Kafka.** The table is an ordinary one: Debezium's PostgreSQL connector
 //!   (`plugin.name=pgoutput`, `table.include.list=public.outbox_ingested`) streams each
 //!   committed row as a change event; key the topic by `source,partitionkey` so a key stays

@@ -1,7 +1,8 @@
 //! What `ingest` does at each of its limits, against a real PostgreSQL: a head sent too
 //! slowly (slowloris) or not at all, and an idle keep-alive connection, are closed after the
 //! read timeout; past the connection cap new connections wait until one closes; a body too
-//! slow gets 408; a full database queue gets 503 with `Retry-After: 1` at once.
+//! slow gets 408; a full database queue gets 503 with `Retry-After: 1` at once; a client that
+//! pipelines and never reads its answers is cut off after the write timeout.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -139,6 +140,68 @@ fn past_the_connection_cap_a_new_client_waits_until_a_connection_closes() {
 }
 
 #[test]
+fn a_client_that_pipelines_and_never_reads_loses_its_slot_after_the_write_timeout() {
+    // Issue 40: a client pipelining requests without reading the answers held its connection
+    // slot forever (20,000 pipelined GETs: still held after 48 s), so a few of them filled
+    // `--max-connections` and the ingest answered nobody.
+    let postgres = Postgres::start();
+    let server = IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
+            .secret(Secret::parse(SECRET).unwrap())
+            .threads(2)
+            .max_connections(1)
+            .read_timeout(Duration::from_secs(10))
+            .write_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The hostile client: unsigned posts (answered 401 without the database) back to back,
+    // never reading an answer, until the server drops it or the test ends.
+    let flooder = {
+        let stop = stop.clone();
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        std::thread::spawn(move || {
+            let chunk =
+                b"POST /events HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n".repeat(1000);
+            let mut sent = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if stream.write_all(&chunk).is_err() {
+                    break;
+                }
+                sent += 1000;
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // A device behind it: served once the flooder is cut off, within seconds.
+    let started = Instant::now();
+    let mut device = TcpStream::connect(addr).unwrap();
+    device
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    device
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let answer = read_answer(&mut device);
+    let waited = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flooder.join().unwrap();
+    eprintln!("the device waited {waited:?}; the flooder had sent {sent} requests");
+    let answer = answer.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        waited < Duration::from_secs(20),
+        "the device waited {waited:?}"
+    );
+    server.shutdown();
+}
+
+#[test]
 fn a_full_database_queue_answers_503_at_once_and_the_queued_requests_are_stored() {
     let postgres = Postgres::start();
     // One database thread, so a queue of four.
@@ -181,4 +244,22 @@ fn a_full_database_queue_answers_503_at_once_and_the_queued_requests_are_stored(
         .get(0);
     assert_eq!(count as usize, stored);
     server.shutdown();
+}
+
+#[test]
+fn a_write_timeout_out_of_range_is_refused_with_its_range() {
+    for bad in [Duration::from_millis(10), Duration::from_secs(7200)] {
+        let refused = IngestServer::start(
+            IngestConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                "postgres://127.0.0.1:1/none",
+            )
+            .secret(Secret::parse(SECRET).unwrap())
+            .write_timeout(bad),
+        );
+        let Err(e) = refused else {
+            panic!("a write timeout of {bad:?} was accepted");
+        };
+        assert!(e.to_string().contains("100 ms to 1 h"), "{e}");
+    }
 }

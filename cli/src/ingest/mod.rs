@@ -42,6 +42,7 @@
 mod server;
 pub(crate) mod store;
 mod workers;
+mod write_deadline;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -64,6 +65,7 @@ pub struct IngestConfig {
     max_body: usize,
     max_connections: usize,
     read_timeout: Duration,
+    write_timeout: Duration,
 }
 
 impl IngestConfig {
@@ -80,6 +82,7 @@ impl IngestConfig {
             max_body: 1 << 20,
             max_connections: 1024,
             read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
         }
     }
 
@@ -113,6 +116,14 @@ impl IngestConfig {
         self
     }
 
+    /// How long one write of an answer may wait for the client to read (10 s by default;
+    /// 100 ms to 1 h): a client that pipelines requests and never reads its answers loses
+    /// its connection then, and its slot of `max_connections` is free again.
+    pub fn write_timeout(mut self, timeout: Duration) -> Self {
+        self.write_timeout = timeout;
+        self
+    }
+
     fn check(&self) -> Result<postgres::Config> {
         let bad = |why: String| Error::InvalidConfig(format!("ingest: {why}"));
         if self.secrets.is_empty() {
@@ -142,6 +153,14 @@ impl IngestConfig {
             return Err(bad(format!(
                 "a read timeout of {:?} is out of range (100 ms to 1 h)",
                 self.read_timeout
+            )));
+        }
+        if self.write_timeout < Duration::from_millis(100)
+            || self.write_timeout > Duration::from_secs(3600)
+        {
+            return Err(bad(format!(
+                "a write timeout of {:?} is out of range (100 ms to 1 h)",
+                self.write_timeout
             )));
         }
         let mut config: postgres::Config = self
@@ -194,6 +213,7 @@ impl IngestServer {
             workers,
             max_body: config.max_body,
             read_timeout: config.read_timeout,
+            write_timeout: config.write_timeout,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

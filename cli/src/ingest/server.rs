@@ -34,6 +34,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::store::{unstorable, Columns};
 use super::workers::{Job, Outcome, Work, Workers};
+use super::write_deadline::WriteDeadline;
 use sqlite_outbox::receive::Verifier;
 use sqlite_outbox::receive::{verify_request, ReceiveError};
 
@@ -52,6 +53,7 @@ pub(crate) struct State {
     pub workers: Workers,
     pub max_body: usize,
     pub read_timeout: Duration,
+    pub write_timeout: Duration,
 }
 
 /// Accepts connections until `shutdown` turns true, at most `max_connections` open at once;
@@ -86,6 +88,7 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         let read_timeout = state.read_timeout;
+        let write_timeout = state.write_timeout;
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
@@ -95,7 +98,10 @@ pub(crate) async fn serve(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(
+                    TokioIo::new(WriteDeadline::new(stream, write_timeout)),
+                    service,
+                );
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,

@@ -46,6 +46,10 @@ pub struct IngestArgs {
     /// Time a client has to send a request's head, and its body (e.g. 10s).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     read_timeout: Duration,
+    /// Time one write of an answer may wait for the client to read it; a client that
+    /// pipelines requests and reads nothing loses its connection then (e.g. 10s).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    write_timeout: Duration,
 }
 
 pub fn run(args: IngestArgs) -> Outcome {
@@ -85,7 +89,8 @@ pub fn run(args: IngestArgs) -> Outcome {
         .threads(args.threads)
         .max_body(args.max_body)
         .max_connections(args.max_connections)
-        .read_timeout(args.read_timeout);
+        .read_timeout(args.read_timeout)
+        .write_timeout(args.write_timeout);
     for text in &texts {
         let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
         config = config.secret(secret);
