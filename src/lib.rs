@@ -447,8 +447,9 @@
 //!   head and for its body (a slow or idle client is cut off at it: slowloris cannot hold
 //!   anything), `--write-timeout` (10 s) for each write of an answer (a client that
 //!   pipelines requests and reads none of the answers loses its connection then, so it
-//!   cannot hold a slot of `--max-connections`). The docs of `outbox_cli::ingest` list what
-//!   happens at each.
+//!   cannot hold a slot of `--max-connections`), `--max-requests-per-connection` (1,000:
+//!   the answer to the last says `connection: close` and the connection ends). The docs of
+//!   `outbox_cli::ingest` list what happens at each.
 //! - **Into Kafka.** The table is an ordinary one: Debezium's PostgreSQL connector
 //!   (`plugin.name=pgoutput`, `table.include.list=public.outbox_ingested`) streams each
 //!   committed row as a change event; key the topic by `source,partitionkey` so a key stays

@@ -263,3 +263,75 @@ fn a_write_timeout_out_of_range_is_refused_with_its_range() {
         assert!(e.to_string().contains("100 ms to 1 h"), "{e}");
     }
 }
+
+#[test]
+fn a_connection_carries_at_most_max_requests_per_connection_then_closes() {
+    let postgres = Postgres::start();
+    let server = IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url())
+            .secret(Secret::parse(SECRET).unwrap())
+            .max_requests_per_connection(3),
+    )
+    .unwrap();
+    let mut client = connect(server.local_addr());
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        answers.push(read_one_answer(&mut client));
+    }
+    assert!(
+        answers.iter().all(|(status, _)| *status == 200),
+        "{answers:?}"
+    );
+    let connection = |i: usize| {
+        answers[i]
+            .1
+            .iter()
+            .find(|(k, _)| k == "connection")
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(connection(1), None, "{answers:?}");
+    assert_eq!(connection(2), Some("close"), "{answers:?}");
+    // The server ends the connection after the third answer.
+    let took = closed_after(&mut client);
+    assert!(
+        took < Duration::from_secs(2),
+        "still open {took:?} after the last answer"
+    );
+    server.shutdown();
+}
+
+/// One answer off a kept-alive connection: its status and headers (lower-case names); its
+/// body (by `content-length`) is read and dropped.
+fn read_one_answer(stream: &mut TcpStream) -> (u16, Vec<(String, String)>) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).unwrap(),
+            1,
+            "closed mid-head: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = text.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    (status, headers)
+}

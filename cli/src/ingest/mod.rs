@@ -66,6 +66,7 @@ pub struct IngestConfig {
     max_connections: usize,
     read_timeout: Duration,
     write_timeout: Duration,
+    max_requests_per_connection: usize,
 }
 
 impl IngestConfig {
@@ -83,6 +84,7 @@ impl IngestConfig {
             max_connections: 1024,
             read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
+            max_requests_per_connection: 1000,
         }
     }
 
@@ -124,6 +126,14 @@ impl IngestConfig {
         self
     }
 
+    /// Requests one connection may carry (1,000 by default; 1 to 1,000,000): the answer to
+    /// the last says `connection: close` and the connection ends, so no client keeps one
+    /// connection (and its place behind a load balancer) for ever.
+    pub fn max_requests_per_connection(mut self, requests: usize) -> Self {
+        self.max_requests_per_connection = requests;
+        self
+    }
+
     fn check(&self) -> Result<postgres::Config> {
         let bad = |why: String| Error::InvalidConfig(format!("ingest: {why}"));
         if self.secrets.is_empty() {
@@ -153,6 +163,12 @@ impl IngestConfig {
             return Err(bad(format!(
                 "a read timeout of {:?} is out of range (100 ms to 1 h)",
                 self.read_timeout
+            )));
+        }
+        if !(1..=1_000_000).contains(&self.max_requests_per_connection) {
+            return Err(bad(format!(
+                "{} requests a connection is out of range (1 to 1,000,000)",
+                self.max_requests_per_connection
             )));
         }
         if self.write_timeout < Duration::from_millis(100)
@@ -214,6 +230,7 @@ impl IngestServer {
             max_body: config.max_body,
             read_timeout: config.read_timeout,
             write_timeout: config.write_timeout,
+            max_requests_per_connection: config.max_requests_per_connection,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

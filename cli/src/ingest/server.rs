@@ -22,12 +22,13 @@
 //!   that does not read cannot hold a thread either.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
@@ -54,6 +55,7 @@ pub(crate) struct State {
     pub max_body: usize,
     pub read_timeout: Duration,
     pub write_timeout: Duration,
+    pub max_requests_per_connection: usize,
 }
 
 /// Accepts connections until `shutdown` turns true, at most `max_connections` open at once;
@@ -91,9 +93,22 @@ pub(crate) async fn serve(
         let write_timeout = state.write_timeout;
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
+            // Requests on this connection so far; the answer to the last one it may carry
+            // closes it.
+            let served = Arc::new(AtomicUsize::new(0));
             let service = hyper::service::service_fn(move |request| {
                 let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(request, &state).await) }
+                let served = Arc::clone(&served);
+                async move {
+                    let mut response = handle(request, &state).await;
+                    let n = served.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n >= state.max_requests_per_connection {
+                        response
+                            .headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

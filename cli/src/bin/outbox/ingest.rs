@@ -50,6 +50,9 @@ pub struct IngestArgs {
     /// pipelines requests and reads nothing loses its connection then (e.g. 10s).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     write_timeout: Duration,
+    /// Requests one connection may carry; the answer to the last closes it.
+    #[arg(long, default_value_t = 1000)]
+    max_requests_per_connection: usize,
 }
 
 pub fn run(args: IngestArgs) -> Outcome {
@@ -90,7 +93,8 @@ pub fn run(args: IngestArgs) -> Outcome {
         .max_body(args.max_body)
         .max_connections(args.max_connections)
         .read_timeout(args.read_timeout)
-        .write_timeout(args.write_timeout);
+        .write_timeout(args.write_timeout)
+        .max_requests_per_connection(args.max_requests_per_connection);
     for text in &texts {
         let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
         config = config.secret(secret);
