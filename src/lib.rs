@@ -430,7 +430,9 @@
 //!   even when they go through different processes. Read a key's events with
 //!   `SELECT * FROM outbox_key_events($source, $key)` (ordered by `sequence`); never order
 //!   by `received_at`, each process's own clock.
-//! - **Answers.** Bad or missing signature, stale timestamp: 401 with the reason; not
+//! - **Answers.** Bad or missing signature, stale timestamp: 401 with the reason (missing
+//!   webhook headers and a timestamp outside the tolerance are refused before a byte of
+//!   the body is read, with [`receive::Verifier::verify_headers`]); not
 //!   CloudEvents, or a `sequence` that is not a decimal integer: 400; an event PostgreSQL
 //!   cannot hold (a NUL character, `\u0000`, in its data or a text attribute): 422 with a
 //!   JSON body naming each such event and why (`{"refused": [{"id", "reason"}]}`), nothing

@@ -258,29 +258,30 @@ impl Verifier {
         self.check(headers, body, None)
     }
 
-    fn check<K, V>(
+    /// The checks that need no body, for a server to run before it reads one: the three
+    /// headers are there and the timestamp is a whole number of seconds within the
+    /// tolerance of `now`. [`verify`](Self::verify) runs them too; a request that fails
+    /// them can be refused without its body being read.
+    ///
+    /// # Errors
+    ///
+    /// [`VerifyError::MissingHeader`], [`VerifyError::InvalidTimestamp`],
+    /// [`VerifyError::TimestampTooOld`] or [`VerifyError::TimestampTooNew`].
+    pub fn verify_headers<K, V>(
         &self,
         headers: impl IntoIterator<Item = (K, V)>,
-        body: &[u8],
-        now: Option<i64>,
+        now: i64,
     ) -> Result<(), VerifyError>
     where
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let (mut id, mut timestamp, mut signature) = (None, None, None);
-        for (name, value) in headers {
-            let slot = match name.as_ref().to_ascii_lowercase().as_str() {
-                "webhook-id" => &mut id,
-                "webhook-timestamp" => &mut timestamp,
-                "webhook-signature" => &mut signature,
-                _ => continue,
-            };
-            *slot = Some(value.as_ref().to_string());
-        }
-        let id = id.ok_or(VerifyError::MissingHeader("webhook-id"))?;
-        let timestamp = timestamp.ok_or(VerifyError::MissingHeader("webhook-timestamp"))?;
-        let signature = signature.ok_or(VerifyError::MissingHeader("webhook-signature"))?;
+        let (_, timestamp, _) = webhook_headers(headers)?;
+        self.check_timestamp(&timestamp, Some(now)).map(drop)
+    }
+
+    /// The timestamp as a number, and, given `now`, within the tolerance.
+    fn check_timestamp(&self, timestamp: &str, now: Option<i64>) -> Result<i64, VerifyError> {
         let ts: i64 = timestamp
             .trim()
             .parse()
@@ -298,6 +299,21 @@ impl Verifier {
                 return Err(VerifyError::TimestampTooNew);
             }
         }
+        Ok(ts)
+    }
+
+    fn check<K, V>(
+        &self,
+        headers: impl IntoIterator<Item = (K, V)>,
+        body: &[u8],
+        now: Option<i64>,
+    ) -> Result<(), VerifyError>
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let (id, timestamp, signature) = webhook_headers(headers)?;
+        self.check_timestamp(&timestamp, now)?;
         if self.secrets.is_empty() {
             return Err(VerifyError::EmptySecret);
         }
@@ -327,6 +343,31 @@ impl Verifier {
         }
         Err(VerifyError::InvalidSignature)
     }
+}
+
+/// The `webhook-id`, `webhook-timestamp` and `webhook-signature` headers, each required.
+fn webhook_headers<K, V>(
+    headers: impl IntoIterator<Item = (K, V)>,
+) -> Result<(String, String, String), VerifyError>
+where
+    K: AsRef<str>,
+    V: AsRef<str>,
+{
+    let (mut id, mut timestamp, mut signature) = (None, None, None);
+    for (name, value) in headers {
+        let slot = match name.as_ref().to_ascii_lowercase().as_str() {
+            "webhook-id" => &mut id,
+            "webhook-timestamp" => &mut timestamp,
+            "webhook-signature" => &mut signature,
+            _ => continue,
+        };
+        *slot = Some(value.as_ref().to_string());
+    }
+    Ok((
+        id.ok_or(VerifyError::MissingHeader("webhook-id"))?,
+        timestamp.ok_or(VerifyError::MissingHeader("webhook-timestamp"))?,
+        signature.ok_or(VerifyError::MissingHeader("webhook-signature"))?,
+    ))
 }
 
 #[cfg(test)]
@@ -365,6 +406,32 @@ mod tests {
     #[test]
     fn spec_vector_signs() {
         assert_eq!(Secret::parse(SECRET).unwrap().sign(ID, TS, BODY), EXPECTED);
+    }
+
+    #[test]
+    fn the_checks_that_need_no_body_run_on_headers_alone() {
+        let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
+        let now = 1_700_000_000;
+        let headers = |ts: i64| {
+            vec![
+                ("webhook-id", "m".to_string()),
+                ("webhook-timestamp", ts.to_string()),
+                ("webhook-signature", "v1,AAAA".to_string()),
+            ]
+        };
+        assert_eq!(verifier.verify_headers(headers(now), now), Ok(()));
+        assert_eq!(
+            verifier.verify_headers(headers(now - 3600), now),
+            Err(VerifyError::TimestampTooOld)
+        );
+        assert_eq!(
+            verifier.verify_headers(headers(now + 3600), now),
+            Err(VerifyError::TimestampTooNew)
+        );
+        assert_eq!(
+            verifier.verify_headers(headers(now).into_iter().skip(1), now),
+            Err(VerifyError::MissingHeader("webhook-id"))
+        );
     }
 
     #[test]

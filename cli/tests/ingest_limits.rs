@@ -13,7 +13,7 @@ mod raw_http;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_cli::ingest::{IngestConfig, IngestServer};
 use pg::Postgres;
@@ -334,4 +334,45 @@ fn read_one_answer(stream: &mut TcpStream) -> (u16, Vec<(String, String)>) {
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).unwrap();
     (status, headers)
+}
+
+#[test]
+fn what_needs_no_body_is_refused_before_the_body_is_read() {
+    // Issue 40: the whole body was read before any header or timestamp was looked at (300
+    // connections without webhook headers, 1 MiB each, took the server from 7.7 to 325 MB).
+    // Here the heads announce a body that never comes: refused at once with the reason,
+    // not 408 after the read timeout.
+    let postgres = Postgres::start();
+    let server = server(&postgres, 2, 8);
+    let addr = server.local_addr();
+    let stale = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 3600;
+    let cases = [
+        (String::new(), "missing_header"),
+        (
+            format!(
+                "webhook-id: m\r\nwebhook-timestamp: {stale}\r\nwebhook-signature: v1,AAAA\r\n"
+            ),
+            "timestamp_too_old",
+        ),
+    ];
+    for (headers, why) in cases {
+        let mut client = connect(addr);
+        client
+            .write_all(
+                format!(
+                    "POST /events HTTP/1.1\r\nhost: x\r\ncontent-type: application/cloudevents+json\r\n\
+                     content-length: 1000000\r\n{headers}\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+        let answer = read_answer(&mut client).unwrap();
+        assert_eq!(answer.status, 401, "{why}: {answer:?}");
+        assert!(answer.body.contains(why), "{why}: {answer:?}");
+    }
+    server.shutdown();
 }

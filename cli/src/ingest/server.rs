@@ -183,6 +183,18 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
             )
         })
         .collect();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    // What needs no body is checked before a byte of it is read: a request without the
+    // webhook headers, or with a timestamp outside the tolerance, costs no body buffer.
+    let named = headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    if let Err(e) = state.verifier.verify_headers(named, now) {
+        return close(text(
+            StatusCode::UNAUTHORIZED,
+            &format!("{}: {e}", e.kind()),
+        ));
+    }
     let body = Limited::new(request.into_body(), state.max_body).collect();
     let body = match tokio::time::timeout(state.read_timeout, body).await {
         Err(_) => {
@@ -197,9 +209,6 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
         Ok(Err(e)) => return close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
     let events = match verify_request(&state.verifier, &headers, &body, now) {
         Ok(events) => events,
         Err(ReceiveError::Signature(e)) => {
