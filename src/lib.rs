@@ -440,7 +440,10 @@
 //!   is dead-lettered, with the reason; over `--max-body`
 //!   (1 MiB): 413; PostgreSQL unreachable or failing: 503 with `Retry-After: 5`; every
 //!   database thread busy: 503 with `Retry-After: 1`. A device's relay backs off on 503s
-//!   and keeps its events meanwhile. `/healthz` answers `GET` and `HEAD` only; any other
+//!   and keeps its events meanwhile. `/healthz` answers from a state a background probe
+//!   of PostgreSQL refreshes every second, never through the database queue (a flood of
+//!   health checks takes nothing from the devices' posts), and a store that fails makes it
+//!   503 at once until a probe succeeds again. It answers `GET` and `HEAD` only; any other
 //!   method there is 405 with `Allow: GET, HEAD` (a relay given that path by mistake
 //!   dead-letters its events with the reason, to retry at the right one, instead of having
 //!   them counted delivered and never stored).

@@ -422,7 +422,15 @@ fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
         Duration::from_secs(30)
     ));
     postgres.stop();
-    let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+    // The background probe sees it within its second (a failed store at once).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let health = loop {
+        let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+        if health.status != 200 || std::time::Instant::now() > deadline {
+            break health;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(health.status, 503, "{health:?}");
     let body = event_body("e-down", "1");
     let down = request(
@@ -453,7 +461,15 @@ fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
         stored.iter().collect::<HashSet<_>>(),
         committed.iter().collect::<HashSet<_>>()
     );
-    let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
-    assert_eq!(health.status, 200);
+    // Healthy again once the probe has succeeded again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let health = loop {
+        let health = request(addr, "GET", "/healthz", &[], b"").unwrap();
+        if health.status == 200 || std::time::Instant::now() > deadline {
+            break health;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(health.status, 200, "{health:?}");
     server.shutdown();
 }

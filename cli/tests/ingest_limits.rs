@@ -102,10 +102,20 @@ fn slow_idle_and_kept_alive_clients_are_cut_off_after_the_read_timeout() {
     eprintln!("kept-alive cut after {kept_took:?}");
     assert!(kept_took < BOUND);
 
-    // A body that stops halfway: 408.
+    // A body that stops halfway (its head passes the checks that need no body): 408.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let mut slow_body = connect(addr);
     slow_body
-        .write_all(b"POST /events HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .write_all(
+            format!(
+                "POST /events HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\nwebhook-id: m\r\n\
+                 webhook-timestamp: {now}\r\nwebhook-signature: v1,AAAA\r\n\r\n0123456789"
+            )
+            .as_bytes(),
+        )
         .unwrap();
     let answer = read_answer(&mut slow_body).unwrap();
     assert_eq!(answer.status, 408, "{answer:?}");
@@ -374,5 +384,55 @@ fn what_needs_no_body_is_refused_before_the_body_is_read() {
         assert_eq!(answer.status, 401, "{why}: {answer:?}");
         assert!(answer.body.contains(why), "{why}: {answer:?}");
     }
+    server.shutdown();
+}
+
+#[test]
+fn a_health_check_flood_takes_no_place_from_signed_posts() {
+    // Issue 40: every GET /healthz took a place in the database queue and a PostgreSQL
+    // round trip: a health-check flood made 153 of 359 signed posts get 503.
+    let postgres = Postgres::start();
+    let server = server(&postgres, 1, 64);
+    let addr = server.local_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = (0..6)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut checks = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if request(addr, "GET", "/healthz", &[], b"").is_ok() {
+                        checks += 1;
+                    }
+                }
+                checks
+            })
+        })
+        .collect();
+    let secret = Secret::parse(SECRET).unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..100 {
+        let body = serde_json::to_vec(&json!({
+            "specversion": "1.0", "id": format!("flood-{i}"), "source": "/devices/f",
+            "type": "t", "data": {"i": i}
+        }))
+        .unwrap();
+        let headers = signed_headers(
+            &secret,
+            &format!("m-{i}"),
+            &body,
+            "application/cloudevents+json",
+        );
+        statuses.push(
+            request(addr, "POST", "/events", &headers, &body)
+                .unwrap()
+                .status,
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let checks: usize = flooders.into_iter().map(|f| f.join().unwrap()).sum();
+    let refused = statuses.iter().filter(|s| **s != 204).count();
+    eprintln!("{checks} health checks beside 100 posts; {refused} posts not 204");
+    assert_eq!(refused, 0, "{statuses:?}");
     server.shutdown();
 }

@@ -231,6 +231,7 @@ impl IngestServer {
             read_timeout: config.read_timeout,
             write_timeout: config.write_timeout,
             max_requests_per_connection: config.max_requests_per_connection,
+            unhealthy: std::sync::Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -45,6 +45,8 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_AFTER_UNAVAILABLE: &str = "5";
 /// The `Retry-After` of a 503 because the database queue is full, in seconds.
 const RETRY_AFTER_OVERLOADED: &str = "1";
+/// How often the background probe checks PostgreSQL for `/healthz`.
+const HEALTH_PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long shutdown lets open connections finish their request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -56,6 +58,49 @@ pub(crate) struct State {
     pub read_timeout: Duration,
     pub write_timeout: Duration,
     pub max_requests_per_connection: usize,
+    /// What `/healthz` answers: `Some(None)` while healthy, `Some(Some(why))` when not,
+    /// `None` before the first probe has answered. Set by the background probe, and to
+    /// unhealthy at once by a store that fails: a health check takes no place in the
+    /// database queue (only the ones before the first probe's answer run a probe of their
+    /// own).
+    pub unhealthy: std::sync::Mutex<Option<Option<String>>>,
+}
+
+impl State {
+    fn set_health(&self, unhealthy: Option<String>) {
+        *self
+            .unhealthy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(unhealthy);
+    }
+
+    fn health(&self) -> Option<Option<String>> {
+        self.unhealthy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+/// One probe of PostgreSQL: `None` if healthy, else why not.
+async fn probe_once(state: &State) -> Option<String> {
+    match run(state, Work::Health).await {
+        Outcome::Healthy | Outcome::Stored(_) => None,
+        Outcome::Unavailable(why) | Outcome::Rejected(why) => Some(why),
+        Outcome::Overloaded => Some("every database thread is busy".to_string()),
+    }
+}
+
+/// Checks PostgreSQL every [`HEALTH_PROBE_EVERY`] for `/healthz`, until shutdown.
+async fn probe_health(state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let unhealthy = probe_once(&state).await;
+        state.set_health(unhealthy);
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(HEALTH_PROBE_EVERY) => {}
+        }
+    }
 }
 
 /// Accepts connections until `shutdown` turns true, at most `max_connections` open at once;
@@ -67,6 +112,7 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
+    let probe = tokio::spawn(probe_health(Arc::clone(&state), shutdown.clone()));
     loop {
         let permit = tokio::select! {
             _ = shutdown.changed() => break,
@@ -134,6 +180,8 @@ pub(crate) async fn serve(
     // Every permit back means every connection is done.
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all)).await;
+    // The probe may be waiting for its database job: it is not joined, only stopped.
+    probe.abort();
 }
 
 /// One request: `GET` or `HEAD /healthz`, or `POST` of signed CloudEvents to any other path.
@@ -151,12 +199,13 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
                 .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
             return refused;
         }
-        return match run(state, Work::Health).await {
-            Outcome::Healthy | Outcome::Stored(_) => text(StatusCode::OK, "ok"),
-            Outcome::Unavailable(why) | Outcome::Rejected(why) => {
-                unavailable(&why, RETRY_AFTER_UNAVAILABLE)
-            }
-            Outcome::Overloaded => overloaded(),
+        let unhealthy = match state.health() {
+            Some(known) => known,
+            None => probe_once(state).await,
+        };
+        return match unhealthy {
+            None => text(StatusCode::OK, "ok"),
+            Some(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
         };
     }
     if request.method() != Method::POST {
@@ -241,7 +290,11 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
         }
         Outcome::Healthy => empty(StatusCode::NO_CONTENT),
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
-        Outcome::Unavailable(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
+        Outcome::Unavailable(why) => {
+            // Unhealthy at once, until the probe succeeds again.
+            state.set_health(Some(why.clone()));
+            unavailable(&why, RETRY_AFTER_UNAVAILABLE)
+        }
         Outcome::Overloaded => overloaded(),
     }
 }
