@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::signature::Secret;
+use crate::signing_key::SigningKey;
 use crate::transport::{HttpConfig, HttpTransport, Transport};
 
 /// Batched delivery: many events per request, as one CloudEvents batch.
@@ -24,6 +25,8 @@ enum Target {
         /// `whsec_…` texts as given; parsed (and refused if malformed) at `start()`, so a
         /// setter never fails mid-chain. Never shown: `Debug` prints their count.
         secrets: Vec<String>,
+        /// The `whsk_…` text of a device's Ed25519 key, parsed at `start()` likewise.
+        signing_key: Option<String>,
     },
     Custom(Arc<dyn Transport>),
     #[cfg(feature = "mqtt")]
@@ -64,10 +67,12 @@ impl fmt::Debug for Destination {
                 url,
                 config,
                 secrets,
+                signing_key,
             } => d
                 .field("url", url)
                 .field("http", config)
-                .field("secrets", &secrets.len()),
+                .field("secrets", &secrets.len())
+                .field("signing_key", &signing_key.is_some()),
             Target::Custom(_) => d.field("transport", &"<custom>"),
             #[cfg(feature = "mqtt")]
             Target::Mqtt { url, config } => d.field("url", url).field("mqtt", config),
@@ -93,6 +98,7 @@ impl Destination {
                 url: url.into(),
                 config: HttpConfig::default(),
                 secrets: Vec::new(),
+                signing_key: None,
             },
             batch: None,
             workers: None,
@@ -153,6 +159,19 @@ impl Destination {
     pub fn secret(mut self, secret: impl Into<String>) -> Destination {
         if let Target::Http { secrets, .. } = &mut self.target {
             secrets.push(secret.into());
+        }
+        self
+    }
+
+    /// Signs every request with this device's own Ed25519 key (`whsk_…`, Standard Webhooks
+    /// `v1a`): the receiver verifies with the public key alone, so neither a leaked key
+    /// registry nor another device's key can sign as this one. May be combined with
+    /// [`secret`](Self::secret) during a move from shared secrets (both entries are sent).
+    /// Ignored by custom transports; a malformed key is refused by
+    /// [`Relay::start`](crate::Relay::start). `outbox keygen` makes one.
+    pub fn signing_key(mut self, key: impl Into<String>) -> Destination {
+        if let Target::Http { signing_key, .. } = &mut self.target {
+            *signing_key = Some(key.into());
         }
         self
     }
@@ -257,18 +276,25 @@ impl Destination {
                 url,
                 config,
                 secrets,
+                signing_key,
             } => {
+                let invalid = |e| Error::InvalidConfig(format!("destination {}: {e}", self.name));
                 let secrets = secrets
                     .iter()
                     .map(|s| Secret::parse(s))
                     .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| Error::InvalidConfig(format!("destination {}: {e}", self.name)))?;
-                Ok(Arc::new(HttpTransport::with_secrets(
+                    .map_err(invalid)?;
+                let mut transport = HttpTransport::with_secrets(
                     url,
                     config.clone(),
                     secrets,
                     self.batch.is_some(),
-                )?))
+                )?;
+                if let Some(key) = signing_key {
+                    transport =
+                        transport.with_signing_key(SigningKey::parse(key).map_err(invalid)?);
+                }
+                Ok(Arc::new(transport))
             }
         }
     }

@@ -744,6 +744,8 @@ mod relay;
 mod right_of_way;
 pub mod settings;
 mod signature;
+mod signing_key;
+mod source_header;
 mod state;
 mod subscribe;
 mod telemetry;

@@ -49,4 +49,7 @@ pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]
 pub use crate::pg::{migrate as pg_migrate, schema_version as pg_schema_version, PgInbox};
-pub use crate::signature::{Secret, Verifier, VerifyError, MIN_SECRET_BYTES, SECRET_PREFIX};
+pub use crate::signature::{
+    Secret, Verifier, VerifyError, VerifyingKey, MIN_SECRET_BYTES, SECRET_PREFIX,
+};
+pub use crate::signing_key::{PublicKey, SigningKey, PUBLIC_KEY_PREFIX, SIGNING_KEY_PREFIX};

@@ -3,6 +3,8 @@
 //! The signed content is `{webhook-id}.{webhook-timestamp}.{body}`, HMAC-SHA256 keyed with
 //! the base64-decoded secret (after its `whsec_` prefix); the header carries one
 //! `v1,<base64>` entry per secret, space-separated, so secrets can be rotated without a gap.
+//! A device may sign with its own Ed25519 key instead (`v1a`, see [`crate::signing_key`]);
+//! a [`Verifier`] takes secrets and public keys alike.
 
 use std::fmt;
 use std::time::Duration;
@@ -14,11 +16,13 @@ use hmac::digest::CtOutput;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+use crate::signing_key::{signed_content, PublicKey, PUBLIC_KEY_PREFIX};
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// Secrets are read leniently: padding optional, non-canonical trailing bits allowed, as the
 /// Python reference library does. A secret a user pasted without its `=` still works.
-const LENIENT: GeneralPurpose = GeneralPurpose::new(
+pub(crate) const LENIENT: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     GeneralPurposeConfig::new()
         .with_decode_padding_mode(DecodePaddingMode::Indifferent)
@@ -132,6 +136,9 @@ pub fn signature_header(secrets: &[Secret], id: &str, timestamp: i64, body: &[u8
 /// signs with (two during a rotation).
 pub(crate) const MAX_SIGNATURE_ENTRIES: usize = 16;
 
+/// `v1a` entries tried at most: each costs a pass over the body per public key.
+const MAX_V1A_ENTRIES: usize = 4;
+
 /// Why a request failed verification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -156,6 +163,10 @@ pub enum VerifyError {
         /// How many it has.
         bytes: usize,
     },
+    /// A `whsk_` Ed25519 private key is malformed; says why (never the key).
+    InvalidSigningKey(String),
+    /// A `whpk_` Ed25519 public key is malformed; says why.
+    InvalidPublicKey(String),
 }
 
 impl VerifyError {
@@ -170,6 +181,8 @@ impl VerifyError {
             VerifyError::EmptySecret => "empty_secret",
             VerifyError::InvalidSecret => "invalid_secret",
             VerifyError::SecretTooShort { .. } => "secret_too_short",
+            VerifyError::InvalidSigningKey(_) => "invalid_signing_key",
+            VerifyError::InvalidPublicKey(_) => "invalid_public_key",
         }
     }
 }
@@ -183,7 +196,7 @@ impl fmt::Display for VerifyError {
             }
             VerifyError::TimestampTooOld => write!(f, "webhook-timestamp is too old"),
             VerifyError::TimestampTooNew => write!(f, "webhook-timestamp is too far in the future"),
-            VerifyError::InvalidSignature => write!(f, "no valid v1 signature"),
+            VerifyError::InvalidSignature => write!(f, "no valid v1 or v1a signature"),
             VerifyError::EmptySecret => write!(f, "the webhook secret is empty"),
             VerifyError::InvalidSecret => write!(f, "the webhook secret is not valid base64"),
             VerifyError::SecretTooShort { bytes } => write!(
@@ -191,24 +204,70 @@ impl fmt::Display for VerifyError {
                 "the webhook secret's key is {bytes} bytes: at least {MIN_SECRET_BYTES} are \
                  needed (Standard Webhooks asks for 24 to 64)"
             ),
+            VerifyError::InvalidSigningKey(why) => {
+                write!(f, "the whsk_ signing key is not valid: {why}")
+            }
+            VerifyError::InvalidPublicKey(why) => {
+                write!(f, "the whpk_ public key is not valid: {why}")
+            }
         }
     }
 }
 
 impl std::error::Error for VerifyError {}
 
-/// Checks signed requests against one or more secrets.
+/// A key a request may be verified with: a shared secret (`v1`, HMAC-SHA256) or a device's
+/// Ed25519 public key (`v1a`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerifyingKey {
+    /// A `whsec_` secret.
+    Secret(Secret),
+    /// A `whpk_` public key.
+    Public(PublicKey),
+}
+
+impl VerifyingKey {
+    /// Parses a `whpk_…` public key or a `whsec_…` secret (by its prefix).
+    ///
+    /// # Errors
+    ///
+    /// As [`PublicKey::parse`] or [`Secret::parse`].
+    pub fn parse(text: &str) -> Result<VerifyingKey, VerifyError> {
+        if text.trim().starts_with(PUBLIC_KEY_PREFIX) {
+            PublicKey::parse(text).map(VerifyingKey::Public)
+        } else {
+            Secret::parse(text).map(VerifyingKey::Secret)
+        }
+    }
+}
+
+/// Checks signed requests against one or more secrets or public keys.
 #[derive(Debug, Clone)]
 pub struct Verifier {
     secrets: Vec<Secret>,
+    public_keys: Vec<PublicKey>,
     tolerance: Duration,
 }
 
 impl Verifier {
     /// A verifier accepting a signature by any of `secrets`, with a 5-minute tolerance.
     pub fn new(secrets: impl IntoIterator<Item = Secret>) -> Verifier {
+        Verifier::with_keys(secrets.into_iter().map(VerifyingKey::Secret))
+    }
+
+    /// A verifier accepting a `v1` signature by any of the secrets, or a `v1a` signature by
+    /// any of the public keys, among `keys`; 5-minute tolerance.
+    pub fn with_keys(keys: impl IntoIterator<Item = VerifyingKey>) -> Verifier {
+        let (mut secrets, mut public_keys) = (Vec::new(), Vec::new());
+        for key in keys {
+            match key {
+                VerifyingKey::Secret(secret) => secrets.push(secret),
+                VerifyingKey::Public(public) => public_keys.push(public),
+            }
+        }
         Verifier {
-            secrets: secrets.into_iter().collect(),
+            secrets,
+            public_keys,
             tolerance: Duration::from_secs(300),
         }
     }
@@ -314,7 +373,7 @@ impl Verifier {
     {
         let (id, timestamp, signature) = webhook_headers(headers)?;
         self.check_timestamp(&timestamp, now)?;
-        if self.secrets.is_empty() {
+        if self.secrets.is_empty() && self.public_keys.is_empty() {
             return Err(VerifyError::EmptySecret);
         }
         // One HMAC per secret, however many entries the header lists: the body is hashed
@@ -325,13 +384,32 @@ impl Verifier {
             .iter()
             .map(|s| s.mac(&id, timestamp.trim(), body).finalize())
             .collect();
+        // The v1a content is built once, and only when a v1a entry meets a public key. Each
+        // Ed25519 check hashes the whole content again, so only the first few v1a entries
+        // are tried (a sender lists one per key it signs with).
+        let mut content: Option<Vec<u8>> = None;
+        let mut v1a_entries = 0;
         for entry in signature.split(' ').take(MAX_SIGNATURE_ENTRIES) {
-            let Some(("v1", encoded)) = entry.split_once(',') else {
-                continue;
+            let (version, encoded) = match entry.split_once(',') {
+                Some(("v1", encoded)) => ("v1", encoded),
+                Some(("v1a", encoded)) if !self.public_keys.is_empty() => ("v1a", encoded),
+                _ => continue,
             };
             let Ok(tag) = STANDARD.decode(encoded) else {
                 continue;
             };
+            if version == "v1a" {
+                v1a_entries += 1;
+                if tag.len() != 64 || v1a_entries > MAX_V1A_ENTRIES {
+                    continue;
+                }
+                let content =
+                    content.get_or_insert_with(|| signed_content(&id, timestamp.trim(), body));
+                if self.public_keys.iter().any(|k| k.verifies(content, &tag)) {
+                    return Ok(());
+                }
+                continue;
+            }
             let Ok(tag) = <[u8; 32]>::try_from(tag.as_slice()) else {
                 continue;
             };
@@ -431,6 +509,43 @@ mod tests {
         assert_eq!(
             verifier.verify_headers(headers(now).into_iter().skip(1), now),
             Err(VerifyError::MissingHeader("webhook-id"))
+        );
+    }
+
+    #[test]
+    fn a_v1a_signature_verifies_with_its_public_key_only() {
+        use crate::signing_key::SigningKey;
+        let (device, _) = SigningKey::generate().unwrap();
+        let (other, _) = SigningKey::generate().unwrap();
+        let headers = |signature: String| {
+            [
+                ("webhook-id", ID.to_string()),
+                ("webhook-timestamp", TS.to_string()),
+                ("webhook-signature", signature),
+            ]
+        };
+        let verifier = Verifier::with_keys([VerifyingKey::Public(device.public_key())]);
+        let signed = device.sign(ID, TS, BODY);
+        assert_eq!(verifier.verify(headers(signed.clone()), BODY, TS), Ok(()));
+        // Beside a v1 entry of a secret it does not hold, as during a move off secrets.
+        let both = format!(
+            "{} {signed}",
+            Secret::parse(SECRET).unwrap().sign(ID, TS, BODY)
+        );
+        assert_eq!(verifier.verify(headers(both), BODY, TS), Ok(()));
+        assert_eq!(
+            verifier.verify(headers(other.sign(ID, TS, BODY)), BODY, TS),
+            Err(VerifyError::InvalidSignature)
+        );
+        assert_eq!(
+            verifier.verify(headers(signed), b"{\"test\": 1}", TS),
+            Err(VerifyError::InvalidSignature)
+        );
+        // A secret's verifier ignores v1a entries.
+        let secrets_only = Verifier::new([Secret::parse(SECRET).unwrap()]);
+        assert_eq!(
+            secrets_only.verify(headers(device.sign(ID, TS, BODY)), BODY, TS),
+            Err(VerifyError::InvalidSignature)
         );
     }
 

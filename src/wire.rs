@@ -11,6 +11,7 @@ use crate::outbound::OutboundEvent;
 pub use crate::backoff::parse_retry_after;
 pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
 pub use crate::signature::signature_header;
+pub use crate::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
 
 /// Bytes of a structured event besides its strings and data: member names, quotes, the
 /// spec version, the content type and the time. Generous, so that

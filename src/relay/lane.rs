@@ -269,7 +269,8 @@ impl Lane {
         left
     }
 
-    /// Splits claimed events into requests: one event each, or batches within both limits.
+    /// Splits claimed events into requests: one event each, or batches of one source within
+    /// both limits.
     fn group_into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
         let Some(batch) = self.batch else {
             return events.into_iter().map(|e| vec![e]).collect();
@@ -279,7 +280,13 @@ impl Lane {
         for event in events {
             let size = encoded_size_bound(&event) + 1;
             match jobs.last_mut() {
-                Some(job) if job.len() < batch.max_events && bytes + size <= batch.max_bytes => {
+                // One source a request: a receiver picks the keys of the request's
+                // `outbox-source` before it reads the body.
+                Some(job)
+                    if job.len() < batch.max_events
+                        && bytes + size <= batch.max_bytes
+                        && job[0].source == event.source =>
+                {
                     bytes += size;
                     job.push(event);
                 }

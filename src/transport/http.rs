@@ -11,6 +11,8 @@ use crate::backoff::parse_retry_after;
 use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
 use crate::error::{Error, Result};
 use crate::signature::{signature_header, Secret};
+use crate::signing_key::SigningKey;
+use crate::source_header::{encode_source_header, SOURCE_HEADER};
 use crate::transport::clock_offset::{unix_ms, ClockOffset, THRESHOLD as SKEW_THRESHOLD};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
@@ -133,8 +135,10 @@ impl fmt::Debug for HttpConfig {
 ///
 /// Every request carries `webhook-id` (the event id, or a stable batch id),
 /// `webhook-timestamp` (the unix time of this attempt: a retry is signed afresh),
-/// `webhook-signature` (one `v1,` entry per secret, when there are secrets) and
-/// `Idempotency-Key: "<webhook-id>"`.
+/// `webhook-signature` (one `v1,` entry per secret, and a `v1a,` entry for an Ed25519
+/// signing key, when there are any), `Idempotency-Key: "<webhook-id>"` and `outbox-source`
+/// (the events' CloudEvents source: the relay never mixes sources in one request, so a
+/// receiver can pick the keys of that source before it reads the body).
 ///
 /// Statuses are read, never raised as errors, so a 429's `Retry-After` is seen; redirects are
 /// not followed (a redirect is a failed delivery); proxies from the environment are ignored.
@@ -148,6 +152,7 @@ pub struct HttpTransport {
     uri: ureq::http::Uri,
     headers: Vec<(String, String)>,
     secrets: Vec<Secret>,
+    signing_key: Option<SigningKey>,
     batch: bool,
     clock_offset: ClockOffset,
 }
@@ -157,6 +162,7 @@ impl fmt::Debug for HttpTransport {
         f.debug_struct("HttpTransport")
             .field("url", &self.url)
             .field("secrets", &self.secrets.len())
+            .field("signing_key", &self.signing_key)
             .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
@@ -243,9 +249,16 @@ impl HttpTransport {
             uri,
             headers: config.headers,
             secrets,
+            signing_key: None,
             batch,
             clock_offset: ClockOffset::default(),
         })
+    }
+
+    /// Signs every request with `key` too (a `v1a` entry beside any `v1` ones).
+    pub fn with_signing_key(mut self, key: SigningKey) -> Self {
+        self.signing_key = Some(key);
+        self
     }
 
     /// The URL events are posted to.
@@ -329,12 +342,17 @@ impl Transport for HttpTransport {
             .header("content-type", content_type)
             .header("webhook-id", &message_id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header("idempotency-key", format!("\"{message_id}\""));
-        if !self.secrets.is_empty() {
-            request = request.header(
-                "webhook-signature",
-                signature_header(&self.secrets, &message_id, timestamp, &body),
-            );
+            .header("idempotency-key", format!("\"{message_id}\""))
+            .header(SOURCE_HEADER, encode_source_header(&events[0].source));
+        let mut signature = signature_header(&self.secrets, &message_id, timestamp, &body);
+        if let Some(key) = &self.signing_key {
+            if !signature.is_empty() {
+                signature.push(' ');
+            }
+            signature.push_str(&key.sign(&message_id, timestamp, &body));
+        }
+        if !signature.is_empty() {
+            request = request.header("webhook-signature", signature);
         }
         for (name, value) in &self.headers {
             request = request.header(name, value);

@@ -2,8 +2,8 @@
 //! without the app running.
 //!
 //! One file per command group: `enqueue.rs`, `config.rs`, `relay.rs`, `inspect.rs` (stats, list, show,
-//! health), `repair.rs` (retry, purge-dead, prune, enable) and `ingest.rs` (the receiving
-//! end, in PostgreSQL); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
+//! health), `repair.rs` (retry, purge-dead, prune, enable), `ingest.rs` (the receiving
+//! end, in PostgreSQL) and `keygen.rs` (a device's signing key); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
 
 mod bundle;
 mod config;
@@ -11,6 +11,7 @@ mod enqueue;
 mod failure;
 mod ingest;
 mod inspect;
+mod keygen;
 mod output;
 mod relay;
 mod repair;
@@ -81,6 +82,9 @@ enum Command {
     Export(bundle::ExportArgs),
     /// Verify a bundle file and deliver its events to a URL (no --db).
     Import(bundle::ImportArgs),
+    /// Make a device's Ed25519 signing key: the private key to --out (mode 0600), the
+    /// public key (whpk_…) printed for the ingest's key registry (no --db).
+    Keygen(keygen::KeygenArgs),
 }
 
 /// The `--synchronous` values.
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> Outcome {
     let command = match cli.command {
         Command::Ingest(args) => return ingest::run(args),
         Command::Import(args) => return bundle::run_import(args),
+        Command::Keygen(args) => return keygen::run(args),
         other => other,
     };
     let Some(db) = cli.db else {
@@ -138,7 +143,7 @@ fn run(cli: Cli) -> Outcome {
     }
     let outbox = open_existing(builder, &db)?;
     match command {
-        Command::Init | Command::Ingest(_) | Command::Import(_) => {
+        Command::Init | Command::Ingest(_) | Command::Import(_) | Command::Keygen(_) => {
             unreachable!("handled above")
         }
         Command::Enqueue(args) => enqueue::run(&outbox, args),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use sqlite_outbox::receive::SigningKey;
 use sqlite_outbox::transport::{HttpConfig, MqttConfig, MqttVersion};
 use sqlite_outbox::{Destination, Outbox, RelayConfig};
 
@@ -56,6 +57,11 @@ pub struct RelayArgs {
     /// A file of whsec_… secrets, one per line (read once at start).
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
+    /// A file holding this device's own Ed25519 key (whsk_…, from `outbox keygen`): every
+    /// request is signed with it (Standard Webhooks v1a) and the receiver verifies with its
+    /// public key. Read once at start.
+    #[arg(long)]
+    signing_key: Option<std::path::PathBuf>,
     /// Send batches of up to N events per request (MQTT: publish N messages back to back
     /// per worker, then await their PUBACKs).
     #[arg(long)]
@@ -215,6 +221,19 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
             destination = destination.secret(s);
         }
     }
+    if let Some(path) = &args.signing_key {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+        let key = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("");
+        // Checked here so the message names the file; the relay would refuse it too.
+        SigningKey::parse(key)
+            .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+        destination = destination.signing_key(key);
+    }
     if let Some(n) = args.batch {
         destination = destination.batch(n, 1 << 20);
     }
@@ -224,10 +243,10 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
 /// The destination for an mqtt:// URL. Signing secrets are refused: an MQTT message carries
 /// no signature header.
 fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
-    if !args.secret.is_empty() || args.secret_file.is_some() {
+    if !args.secret.is_empty() || args.secret_file.is_some() || args.signing_key.is_some() {
         return Err(bad_input(
-            "--secret and --secret-file sign HTTP requests; with an mqtt:// URL they would sign \
-             nothing",
+            "--secret, --secret-file and --signing-key sign HTTP requests; with an mqtt:// URL \
+             they would sign nothing",
         ));
     }
     let mut config = MqttConfig::new()

@@ -1,0 +1,62 @@
+//! The `outbox-source` header: the CloudEvents `source` of every event in a request, so a
+//! receiver can choose the keys that may sign for that source before it reads the body.
+//!
+//! A source is any text; a header value is visible ASCII. Bytes outside `!`..=`~`, and `%`
+//! itself, are sent as `%XX` (RFC 3986 percent-encoding), so a source of visible ASCII, as
+//! most are (`/devices/42`), is sent as it is.
+
+/// The header's name.
+pub const SOURCE_HEADER: &str = "outbox-source";
+
+/// `source` as the header's value.
+pub fn encode_source_header(source: &str) -> String {
+    let mut encoded = String::with_capacity(source.len());
+    for byte in source.bytes() {
+        if byte.is_ascii_graphic() && byte != b'%' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// The source a header value names, or `None` if it is not a well-formed encoding of UTF-8
+/// text.
+pub fn decode_source_header(value: &[u8]) -> Option<String> {
+    let mut decoded = Vec::with_capacity(value.len());
+    let mut bytes = value.iter();
+    while let Some(&byte) = bytes.next() {
+        match byte {
+            b'%' => {
+                let high = char::from(*bytes.next()?).to_digit(16)?;
+                let low = char::from(*bytes.next()?).to_digit(16)?;
+                decoded.push((high * 16 + low) as u8);
+            }
+            b if b.is_ascii_graphic() => decoded.push(b),
+            _ => return None,
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_ascii_goes_as_it_is_and_anything_else_round_trips() {
+        assert_eq!(encode_source_header("/devices/42"), "/devices/42");
+        for source in ["/geräte/7", "a b", "100%", "line\nbreak", ""] {
+            let header = encode_source_header(source);
+            assert!(header.bytes().all(|b| b.is_ascii_graphic()), "{header}");
+            assert_eq!(
+                decode_source_header(header.as_bytes()).as_deref(),
+                Some(source)
+            );
+        }
+        for bad in [&b"%"[..], b"%4", b"%zz", b"a b", b"%ff"] {
+            assert_eq!(decode_source_header(bad), None, "{bad:?}");
+        }
+    }
+}
