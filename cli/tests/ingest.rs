@@ -173,7 +173,7 @@ fn a_replayed_request_is_answered_204_and_stores_nothing() {
         request(
             server.local_addr(),
             "POST",
-            "/x",
+            "/events",
             &signed_headers(&secret(), "msg-1", &body, CLOUDEVENT),
             &body,
         )

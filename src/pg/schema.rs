@@ -46,6 +46,38 @@ const MIGRATIONS: &[&str] = &[
          AS $$ SELECT * FROM outbox_ingested
                 WHERE source = p_source AND partitionkey = p_partitionkey
                 ORDER BY sequence $$;",
+    // 3: the ingest's key registry (re-read when its change counter moves) and the fleet at
+    // a glance (`outbox_sources`, kept by the ingest).
+    "CREATE TABLE outbox_device_keys (
+         key_id         text        PRIMARY KEY,
+         source_pattern text        NOT NULL,
+         key            text        NOT NULL,
+         created_at     timestamptz NOT NULL DEFAULT now(),
+         revoked_at     timestamptz
+     );
+     CREATE TABLE outbox_device_keys_changes (
+         only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+         changes  bigint  NOT NULL
+     );
+     INSERT INTO outbox_device_keys_changes (changes) VALUES (0);
+     CREATE FUNCTION outbox_device_keys_changed() RETURNS trigger
+         LANGUAGE plpgsql
+         AS $$ BEGIN
+                 UPDATE outbox_device_keys_changes SET changes = changes + 1;
+                 RETURN NULL;
+               END $$;
+     CREATE TRIGGER outbox_device_keys_changed
+         AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox_device_keys
+         FOR EACH STATEMENT EXECUTE FUNCTION outbox_device_keys_changed();
+     CREATE TABLE outbox_sources (
+         source            text        PRIMARY KEY,
+         first_seen        timestamptz NOT NULL DEFAULT now(),
+         last_seen         timestamptz NOT NULL DEFAULT now(),
+         events_stored     bigint      NOT NULL DEFAULT 0,
+         newest_event_time timestamptz,
+         refusals          bigint      NOT NULL DEFAULT 0
+     );
+     CREATE INDEX outbox_sources_last_seen ON outbox_sources (last_seen);",
 ];
 
 /// The schema version this build creates.

@@ -39,19 +39,25 @@
 //! in commit order, so per key it sees `sequence` ascending. Across keys and devices there
 //! is no order.
 
+mod admission;
+mod keys;
+mod metrics;
 mod server;
 pub(crate) mod store;
 mod workers;
 mod write_deadline;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use server::State;
-use sqlite_outbox::receive::{Secret, Verifier};
+use admission::{InflightBudget, RefusalLog, SourceRate};
+use keys::{Entry, Origin, Registry};
+use server::{Health, State};
+use sqlite_outbox::receive::{Secret, VerifyingKey};
 use sqlite_outbox::{Error, Result};
 use workers::Workers;
 
@@ -61,6 +67,12 @@ pub struct IngestConfig {
     listen: SocketAddr,
     postgres: String,
     secrets: Vec<Secret>,
+    keys_file: Option<PathBuf>,
+    keys_table: bool,
+    events_path: String,
+    max_inflight_bytes: usize,
+    max_rate_per_source: Option<f64>,
+    metrics_listen: Option<SocketAddr>,
     threads: usize,
     max_body: usize,
     max_connections: usize,
@@ -79,6 +91,12 @@ impl IngestConfig {
             listen,
             postgres: postgres.into(),
             secrets: Vec::new(),
+            keys_file: None,
+            keys_table: false,
+            events_path: "/events".into(),
+            max_inflight_bytes: 64 << 20,
+            max_rate_per_source: None,
+            metrics_listen: None,
             threads: 8,
             max_body: 1 << 20,
             max_connections: 1024,
@@ -88,9 +106,60 @@ impl IngestConfig {
         }
     }
 
-    /// A signing secret requests may be signed with; add several to rotate. At least one.
+    /// A shared signing secret that may sign for **any** source: the single-tenant mode,
+    /// where every device holds the same secret (add several to rotate). A fleet whose
+    /// devices must not sign for one another gives each its own key in a key registry
+    /// instead ([`keys_file`](Self::keys_file), [`keys_table`](Self::keys_table)).
     pub fn secret(mut self, secret: Secret) -> Self {
         self.secrets.push(secret);
+        self
+    }
+
+    /// A key registry file: one `KEY_ID SOURCE_PATTERN KEY` a line (`#` starts a comment),
+    /// where the pattern is a source or a prefix ending in `*`, and the key a device's
+    /// `whpk_…` public key (or a `whsec_…` secret). Several lines may name one source
+    /// (rotation). Re-read by [`IngestServer::reload_keys`] (`outbox ingest` calls it on
+    /// SIGHUP) without dropping a connection; a file that no longer reads keeps the keys it
+    /// had.
+    pub fn keys_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.keys_file = Some(path.into());
+        self
+    }
+
+    /// Takes keys from the table `outbox_device_keys` too (key_id, source_pattern, key,
+    /// revoked_at; the ingest creates it), re-read within a second of any change: one
+    /// `INSERT` provisions a device, setting `revoked_at` revokes its key.
+    pub fn keys_table(mut self, on: bool) -> Self {
+        self.keys_table = on;
+        self
+    }
+
+    /// The path events are posted to (`/events` by default); any other path but `/healthz`
+    /// is answered 404.
+    pub fn events_path(mut self, path: impl Into<String>) -> Self {
+        self.events_path = path.into();
+        self
+    }
+
+    /// Body bytes in flight at most across all connections (64 MiB by default; 64 KiB to
+    /// 16 GiB): a request whose declared length (or, undeclared, the body limit) does not
+    /// fit is answered 503 with `Retry-After` before its body is read.
+    pub fn max_inflight_bytes(mut self, bytes: usize) -> Self {
+        self.max_inflight_bytes = bytes;
+        self
+    }
+
+    /// Verified requests a second one source may send (off by default; 0.01 to 100,000):
+    /// past it 429 with `Retry-After`, so one device in a loop cannot starve the others.
+    pub fn max_rate_per_source(mut self, per_second: Option<f64>) -> Self {
+        self.max_rate_per_source = per_second;
+        self
+    }
+
+    /// Serves `GET /metrics` (Prometheus text format) on this address, apart from the
+    /// events path; off by default.
+    pub fn metrics_listen(mut self, addr: Option<SocketAddr>) -> Self {
+        self.metrics_listen = addr;
         self
     }
 
@@ -136,8 +205,36 @@ impl IngestConfig {
 
     fn check(&self) -> Result<postgres::Config> {
         let bad = |why: String| Error::InvalidConfig(format!("ingest: {why}"));
-        if self.secrets.is_empty() {
-            return Err(bad("needs at least one signing secret".into()));
+        if self.secrets.is_empty() && self.keys_file.is_none() && !self.keys_table {
+            return Err(bad(
+                "needs a key registry (a keys file or the keys table) or a shared secret".into(),
+            ));
+        }
+        if !self.events_path.starts_with('/') || self.events_path == "/healthz" {
+            return Err(bad(format!(
+                "the events path {:?} must start with / and not be /healthz",
+                self.events_path
+            )));
+        }
+        if !(64 << 10..=16 << 30).contains(&self.max_inflight_bytes) {
+            return Err(bad(format!(
+                "{} bytes in flight is out of range (64 KiB to 16 GiB)",
+                self.max_inflight_bytes
+            )));
+        }
+        if self.max_inflight_bytes < self.max_body {
+            return Err(bad(format!(
+                "the bytes in flight ({}) must be at least the body limit ({})",
+                self.max_inflight_bytes, self.max_body
+            )));
+        }
+        if let Some(rate) = self.max_rate_per_source {
+            if !(0.01..=100_000.0).contains(&rate) {
+                return Err(bad(format!(
+                    "a rate of {rate} requests a second per source is out of range (0.01 to \
+                     100,000)"
+                )));
+            }
         }
         if !(1..=256).contains(&self.threads) {
             return Err(bad(format!(
@@ -197,6 +294,8 @@ impl IngestConfig {
 /// (`outbox-ingest-db-N`), all joined by [`shutdown`](Self::shutdown) (or on drop).
 pub struct IngestServer {
     local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    keys_file: Option<PathBuf>,
     stop: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
     serving: Option<tokio::task::JoinHandle<()>>,
@@ -223,15 +322,51 @@ impl IngestServer {
         let listener = std::net::TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
+        let keys = Registry::default();
+        keys.replace(
+            Origin::Secrets,
+            config
+                .secrets
+                .iter()
+                .enumerate()
+                .map(|(i, secret)| {
+                    Entry::any_source(
+                        format!("secret-{}", i + 1),
+                        VerifyingKey::Secret(secret.clone()),
+                    )
+                })
+                .collect(),
+        );
+        if let Some(path) = &config.keys_file {
+            let entries = keys::read_file(path)
+                .map_err(|e| Error::InvalidConfig(format!("ingest: keys file {e}")))?;
+            log::info!("ingest: {} keys from {}", entries.len(), path.display());
+            keys.replace(Origin::File, entries);
+        }
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => {
+                let listener = std::net::TcpListener::bind(addr)?;
+                listener.set_nonblocking(true)?;
+                Some(listener)
+            }
+            None => None,
+        };
         let workers = Workers::start(postgres, config.threads, config.threads * 4)?;
         let state = Arc::new(State {
-            verifier: Verifier::new(config.secrets.clone()),
+            keys,
+            keys_table: config.keys_table,
             workers,
+            events_path: config.events_path.clone(),
             max_body: config.max_body,
             read_timeout: config.read_timeout,
             write_timeout: config.write_timeout,
             max_requests_per_connection: config.max_requests_per_connection,
-            unhealthy: std::sync::Mutex::new(None),
+            inflight: InflightBudget::new(config.max_inflight_bytes),
+            rate: config.max_rate_per_source.map(SourceRate::new),
+            metrics: Default::default(),
+            refusal_log: RefusalLog::default(),
+            refusals_by_source: Default::default(),
+            health: std::sync::Mutex::new(Health::NotProbedYet),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -241,9 +376,19 @@ impl IngestServer {
             .enable_time()
             .build()?;
         let (stop, stopped) = watch::channel(false);
+        let mut metrics_addr = None;
         let serving = {
             let _entered = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)?;
+            if let Some(listener) = metrics_listener {
+                metrics_addr = Some(listener.local_addr()?);
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                runtime.spawn(server::serve_metrics(
+                    listener,
+                    Arc::clone(&state),
+                    stopped.clone(),
+                ));
+            }
             runtime.spawn(server::serve(
                 listener,
                 Arc::clone(&state),
@@ -254,11 +399,34 @@ impl IngestServer {
         log::info!("ingest: listening on http://{local_addr}");
         Ok(IngestServer {
             local_addr,
+            metrics_addr,
+            keys_file: config.keys_file,
             stop,
             runtime: Some(runtime),
             serving: Some(serving),
             state,
         })
+    }
+
+    /// The address `GET /metrics` is served on, if [`IngestConfig::metrics_listen`] was set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Reads the keys file again (what SIGHUP does to `outbox ingest`). A file that does not read, or has a
+    /// malformed line, changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the line; nothing when no keys file is configured.
+    pub fn reload_keys(&self) -> Result<usize> {
+        reload_file(self.keys_file.as_deref(), &self.state)
+    }
+
+    /// Refusals counted so far for `reason` (`unknown_source`, `forged_source`,
+    /// `invalid_signature`, `rate_limited`, `inflight_budget`, …), as `GET /metrics` shows.
+    pub fn refusals(&self, reason: &str) -> u64 {
+        self.state.metrics.refusals(reason)
     }
 
     /// The address the server listens on.
@@ -283,6 +451,24 @@ impl IngestServer {
             state.workers.shutdown();
         }
     }
+}
+
+/// Re-reads the keys file; how many keys there are then in all.
+fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
+    let Some(path) = path else {
+        return Ok(0);
+    };
+    let entries = keys::read_file(path).map_err(|e| {
+        log::error!("ingest: keys file not reloaded, the keys stay as they were: {e}");
+        Error::InvalidConfig(format!("ingest: keys file {e}"))
+    })?;
+    let loaded = entries.len();
+    let total = state.keys.replace(Origin::File, entries);
+    log::info!(
+        "ingest: reloaded {loaded} keys from {} ({total} in all)",
+        path.display()
+    );
+    Ok(total)
 }
 
 impl Drop for IngestServer {

@@ -21,6 +21,7 @@
 //! - **answers** are at most a few hundred bytes: they fit the socket's buffer, so a client
 //!   that does not read cannot hold a thread either.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,11 +34,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
 
+use super::admission::{InflightBudget, RefusalLog, SourceRate};
+use super::keys::{Entry, Origin, Registry};
+use super::metrics::Metrics;
 use super::store::{unstorable, Columns};
 use super::workers::{Job, Outcome, Work, Workers};
 use super::write_deadline::WriteDeadline;
-use sqlite_outbox::receive::Verifier;
 use sqlite_outbox::receive::{verify_request, ReceiveError};
+use sqlite_outbox::wire::{decode_source_header, SOURCE_HEADER};
 
 /// How long a request waits for its database job before it is answered 503.
 const JOB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,60 +51,152 @@ const RETRY_AFTER_UNAVAILABLE: &str = "5";
 const RETRY_AFTER_OVERLOADED: &str = "1";
 /// How often the background probe checks PostgreSQL for `/healthz`.
 const HEALTH_PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How often the table of device keys is read again though its change counter did not
+/// move: a key revoked at a time in the future stops counting within this.
+const KEYS_TABLE_REREAD: Duration = Duration::from_secs(30);
+/// Open connections to the metrics listener at most.
+const METRICS_CONNECTIONS: usize = 16;
 /// How long shutdown lets open connections finish their request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// What every connection's requests need.
 pub(crate) struct State {
-    pub verifier: Verifier,
+    pub keys: Registry,
+    /// Whether keys come from the table `outbox_device_keys` too (re-read when it changes).
+    pub keys_table: bool,
     pub workers: Workers,
+    pub events_path: String,
     pub max_body: usize,
     pub read_timeout: Duration,
     pub write_timeout: Duration,
     pub max_requests_per_connection: usize,
-    /// What `/healthz` answers: `Some(None)` while healthy, `Some(Some(why))` when not,
-    /// `None` before the first probe has answered. Set by the background probe, and to
-    /// unhealthy at once by a store that fails: a health check takes no place in the
-    /// database queue (only the ones before the first probe's answer run a probe of their
-    /// own).
-    pub unhealthy: std::sync::Mutex<Option<Option<String>>>,
+    pub inflight: InflightBudget,
+    pub rate: Option<SourceRate>,
+    pub metrics: Metrics,
+    pub refusal_log: RefusalLog,
+    /// Refusals by source since they were last added to `outbox_sources` (bounded).
+    pub refusals_by_source: std::sync::Mutex<HashMap<String, u64>>,
+    /// What `/healthz` answers. Set by the background probe, and to unhealthy at once by a
+    /// store that fails: a health check takes no place in the database queue (only the
+    /// ones before the first probe's answer run a probe of their own).
+    pub health: std::sync::Mutex<Health>,
 }
 
+/// What the background probe last found of PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Health {
+    NotProbedYet,
+    Healthy,
+    Unhealthy(String),
+}
+
+/// Sources whose refusals are kept for `outbox_sources` between two flushes, at most.
+const MAX_REFUSING_SOURCES: usize = 10_000;
+
 impl State {
-    fn set_health(&self, unhealthy: Option<String>) {
+    fn set_health(&self, health: Health) {
         *self
-            .unhealthy
+            .health
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(unhealthy);
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = health;
     }
 
-    fn health(&self) -> Option<Option<String>> {
-        self.unhealthy
+    fn health(&self) -> Health {
+        self.health
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
-}
 
-/// One probe of PostgreSQL: `None` if healthy, else why not.
-async fn probe_once(state: &State) -> Option<String> {
-    match run(state, Work::Health).await {
-        Outcome::Healthy | Outcome::Stored(_) => None,
-        Outcome::Unavailable(why) | Outcome::Rejected(why) => Some(why),
-        Outcome::Overloaded => Some("every database thread is busy".to_string()),
+    /// Counts and (at most once a minute per source) logs a refusal; never logs a key.
+    fn refuse(&self, source: Option<&str>, reason: &'static str, detail: &str) {
+        self.metrics.refusal(reason);
+        let Some(source) = source else {
+            return;
+        };
+        if self
+            .refusal_log
+            .should_log(source, reason, std::time::Instant::now())
+        {
+            log::warn!("ingest: refused a request for source {source:?}: {reason}: {detail}");
+        }
+        let mut by_source = self
+            .refusals_by_source
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if by_source.len() < MAX_REFUSING_SOURCES || by_source.contains_key(source) {
+            *by_source.entry(source.to_string()).or_default() += 1;
+        }
+    }
+
+    fn take_refusals(&self) -> Vec<(String, u64)> {
+        std::mem::take(
+            &mut *self
+                .refusals_by_source
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+        .into_iter()
+        .collect()
     }
 }
 
-/// Checks PostgreSQL every [`HEALTH_PROBE_EVERY`] for `/healthz`, until shutdown.
+/// One probe of PostgreSQL.
+async fn probe_once(state: &State) -> Health {
+    match run(state, Work::Health).await {
+        Outcome::Healthy | Outcome::Stored(_) | Outcome::Keys { .. } => Health::Healthy,
+        Outcome::Unavailable(why) | Outcome::Rejected(why) => Health::Unhealthy(why),
+        Outcome::Overloaded => Health::Unhealthy("every database thread is busy".to_string()),
+    }
+}
+
+/// Checks PostgreSQL every [`HEALTH_PROBE_EVERY`] for `/healthz`, re-reads the table of
+/// device keys when it changed (or every [`KEYS_TABLE_REREAD`], for keys revoked at a time
+/// in the future), and adds the refusals counted since to `outbox_sources`; until shutdown.
 async fn probe_health(state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    let mut keys_seen: Option<(i64, std::time::Instant)> = None;
     loop {
-        let unhealthy = probe_once(&state).await;
-        state.set_health(unhealthy);
+        let health = probe_once(&state).await;
+        let healthy = health == Health::Healthy;
+        state.set_health(health);
+        if healthy && state.keys_table {
+            reload_keys_table(&state, &mut keys_seen).await;
+        }
+        let refusals = state.take_refusals();
+        if healthy && !refusals.is_empty() {
+            let _ = run(&state, Work::AddRefusals(refusals)).await;
+        }
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(HEALTH_PROBE_EVERY) => {}
         }
     }
+}
+
+/// Re-reads `outbox_device_keys` when its change counter moved or it was read long ago.
+async fn reload_keys_table(state: &State, seen: &mut Option<(i64, std::time::Instant)>) {
+    let Outcome::Keys { changes, .. } = run(state, Work::KeysChanges).await else {
+        return;
+    };
+    if seen.is_some_and(|(at, when)| at == changes && when.elapsed() < KEYS_TABLE_REREAD) {
+        return;
+    }
+    let Outcome::Keys { changes, rows } = run(state, Work::LoadKeys).await else {
+        return;
+    };
+    let mut entries = Vec::with_capacity(rows.len());
+    for (key_id, pattern, key) in rows {
+        match Entry::parse(&key_id, &pattern, &key) {
+            Ok(entry) => entries.push(entry),
+            Err(why) => log::error!("ingest: outbox_device_keys: {why}; that row is skipped"),
+        }
+    }
+    let loaded = entries.len();
+    let total = state.keys.replace(Origin::Table, entries);
+    if seen.is_none_or(|(at, _)| at != changes) {
+        log::info!("ingest: {loaded} keys from outbox_device_keys ({total} in all)");
+    }
+    *seen = Some((changes, std::time::Instant::now()));
 }
 
 /// Accepts connections until `shutdown` turns true, at most `max_connections` open at once;
@@ -146,7 +242,14 @@ pub(crate) async fn serve(
                 let state = Arc::clone(&state);
                 let served = Arc::clone(&served);
                 async move {
+                    let started = std::time::Instant::now();
+                    let on_events_path = request.uri().path() == state.events_path;
                     let mut response = handle(request, &state).await;
+                    if on_events_path {
+                        state
+                            .metrics
+                            .request(response.status().as_u16(), started.elapsed());
+                    }
                     let n = served.fetch_add(1, Ordering::Relaxed) + 1;
                     if n >= state.max_requests_per_connection {
                         response
@@ -184,44 +287,156 @@ pub(crate) async fn serve(
     probe.abort();
 }
 
-/// One request: `GET` or `HEAD /healthz`, or `POST` of signed CloudEvents to any other path.
+/// Serves `GET /metrics` on its own listener until `shutdown` turns true: short requests,
+/// a few connections, never the events path.
+pub(crate) async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.changed() => return,
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
+        let stream = tokio::select! {
+            _ = shutdown.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let state = Arc::clone(&state);
+        let (read_timeout, write_timeout) = (state.read_timeout, state.write_timeout);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let state = Arc::clone(&state);
+                async move {
+                    let response = if request.uri().path() != "/metrics" {
+                        text(StatusCode::NOT_FOUND, "GET /metrics")
+                    } else if request.method() != Method::GET {
+                        allow_get_head(text(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics"))
+                    } else {
+                        let mut response = text(
+                            StatusCode::OK,
+                            &state
+                                .metrics
+                                .render(state.inflight.in_flight(), state.workers.queue_depth()),
+                        );
+                        response.headers_mut().insert(
+                            CONTENT_TYPE,
+                            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                        );
+                        response
+                    };
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(read_timeout)
+                .keep_alive(false)
+                .serve_connection(
+                    TokioIo::new(WriteDeadline::new(stream, write_timeout)),
+                    service,
+                );
+            let _ = tokio::time::timeout(read_timeout + write_timeout, connection).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One request: `GET` or `HEAD /healthz`, or `POST` of signed CloudEvents to the events
+/// path; any other path is 404.
 async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
-    if request.uri().path() == "/healthz" {
+    let path = request.uri().path();
+    if path == "/healthz" {
         // Only a health check: a POST here once got the health answer, a 200 for events
         // that were never stored, and a relay pointed at this path lost them.
         if request.method() != Method::GET && request.method() != Method::HEAD {
-            let mut refused = text(
+            return allow_get_head(text(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "/healthz answers GET and HEAD only; POST events to another path",
-            );
-            refused
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return refused;
+                &format!(
+                    "/healthz answers GET and HEAD only; POST events to {}",
+                    state.events_path
+                ),
+            ));
         }
-        let unhealthy = match state.health() {
-            Some(known) => known,
-            None => probe_once(state).await,
+        let health = match state.health() {
+            Health::NotProbedYet => probe_once(state).await,
+            known => known,
         };
-        return match unhealthy {
-            None => text(StatusCode::OK, "ok"),
-            Some(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
+        return match health {
+            Health::Unhealthy(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
+            Health::Healthy | Health::NotProbedYet => text(StatusCode::OK, "ok"),
         };
+    }
+    if path != state.events_path {
+        // A relay pointed at a wrong path learns it at once, rather than storing nothing.
+        return close(text(
+            StatusCode::NOT_FOUND,
+            &format!("POST events to {}", state.events_path),
+        ));
     }
     if request.method() != Method::POST {
-        return text(
+        let mut refused = text(
             StatusCode::METHOD_NOT_ALLOWED,
-            "POST signed CloudEvents, or GET /healthz",
+            &format!("POST signed CloudEvents to {}", state.events_path),
         );
+        refused
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return close(refused);
     }
+    receive_events(request, state).await
+}
+
+/// A `POST` to the events path. Everything that needs no body is checked before a byte of
+/// it is read: the declared length, the source and its keys, the webhook headers and the
+/// timestamp, the source's rate, and room in the budget of bytes in flight.
+async fn receive_events(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > state.max_body as u64) {
+        state.refuse(None, "too_large", "");
         return too_large(state.max_body);
     }
+    let source = match request.headers().get(SOURCE_HEADER) {
+        None => None,
+        Some(value) => match decode_source_header(value.as_bytes()) {
+            Some(source) => Some(source),
+            None => {
+                state.refuse(None, "malformed_source_header", "");
+                return close(text(
+                    StatusCode::BAD_REQUEST,
+                    "outbox-source is not a percent-encoded UTF-8 source",
+                ));
+            }
+        },
+    };
+    // Only the keys that may sign for this source are tried. Without the header (a relay
+    // older than it), only keys for any source (`--secret`) can verify.
+    let Some(verifier) = state.keys.verifier_for(source.as_deref()) else {
+        let (reason, why) = match &source {
+            Some(_) => ("unknown_source", "no key may sign for this source"),
+            None => (
+                "missing_source",
+                "the request names no source in outbox-source, and no key signs for any source",
+            ),
+        };
+        state.refuse(source.as_deref(), reason, why);
+        return close(text(StatusCode::UNAUTHORIZED, &format!("{reason}: {why}")));
+    };
     let headers: Vec<(String, String)> = request
         .headers()
         .iter()
@@ -235,15 +450,44 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    // What needs no body is checked before a byte of it is read: a request without the
-    // webhook headers, or with a timestamp outside the tolerance, costs no body buffer.
     let named = headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    if let Err(e) = state.verifier.verify_headers(named, now) {
+    if let Err(e) = verifier.verify_headers(named, now) {
+        state.refuse(source.as_deref(), e.kind(), &e.to_string());
         return close(text(
             StatusCode::UNAUTHORIZED,
             &format!("{}: {e}", e.kind()),
         ));
     }
+    if let (Some(rate), Some(source)) = (&state.rate, &source) {
+        if let Err(wait) = rate.check(source, std::time::Instant::now()) {
+            state.refuse(Some(source), "rate_limited", "over --max-rate-per-source");
+            let mut refused = close(text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "this source sends more requests a second than --max-rate-per-source allows",
+            ));
+            let seconds = wait.as_secs() + 1;
+            refused.headers_mut().insert(
+                RETRY_AFTER,
+                HeaderValue::from_str(&seconds.to_string())
+                    .unwrap_or(HeaderValue::from_static("1")),
+            );
+            return refused;
+        }
+    }
+    // A body of unknown length may take up to the limit.
+    let reserve = declared.map_or(state.max_body, |n| n as usize);
+    let Some(_reservation) = state.inflight.reserve(reserve) else {
+        state.refuse(source.as_deref(), "inflight_budget", "");
+        let mut refused = close(text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many request bytes in flight (--max-inflight-bytes); retry soon",
+        ));
+        refused.headers_mut().insert(
+            RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_OVERLOADED),
+        );
+        return refused;
+    };
     let body = Limited::new(request.into_body(), state.max_body).collect();
     let body = match tokio::time::timeout(state.read_timeout, body).await {
         Err(_) => {
@@ -258,15 +502,31 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
         Ok(Err(e)) => return close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    let events = match verify_request(&state.verifier, &headers, &body, now) {
+    let events = match verify_request(&verifier, &headers, &body, now) {
         Ok(events) => events,
         Err(ReceiveError::Signature(e)) => {
-            return text(StatusCode::UNAUTHORIZED, &format!("{}: {e}", e.kind()))
+            state.refuse(source.as_deref(), e.kind(), &e.to_string());
+            return text(StatusCode::UNAUTHORIZED, &format!("{}: {e}", e.kind()));
         }
         Err(ReceiveError::Body(e)) => {
             return text(StatusCode::BAD_REQUEST, &format!("not CloudEvents: {e}"))
         }
     };
+    if let (Some(rate), Some(source)) = (&state.rate, &source) {
+        rate.take(source, std::time::Instant::now());
+    }
+    // A key signs for its sources only: an event of another source in a request signed
+    // for this one is forged (or a relay mixing sources), and nothing of it is stored.
+    if let Some(source) = &source {
+        if let Some(other) = events.iter().find(|e| &e.source != source) {
+            let why = format!(
+                "event {} has source {:?}, but the request is signed for {source:?}",
+                other.id, other.source
+            );
+            state.refuse(Some(source), "forged_source", &why);
+            return text(StatusCode::FORBIDDEN, &format!("forged_source: {why}"));
+        }
+    }
     let refused = unstorable(&events);
     if !refused.is_empty() {
         return unprocessable(&refused);
@@ -280,6 +540,7 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
     }
     match run(state, Work::Store(columns)).await {
         Outcome::Stored(new) => {
+            state.metrics.stored(new);
             // How many of the request's events were new; repeats are answered 204 too.
             let mut response = empty(StatusCode::NO_CONTENT);
             response.headers_mut().insert(
@@ -288,11 +549,11 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
             );
             response
         }
-        Outcome::Healthy => empty(StatusCode::NO_CONTENT),
+        Outcome::Healthy | Outcome::Keys { .. } => empty(StatusCode::NO_CONTENT),
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
         Outcome::Unavailable(why) => {
             // Unhealthy at once, until the probe succeeds again.
-            state.set_health(Some(why.clone()));
+            state.set_health(Health::Unhealthy(why.clone()));
             unavailable(&why, RETRY_AFTER_UNAVAILABLE)
         }
         Outcome::Overloaded => overloaded(),
@@ -337,6 +598,13 @@ fn unprocessable(refused: &[(String, String)]) -> Response<Full<Bytes>> {
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn allow_get_head(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
     response
 }
 

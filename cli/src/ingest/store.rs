@@ -9,11 +9,29 @@ use sqlite_outbox::receive::{CloudEvent, Data};
 /// The statement that stores a request's events: `unnest` turns the per-column arrays into
 /// rows, and `ON CONFLICT DO NOTHING` skips every `(source, id)` already stored, also one
 /// that a concurrent transaction is storing (it waits for that one, then skips or stores).
+///
+/// In the same statement, each of the request's sources gets its row in `outbox_sources`
+/// (first and last seen, events stored, newest event time), so an operator can ask which
+/// devices went silent; the statement returns how many events were new.
 pub(crate) const INSERT_EVENTS: &str = "
-    INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::int8[], $7::text[]::timestamptz[], $8::jsonb[])
-    ON CONFLICT (source, id) DO NOTHING";
+    WITH stored AS (
+        INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                             $6::int8[], $7::text[]::timestamptz[], $8::jsonb[])
+        ON CONFLICT (source, id) DO NOTHING
+        RETURNING source, time
+    ), seen AS (
+        INSERT INTO outbox_sources AS s (source, events_stored, newest_event_time)
+        SELECT requested.source, count(stored.source), max(stored.time)
+          FROM (SELECT DISTINCT unnest($1::text[]) AS source) AS requested
+          LEFT JOIN stored ON stored.source = requested.source
+         GROUP BY requested.source
+        ON CONFLICT (source) DO UPDATE
+           SET last_seen = now(),
+               events_stored = s.events_stored + EXCLUDED.events_stored,
+               newest_event_time = GREATEST(s.newest_event_time, EXCLUDED.newest_event_time)
+    )
+    SELECT count(*) FROM stored";
 
 /// A request's events as the columns of [`INSERT_EVENTS`].
 #[derive(Debug, Default)]
@@ -162,9 +180,61 @@ pub(crate) fn store(
 ) -> Result<u64, postgres::Error> {
     let mut tx = client.transaction()?;
     let statement = tx.prepare(INSERT_EVENTS)?;
-    let stored = tx.execute(&statement, &columns.params())?;
+    let stored: i64 = tx.query_one(&statement, &columns.params())?.get(0);
     tx.commit()?;
-    Ok(stored)
+    Ok(stored as u64)
+}
+
+/// A row of `outbox_device_keys`: key id, source pattern, key.
+pub(crate) type KeyRow = (String, String, String);
+
+/// The change counter of `outbox_device_keys`, bumped by a trigger on every change.
+pub(crate) fn keys_changes(client: &mut postgres::Client) -> Result<i64, postgres::Error> {
+    Ok(client
+        .query_one("SELECT changes FROM outbox_device_keys_changes", &[])?
+        .get(0))
+}
+
+/// The keys not revoked (now), with the change counter read in the same snapshot.
+pub(crate) fn load_keys(
+    client: &mut postgres::Client,
+) -> Result<(i64, Vec<KeyRow>), postgres::Error> {
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()?;
+    let changes: i64 = tx
+        .query_one("SELECT changes FROM outbox_device_keys_changes", &[])?
+        .get(0);
+    let rows = tx
+        .query(
+            "SELECT key_id, source_pattern, key FROM outbox_device_keys
+              WHERE revoked_at IS NULL OR revoked_at > now()",
+            &[],
+        )?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    tx.commit()?;
+    Ok((changes, rows))
+}
+
+/// Adds refusals to the rows of known sources in `outbox_sources` (a refused request for a
+/// source never stored creates no row: anyone can name any source).
+pub(crate) fn add_refusals(
+    client: &mut postgres::Client,
+    refusals: &[(String, u64)],
+) -> Result<(), postgres::Error> {
+    let sources: Vec<&str> = refusals.iter().map(|(s, _)| s.as_str()).collect();
+    let counts: Vec<i64> = refusals.iter().map(|(_, n)| *n as i64).collect();
+    client.execute(
+        "UPDATE outbox_sources AS s SET refusals = s.refusals + r.n
+           FROM unnest($1::text[], $2::int8[]) AS r(source, n)
+          WHERE s.source = r.source",
+        &[&sources, &counts],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! `outbox ingest`: the fleet's receiving end. Verifies signed CloudEvents from devices and
-//! stores each event once in PostgreSQL, until SIGINT or SIGTERM.
+//! stores each event once in PostgreSQL, until SIGINT or SIGTERM; SIGHUP re-reads `--keys`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::Args;
 use outbox_cli::ingest::{IngestConfig, IngestServer};
 use sqlite_outbox::receive::Secret;
+
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::failure::{bad_input, failed, Outcome};
 use crate::parse_duration;
@@ -27,13 +29,36 @@ pub struct IngestArgs {
     /// A file whose first line is the PostgreSQL URL.
     #[arg(long)]
     postgres_file: Option<PathBuf>,
-    /// whsec_… secret requests are signed with; repeat for rotation. Visible to `ps`: prefer
-    /// --secret-file or OUTBOX_SECRET.
+    /// whsec_… secret shared by the whole fleet, which may sign for ANY source (the
+    /// single-tenant mode); repeat for rotation. Per-device keys: --keys or --keys-table.
+    /// Visible to `ps`: prefer --secret-file or OUTBOX_SECRET.
     #[arg(long, env = "OUTBOX_SECRET", hide_env_values = true)]
     secret: Vec<String>,
     /// A file of whsec_… secrets, one per line.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// The key registry: one `KEY_ID SOURCE_PATTERN KEY` a line (# starts a comment); the
+    /// pattern is a source or a prefix ending in *, the key a device's whpk_… public key
+    /// (from `outbox keygen`) or a whsec_… secret. Re-read on SIGHUP.
+    #[arg(long)]
+    keys: Option<PathBuf>,
+    /// Take keys from the table outbox_device_keys too, re-read within a second of a change.
+    #[arg(long)]
+    keys_table: bool,
+    /// The path events are posted to; any other path but /healthz is 404.
+    #[arg(long, default_value = "/events")]
+    events_path: String,
+    /// Request body bytes in flight at most across all connections; past it 503 with
+    /// Retry-After, before the body is read.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_inflight_bytes: usize,
+    /// Verified requests a second one source may send; past it 429 with Retry-After
+    /// (default: no limit).
+    #[arg(long)]
+    max_rate_per_source: Option<f64>,
+    /// Serve GET /metrics (Prometheus text format) on this address, e.g. 127.0.0.1:9090.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Database threads and PostgreSQL connections.
     #[arg(long, default_value_t = 8)]
     threads: usize,
@@ -83,32 +108,63 @@ pub fn run(args: IngestArgs) -> Outcome {
                 .map(str::to_string),
         );
     }
-    if texts.is_empty() {
+    if texts.is_empty() && args.keys.is_none() && !args.keys_table {
         return Err(bad_input(
-            "--secret, --secret-file or OUTBOX_SECRET is required: ingest takes signed requests only",
+            "--keys FILE, --keys-table, or --secret (--secret-file, OUTBOX_SECRET) is required: \
+             ingest takes signed requests only",
         ));
     }
     let mut config = IngestConfig::new(args.listen, url)
+        .keys_table(args.keys_table)
+        .events_path(&args.events_path)
+        .max_inflight_bytes(args.max_inflight_bytes)
+        .max_rate_per_source(args.max_rate_per_source)
+        .metrics_listen(args.metrics_listen)
         .threads(args.threads)
         .max_body(args.max_body)
         .max_connections(args.max_connections)
         .read_timeout(args.read_timeout)
         .write_timeout(args.write_timeout)
         .max_requests_per_connection(args.max_requests_per_connection);
+    if let Some(path) = &args.keys {
+        config = config.keys_file(path);
+    }
     for text in &texts {
         let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
         config = config.secret(secret);
     }
-    let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.try_send(());
-    })
-    .map_err(|e| failed(format!("cannot install the signal handler: {e}")))?;
+    // SIGINT and SIGTERM stop, SIGHUP re-reads the keys file: all three are taken before the
+    // server starts, so none arriving early ends the process by its default action.
+    let signals = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| failed(format!("cannot start the signal runtime: {e}")))?;
+    let signals_of = |kind| {
+        let _entered = signals.enter();
+        signal(kind).map_err(|e| failed(format!("cannot listen for signals: {e}")))
+    };
+    let mut interrupt = signals_of(SignalKind::interrupt())?;
+    let mut terminate = signals_of(SignalKind::terminate())?;
+    let mut hangup = signals_of(SignalKind::hangup())?;
     let server = IngestServer::start(config)?;
     // The one line a supervisor or a test reads to learn the port.
     println!("listening on http://{}", server.local_addr());
+    if let Some(addr) = server.metrics_addr() {
+        println!("metrics on http://{addr}/metrics");
+    }
     let _ = std::io::stdout().flush();
-    let _ = stop_rx.recv();
+    signals.block_on(async {
+        loop {
+            tokio::select! {
+                _ = interrupt.recv() => break,
+                _ = terminate.recv() => break,
+                _ = hangup.recv() => {
+                    // A file that does not read is logged and changes nothing.
+                    let _ = server.reload_keys();
+                }
+            }
+        }
+    });
     server.shutdown();
     Ok(ExitCode::SUCCESS)
 }
