@@ -48,7 +48,10 @@ pub use crate::cloudevents::{
 pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]
-pub use crate::pg::{migrate as pg_migrate, schema_version as pg_schema_version, PgInbox};
+pub use crate::pg::{
+    migrate as pg_migrate, pg_connect, pg_connect_config, schema_version as pg_schema_version,
+    PgInbox, PgTls,
+};
 pub use crate::signature::{
     Secret, Verifier, VerifyError, VerifyingKey, MIN_SECRET_BYTES, SECRET_PREFIX,
 };

@@ -15,7 +15,10 @@ const PRUNE_PAGE: i64 = 1_000;
 /// ```no_run
 /// use sqlite_outbox::receive::{PgInbox, Receipt};
 /// # fn main() -> Result<(), sqlite_outbox::Error> {
-/// let mut client = postgres::Client::connect("host=127.0.0.1 user=app", postgres::NoTls)?;
+/// // TLS as libpq's sslmode and sslrootcert say (see `pg_connect_config`).
+/// let mut client = sqlite_outbox::receive::pg_connect(
+///     "postgresql://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+/// )?;
 /// sqlite_outbox::receive::pg_migrate(&mut client)?;
 /// let mut tx = client.transaction()?;
 /// if PgInbox::receive(&mut tx, "/devices/42", "01a2…")? == Receipt::New {

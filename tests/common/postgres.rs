@@ -143,6 +143,42 @@ impl Postgres {
         self.running = false;
     }
 
+    /// Turns TLS on with this certificate and key (PEM), and restarts: `ssl = on`, the
+    /// files copied into the data folder, the key readable by the server's user only.
+    pub fn enable_tls(&mut self, cert: &Path, key: &Path) {
+        self.stop();
+        let data = self.dir.path().join("data");
+        std::fs::copy(cert, data.join("server.crt")).unwrap();
+        std::fs::copy(key, data.join("server.key")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            data.join("server.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        if is_root() {
+            for file in ["server.crt", "server.key"] {
+                let status = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(data.join(file))
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            }
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        use std::io::Write;
+        writeln!(
+            conf,
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
+        )
+        .unwrap();
+        self.restart();
+    }
+
     /// A connection string for this cluster.
     pub fn url(&self) -> String {
         format!(

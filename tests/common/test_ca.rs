@@ -48,6 +48,11 @@ impl TestCa {
         )
     }
 
+    /// A server certificate for the names (or IP addresses) in `sans` only.
+    pub fn server_for(&self, file: &str, sans: &[&str]) -> Issued {
+        self.issue(file, sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate with common name `name`.
     pub fn client(&self, name: &str) -> Issued {
         self.issue(name, &[], ExtendedKeyUsagePurpose::ClientAuth)

@@ -57,7 +57,7 @@ use tokio::sync::watch;
 use admission::{InflightBudget, RefusalLog, SourceRate};
 use keys::{Entry, Origin, Registry};
 use server::{Health, State};
-use sqlite_outbox::receive::{Secret, VerifyingKey};
+use sqlite_outbox::receive::{pg_connect_config, PgTls, Secret, VerifyingKey};
 use sqlite_outbox::{Error, Result};
 use workers::Workers;
 
@@ -203,7 +203,7 @@ impl IngestConfig {
         self
     }
 
-    fn check(&self) -> Result<postgres::Config> {
+    fn check(&self) -> Result<(postgres::Config, PgTls)> {
         let bad = |why: String| Error::InvalidConfig(format!("ingest: {why}"));
         if self.secrets.is_empty() && self.keys_file.is_none() && !self.keys_table {
             return Err(bad(
@@ -276,17 +276,17 @@ impl IngestConfig {
                 self.write_timeout
             )));
         }
-        let mut config: postgres::Config = self
-            .postgres
-            .parse()
-            .map_err(|e| bad(format!("the PostgreSQL URL is not valid: {e}")))?;
+        let (mut config, tls) = pg_connect_config(&self.postgres).map_err(|e| match e {
+            Error::InvalidConfig(why) => bad(why),
+            other => other,
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
         if config.get_application_name().is_none() {
             config.application_name("outbox-ingest");
         }
-        Ok(config)
+        Ok((config, tls))
     }
 }
 
@@ -318,7 +318,7 @@ impl IngestServer {
     /// [`Error::InvalidConfig`] for a setting out of range or a bad URL; [`Error::Io`] when
     /// the address cannot be bound or a thread cannot start.
     pub fn start(config: IngestConfig) -> Result<IngestServer> {
-        let postgres = config.check()?;
+        let (postgres, tls) = config.check()?;
         let listener = std::net::TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
@@ -351,7 +351,7 @@ impl IngestServer {
             }
             None => None,
         };
-        let workers = Workers::start(postgres, config.threads, config.threads * 4)?;
+        let workers = Workers::start(postgres, tls, config.threads, config.threads * 4)?;
         let state = Arc::new(State {
             keys,
             keys_table: config.keys_table,

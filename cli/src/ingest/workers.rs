@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use r2d2_postgres::PostgresConnectionManager;
 
+use sqlite_outbox::receive::PgTls;
+
 use super::store::{self, Columns};
 
 /// How long a job waits for a pooled connection before the request is answered 503.
@@ -18,7 +20,7 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// The shortest pause between two attempts to create the tables while PostgreSQL is down.
 const MIGRATION_RETRY: Duration = Duration::from_secs(1);
 
-type Pool = r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>;
+type Pool = r2d2::Pool<PostgresConnectionManager<PgTls>>;
 
 /// What a job came to.
 #[derive(Debug)]
@@ -81,10 +83,11 @@ impl Workers {
     /// second).
     pub fn start(
         config: postgres::Config,
+        tls: PgTls,
         threads: usize,
         queue: usize,
     ) -> std::io::Result<Workers> {
-        let manager = PostgresConnectionManager::new(config, postgres::NoTls);
+        let manager = PostgresConnectionManager::new(config, tls);
         let pool = r2d2::Pool::builder()
             .max_size(threads as u32)
             .min_idle(Some(0))
