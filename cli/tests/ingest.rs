@@ -473,3 +473,70 @@ fn a_stopped_postgres_gives_503s_and_every_event_lands_once_it_is_back() {
     assert_eq!(health.status, 200, "{health:?}");
     server.shutdown();
 }
+
+#[test]
+fn postgres_stopped_for_30_s_under_a_relay_dead_letters_nothing_and_spends_no_attempt() {
+    const EVENTS: usize = 40;
+    let mut postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::builder()
+        .default_source("/devices/outage")
+        .open(dir.path().join("device.db"))
+        .unwrap();
+    let enqueue = |from: usize, to: usize| {
+        device
+            .transaction(|tx| {
+                for i in from..to {
+                    device.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
+                }
+                Ok(())
+            })
+            .unwrap()
+    };
+    enqueue(0, EVENTS / 2);
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(Destination::http("default", url(server.local_addr())).secret(SECRET))
+                .max_attempts(3)
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(30)
+    ));
+    // The store goes away; the device keeps committing.
+    postgres.stop();
+    let outage = std::time::Instant::now();
+    enqueue(EVENTS / 2, EVENTS);
+    while outage.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            rows(&device).iter().all(|r| !r.dead),
+            "nothing is dead-lettered during the outage"
+        );
+    }
+    postgres.restart();
+    assert!(
+        common::all_delivered_within(&device, Duration::from_secs(60)),
+        "delivered once the store is back: {:?}",
+        rows(&device)
+    );
+    relay.shutdown();
+    let rows = rows(&device);
+    assert!(rows.iter().all(|r| r.delivered && !r.dead));
+    // Each delivery is an attempt; the outage's 503s (with Retry-After) spent at most the
+    // three that judged the destination down.
+    let attempts: i64 = rows.iter().map(|r| r.attempts).sum();
+    eprintln!("{attempts} attempts for {EVENTS} deliveries across a 30 s outage");
+    assert!(
+        attempts <= EVENTS as i64 + 3,
+        "{} attempts spent during the outage: {rows:?}",
+        attempts - EVENTS as i64
+    );
+    assert_eq!(stored_ids(&postgres).len(), EVENTS);
+    server.shutdown();
+}
