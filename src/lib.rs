@@ -386,7 +386,12 @@
 //!   fixed when the event is enqueued, so every relay sends one id under one source.
 //! - `webhook-timestamp` is the time of *this* attempt: a retry days later is signed afresh.
 //!   `webhook-signature` carries one `v1,` entry per secret, so secrets rotate without a
-//!   gap. Secrets never appear in logs, `Debug` output or errors.
+//!   gap, and a `v1a,` entry (Ed25519, Standard Webhooks' asymmetric scheme) when the
+//!   destination has a device key ([`Destination::signing_key`]). Secrets and private keys
+//!   never appear in logs, `Debug` output or errors.
+//! - `outbox-source` names the events' `source` (percent-encoded where it is not visible
+//!   ASCII): a request never mixes sources, so a receiver picks the keys that may sign for
+//!   that source before it reads the body.
 //! - A batch (`application/cloudevents-batch+json`, a JSON array of at most N events and M
 //!   bytes) is delivered or retried as a whole. Its `webhook-id` (`batch_…`) is derived from
 //!   the events it holds: the same batch sent again carries the same id, but a batch formed
@@ -412,12 +417,59 @@
 //!   + outbox relay)                 any number)                               Debezium → Kafka)
 //! ```
 //!
-//! `outbox ingest --listen 0.0.0.0:8080 --postgres-file pg-url --secret-file secrets`
-//! (library: `outbox_cli::ingest::IngestServer`, in the crate `outbox-cli`) verifies each request's signature, parses its
-//! CloudEvents, and stores them in **one** PostgreSQL transaction in `outbox_ingested`
-//! (`source, id, type, subject, partitionkey, sequence bigint, time timestamptz, data jsonb,
+//! `outbox ingest --listen 0.0.0.0:8080 --postgres-file pg-url --keys fleet-keys`
+//! (library: `outbox_cli::ingest::IngestServer`, in the crate `outbox-cli`) verifies each
+//! request's signature against the keys of the device it names, parses its CloudEvents,
+//! and stores them in **one** PostgreSQL transaction in `outbox_ingested` (`source, id,
+//! type, subject, partitionkey, sequence bigint, time timestamptz, data jsonb,
 //! received_at`; primary key `(source, id)`), answering 204 only after the commit. It
 //! creates or migrates its tables at start, before `/healthz` can answer 200.
+//!
+//! **One identity per device.** Each device signs with its own Ed25519 key (Standard
+//! Webhooks `v1a`); the ingest holds only public keys, in a key registry that says which
+//! sources each key may sign for. A device taken off its pole signs for itself and nobody
+//! else, and a leaked registry signs for nobody.
+//!
+//! 1. *Provision.* On the device: `outbox keygen --out /etc/outbox/device.key` writes the
+//!    private key (`whsk_…`, mode 0600) and prints its public key (`whpk_…`); the relay
+//!    signs with `outbox relay --signing-key /etc/outbox/device.key …` (library:
+//!    [`Destination::signing_key`]). At the ingest, one line in the `--keys` file,
+//!    `KEY_ID SOURCE_PATTERN KEY` (`pump-42 /devices/pump-42 whpk_…`; a pattern is a source
+//!    or a prefix ending in `*`; `#` starts a comment), then `kill -HUP` the ingest (the
+//!    file is re-read, no connection dropped; a file with a malformed line changes nothing
+//!    and is logged). Or, with `--keys-table`, one row: `INSERT INTO outbox_device_keys
+//!    (key_id, source_pattern, key) VALUES ('pump-42', '/devices/pump-42', 'whpk_…')`,
+//!    taken within a second by every ingest process.
+//! 2. *Rotate.* Add the new key beside the old one (two lines or rows for one source: both
+//!    verify), move the device to its new key, then remove the old line or row.
+//! 3. *Revoke.* Remove the line and send SIGHUP, or `UPDATE outbox_device_keys SET
+//!    revoked_at = now() WHERE key_id = 'pump-42'` (a future `revoked_at` takes effect
+//!    then, within 30 s).
+//!
+//! `--secret` (a shared `whsec_` secret that signs for **any** source) stays for a
+//! single-tenant fleet, and for relays older than the `outbox-source` header: without the
+//! header, only such secrets can verify a request. Each check that needs no body comes
+//! before it is read: a source no key is for, or no `outbox-source` and no `--secret`: 401;
+//! missing webhook headers or a timestamp outside ±5 minutes: 401; then the source's rate
+//! and the in-flight budget (below). After the body: a signature by none of the source's
+//! keys: 401; an event whose `source` differs from the header's: 403, nothing of the
+//! request stored. Refusals are counted by reason (`GET /metrics`, and `refusals` in
+//! `outbox_sources` for known sources) and logged at most once a minute per source, never
+//! with a key.
+//!
+//! **TLS on both sides.** Devices reach the ingest over HTTPS through your load balancer
+//! (the relay verifies the server with Mozilla's roots). The ingest reaches PostgreSQL with
+//! libpq's parameters in its URL: `sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem`
+//! checks the certificate and host name, `require` encrypts and never falls back to
+//! plaintext, `prefer` (the default) encrypts when the server offers it;
+//! [`receive::pg_connect`] does the same for [`receive::PgInbox`] users.
+//!
+//! **The fleet at a glance.** `outbox_sources` holds a row per source stored: `first_seen`,
+//! `last_seen`, `events_stored`, `newest_event_time` and `refusals`; `SELECT source,
+//! last_seen FROM outbox_sources WHERE last_seen < now() - interval '1 day'` lists the
+//! devices gone silent. `--metrics-listen 127.0.0.1:9090` serves `GET /metrics`
+//! (Prometheus text: requests by status, refusals by reason, events stored, request
+//! latency, bytes in flight, database queue depth) on its own address, not with the events.
 //!
 //! - **Exactly once.** A device sends an event until it gets a 2xx; a 2xx comes only after
 //!   the commit; the commit skips every `(source, id)` already stored (`ON CONFLICT DO
@@ -453,8 +505,13 @@
 //!   anything), `--write-timeout` (10 s) for each write of an answer (a client that
 //!   pipelines requests and reads none of the answers loses its connection then, so it
 //!   cannot hold a slot of `--max-connections`), `--max-requests-per-connection` (1,000:
-//!   the answer to the last says `connection: close` and the connection ends). The docs of
-//!   `outbox_cli::ingest` list what happens at each.
+//!   the answer to the last says `connection: close` and the connection ends),
+//!   `--max-inflight-bytes` (64 MiB: body bytes being read across all connections; a
+//!   request whose declared length does not fit gets 503 with `Retry-After: 1` before its
+//!   body is read), `--max-rate-per-source` (off by default: verified requests a second per
+//!   source; past it 429 with `Retry-After`, and requests forged in a device's name spend
+//!   none of its rate), `--events-path` (`/events`; any other path but `/healthz` is 404).
+//!   The docs of `outbox_cli::ingest` list what happens at each.
 //! - **Into Kafka.** The table is an ordinary one: Debezium's PostgreSQL connector
 //!   (`plugin.name=pgoutput`, `table.include.list=public.outbox_ingested`) streams each
 //!   committed row as a change event; key the topic by `source,partitionkey` so a key stays

@@ -7,8 +7,10 @@
 //!                                   your consumers (SQL, logical replication, Debezium → Kafka)
 //! ```
 //!
-//! Each request is verified (Standard Webhooks signature and timestamp), parsed (structured
-//! or batched CloudEvents), and its events stored in **one** PostgreSQL transaction in
+//! Each request is verified (Standard Webhooks signature and timestamp, with the keys the
+//! registry holds for the request's `outbox-source`: see [`IngestConfig::keys_file`]),
+//! parsed (structured or batched CloudEvents), and its events stored in **one** PostgreSQL
+//! transaction in
 //! `outbox_ingested`, whose primary key is `(source, id)`: an event already stored is
 //! skipped. Only after the commit does the device get its 204, so a 2xx means stored; a
 //! device that gets no answer (a killed process, a lost connection) sends the same events

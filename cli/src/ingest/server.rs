@@ -14,8 +14,15 @@
 //!   connections wait in the kernel's listen queue until one closes.
 //! - **request head** (`read_timeout`): a head not complete within it closes the connection,
 //!   also the wait for the next request on an idle keep-alive connection.
+//! - **before the body**: a length declared over `max_body` (413), a source no key may sign
+//!   for or no source and no any-source secret (401), missing webhook headers or a
+//!   timestamp outside the tolerance (401), a source over `max_rate_per_source` (429 with
+//!   `Retry-After`), a declared length (or, undeclared, `max_body`) that does not fit the
+//!   budget of bytes in flight across all connections (503 with `Retry-After: 1`); each
+//!   closes the connection with the body unread.
 //! - **request body** (`read_timeout`, `max_body`): a body not complete within the timeout
-//!   gets 408; one declared or found larger than `max_body` gets 413; both close.
+//!   gets 408; one found larger than `max_body` gets 413; both close. After it, a signature
+//!   by none of the source's keys is 401, an event of another source 403.
 //! - **database queue** (four jobs per database thread): full, a request gets 503 with
 //!   `Retry-After: 1` at once, rather than waiting behind the others.
 //! - **answers** are at most a few hundred bytes: they fit the socket's buffer, so a client
