@@ -1,7 +1,9 @@
 //! Events stored per second by `ingest` servers (in this process, each with its own runtime
 //! and 8 database threads) from 8 keep-alive clients, one event per request and batches of
 //! 100, against a bare loop of the same INSERT statement over one connection, in the same
-//! run, on a PostgreSQL cluster of the bench's own (`fsync=off` for both). The rows of the
+//! run, on a PostgreSQL cluster of the bench's own (`fsync=off` for both); and the same
+//! traffic from 8 devices each signing with its own Ed25519 key, checked against a key
+//! registry of 1,000 devices, against the shared secret, in the same run. The rows of the
 //! performance record's ingest section (docs/PERFORMANCE.md).
 //!
 //! ```text
@@ -15,7 +17,8 @@ mod support_postgres;
 use std::time::Duration;
 
 use outbox_cli::ingest::{IngestConfig, IngestServer};
-use sqlite_outbox::receive::Secret;
+use sqlite_outbox::receive::{Secret, SigningKey};
+use support_ingest::Signing;
 
 fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
@@ -59,6 +62,30 @@ fn main() {
         .expect("the ingest server starts")
     };
     let servers: Vec<IngestServer> = (0..3).map(start).collect();
+    // A registry of 1,000 devices, of which the bench's 8 clients are the first.
+    let keys: Vec<SigningKey> = (0..1_000)
+        .map(|_| SigningKey::generate().expect("a random source").0)
+        .collect();
+    let registry = tempfile::NamedTempFile::new().expect("a temp file");
+    let lines: String = keys
+        .iter()
+        .enumerate()
+        .map(|(d, key)| {
+            format!(
+                "dev-{d} /devices/bench-{d} {}\n",
+                key.public_key().to_text()
+            )
+        })
+        .collect();
+    std::fs::write(registry.path(), lines).expect("write the registry");
+    let device_server = IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().expect("an address"), postgres.url())
+            .keys_file(registry.path())
+            .threads(8),
+    )
+    .expect("the ingest server starts");
+    let shared = Signing::Shared(&secret);
+    let devices = Signing::Devices(&keys[..8]);
     let addrs: Vec<_> = servers.iter().map(IngestServer::local_addr).collect();
     let mut bare_client = postgres.client();
     let round = std::cell::Cell::new(0);
@@ -73,10 +100,10 @@ fn main() {
             let (ours, bare) = alternate(
                 3,
                 || {
-                    let bodies = support_ingest::bodies(&next_run(), events, per_request);
+                    let bodies = support_ingest::bodies(&next_run(), events, per_request, &shared);
                     let took = support_ingest::post_all(
                         &addrs[..processes],
-                        &secret,
+                        &shared,
                         &bodies,
                         per_request > 1,
                         8,
@@ -104,6 +131,27 @@ fn main() {
             );
         }
     }
+    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
+        let post = |signing: &Signing, addr| {
+            let bodies = support_ingest::bodies(&next_run(), events, per_request, signing);
+            rate(
+                events,
+                support_ingest::post_all(&[addr], signing, &bodies, per_request > 1, 8),
+            )
+        };
+        let (per_device, shared_rate) = alternate(
+            3,
+            || post(&devices, device_server.local_addr()),
+            || post(&shared, addrs[0]),
+        );
+        println!(
+            "| ingest, {per_request} event(s)/request, per-device keys (v1a, 1,000 in the registry) | {} events | {} (shared secret) | {:.2}× | ≥ 0.9× |",
+            per_s(per_device),
+            per_s(shared_rate),
+            per_device / shared_rate,
+        );
+    }
+    device_server.shutdown();
     for server in servers {
         server.shutdown();
     }

@@ -7,15 +7,34 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use sqlite_outbox::receive::Secret;
+use sqlite_outbox::receive::{Secret, SigningKey};
 
 /// The content types of one event and of a batch.
 const ONE: &str = "application/cloudevents+json";
 const BATCH: &str = "application/cloudevents-batch+json";
 
-fn event(run: &str, i: usize) -> serde_json::Value {
+/// How requests are signed: one secret for the fleet, or each device with its own key.
+pub enum Signing<'a> {
+    /// Every request signed with this `whsec_` secret, all of source `/devices/bench`.
+    Shared(&'a Secret),
+    /// Request `i` from device `i % keys.len()`, source `/devices/bench-{device}`, signed
+    /// with that device's key (`v1a`) and naming its source in `outbox-source`.
+    Devices(&'a [SigningKey]),
+}
+
+impl Signing<'_> {
+    /// The source of request `i`.
+    pub fn source(&self, i: usize) -> String {
+        match self {
+            Signing::Shared(_) => "/devices/bench".to_string(),
+            Signing::Devices(keys) => format!("/devices/bench-{}", i % keys.len()),
+        }
+    }
+}
+
+fn event(run: &str, i: usize, source: &str) -> serde_json::Value {
     json!({
-        "specversion": "1.0", "id": format!("{run}-{i}"), "source": "/devices/bench",
+        "specversion": "1.0", "id": format!("{run}-{i}"), "source": source,
         "type": "reading.taken", "partitionkey": format!("k{}", i % 16),
         "sequence": format!("{:020}", i), "time": "2026-11-30T12:00:00.000Z",
         "datacontenttype": "application/json",
@@ -23,16 +42,19 @@ fn event(run: &str, i: usize) -> serde_json::Value {
     })
 }
 
-/// Request bodies for `events` events, `per_request` in each.
-pub fn bodies(run: &str, events: usize, per_request: usize) -> Vec<Vec<u8>> {
+/// Request bodies for `events` events, `per_request` in each, of the sources `signing` gives
+/// each request.
+pub fn bodies(run: &str, events: usize, per_request: usize, signing: &Signing) -> Vec<Vec<u8>> {
     (0..events)
         .collect::<Vec<_>>()
         .chunks(per_request)
-        .map(|chunk| {
+        .enumerate()
+        .map(|(request, chunk)| {
+            let source = signing.source(request);
             if per_request == 1 {
-                serde_json::to_vec(&event(run, chunk[0])).unwrap()
+                serde_json::to_vec(&event(run, chunk[0], &source)).unwrap()
             } else {
-                let items: Vec<_> = chunk.iter().map(|&i| event(run, i)).collect();
+                let items: Vec<_> = chunk.iter().map(|&i| event(run, i, &source)).collect();
                 serde_json::to_vec(&items).unwrap()
             }
         })
@@ -43,7 +65,7 @@ pub fn bodies(run: &str, events: usize, per_request: usize) -> Vec<Vec<u8>> {
 /// how long until every one was answered 204.
 pub fn post_all(
     servers: &[SocketAddr],
-    secret: &Secret,
+    signing: &Signing,
     bodies: &[Vec<u8>],
     batch: bool,
     connections: usize,
@@ -66,14 +88,23 @@ pub fn post_all(
                         .unwrap()
                         .as_secs() as i64;
                     let id = format!("msg-{c}-{i}");
-                    let response = agent
+                    let request = agent
                         .post(&url)
                         .header("content-type", content_type)
                         .header("webhook-id", &id)
-                        .header("webhook-timestamp", now.to_string())
-                        .header("webhook-signature", secret.sign(&id, now, body))
-                        .send(body)
-                        .expect("post to ingest");
+                        .header("webhook-timestamp", now.to_string());
+                    let request = match signing {
+                        Signing::Shared(secret) => {
+                            request.header("webhook-signature", secret.sign(&id, now, body))
+                        }
+                        Signing::Devices(keys) => request
+                            .header(
+                                "webhook-signature",
+                                keys[i % keys.len()].sign(&id, now, body),
+                            )
+                            .header("outbox-source", signing.source(i)),
+                    };
+                    let response = request.send(body).expect("post to ingest");
                     assert_eq!(response.status().as_u16(), 204, "ingest refused a request");
                 }
             });
@@ -97,7 +128,7 @@ type Columns = (
 fn columns(run: &str, chunk: &[usize]) -> Columns {
     let mut columns: Columns = Default::default();
     for &i in chunk {
-        let e = event(run, i);
+        let e = event(run, i, "/devices/bench");
         columns.0.push("/devices/bench".into());
         columns.1.push(format!("{run}-{i}"));
         columns.2.push("reading.taken".into());
