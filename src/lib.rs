@@ -787,6 +787,7 @@ mod event;
 mod inbox;
 #[doc(hidden)]
 pub mod internal;
+mod key_text;
 mod limits;
 pub mod notices;
 mod oldest;
@@ -808,6 +809,7 @@ mod subscribe;
 mod telemetry;
 pub mod transport;
 mod type_pattern;
+mod verify_error;
 mod wake;
 pub mod wire;
 

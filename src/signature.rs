@@ -9,33 +9,21 @@
 use std::fmt;
 use std::time::Duration;
 
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
-use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use hmac::digest::CtOutput;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+use crate::key_text::LENIENT;
+pub use crate::key_text::MIN_SECRET_BYTES;
 use crate::signing_key::{signed_content, PublicKey, PUBLIC_KEY_PREFIX};
+pub use crate::verify_error::VerifyError;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Secrets are read leniently: padding optional, non-canonical trailing bits allowed, as the
-/// Python reference library does. A secret a user pasted without its `=` still works.
-pub(crate) const LENIENT: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new()
-        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
-        .with_decode_allow_trailing_bits(true),
-);
-
 /// The prefix of a Standard Webhooks secret.
 pub const SECRET_PREFIX: &str = "whsec_";
-
-/// The shortest key a secret may have, in bytes: the Standard Webhooks specification asks
-/// for 24 to 64. A shorter one (`whsec_AA` is a single zero byte) is guessed offline from
-/// one signed request.
-pub const MIN_SECRET_BYTES: usize = 24;
 
 /// A signing key. Its `Debug` output never shows the key.
 #[derive(Clone, PartialEq, Eq)]
@@ -138,83 +126,6 @@ pub(crate) const MAX_SIGNATURE_ENTRIES: usize = 16;
 
 /// `v1a` entries tried at most: each costs a pass over the body per public key.
 const MAX_V1A_ENTRIES: usize = 4;
-
-/// Why a request failed verification.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum VerifyError {
-    /// A required header is absent (`webhook-id`, `webhook-timestamp`, `webhook-signature`).
-    MissingHeader(&'static str),
-    /// `webhook-timestamp` is not a non-negative integer.
-    InvalidTimestamp,
-    /// The timestamp is older than the tolerance allows (a replay, or a very slow retry).
-    TimestampTooOld,
-    /// The timestamp is further in the future than the tolerance allows.
-    TimestampTooNew,
-    /// No `v1` signature matches any known secret: the body, id or timestamp was altered, or
-    /// the secret is wrong.
-    InvalidSignature,
-    /// The secret is empty.
-    EmptySecret,
-    /// The secret is not valid base64.
-    InvalidSecret,
-    /// The secret's key has fewer than [`MIN_SECRET_BYTES`] bytes.
-    SecretTooShort {
-        /// How many it has.
-        bytes: usize,
-    },
-    /// A `whsk_` Ed25519 private key is malformed; says why (never the key).
-    InvalidSigningKey(String),
-    /// A `whpk_` Ed25519 public key is malformed; says why.
-    InvalidPublicKey(String),
-}
-
-impl VerifyError {
-    /// A stable snake-case name for the error kind (`missing_header`, `invalid_signature`, …).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            VerifyError::MissingHeader(_) => "missing_header",
-            VerifyError::InvalidTimestamp => "invalid_timestamp",
-            VerifyError::TimestampTooOld => "timestamp_too_old",
-            VerifyError::TimestampTooNew => "timestamp_too_new",
-            VerifyError::InvalidSignature => "invalid_signature",
-            VerifyError::EmptySecret => "empty_secret",
-            VerifyError::InvalidSecret => "invalid_secret",
-            VerifyError::SecretTooShort { .. } => "secret_too_short",
-            VerifyError::InvalidSigningKey(_) => "invalid_signing_key",
-            VerifyError::InvalidPublicKey(_) => "invalid_public_key",
-        }
-    }
-}
-
-impl fmt::Display for VerifyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VerifyError::MissingHeader(h) => write!(f, "missing header {h}"),
-            VerifyError::InvalidTimestamp => {
-                write!(f, "webhook-timestamp is not a unix time in whole seconds")
-            }
-            VerifyError::TimestampTooOld => write!(f, "webhook-timestamp is too old"),
-            VerifyError::TimestampTooNew => write!(f, "webhook-timestamp is too far in the future"),
-            VerifyError::InvalidSignature => write!(f, "no valid v1 or v1a signature"),
-            VerifyError::EmptySecret => write!(f, "the webhook secret is empty"),
-            VerifyError::InvalidSecret => write!(f, "the webhook secret is not valid base64"),
-            VerifyError::SecretTooShort { bytes } => write!(
-                f,
-                "the webhook secret's key is {bytes} bytes: at least {MIN_SECRET_BYTES} are \
-                 needed (Standard Webhooks asks for 24 to 64)"
-            ),
-            VerifyError::InvalidSigningKey(why) => {
-                write!(f, "the whsk_ signing key is not valid: {why}")
-            }
-            VerifyError::InvalidPublicKey(why) => {
-                write!(f, "the whpk_ public key is not valid: {why}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for VerifyError {}
 
 /// A key a request may be verified with: a shared secret (`v1`, HMAC-SHA256) or a device's
 /// Ed25519 public key (`v1a`).

@@ -19,12 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_cli::ingest::{IngestConfig, IngestServer};
 use pg::Postgres;
-use raw_http::request;
+use raw_http::{device_signed_headers, request};
 use serde_json::json;
 use sqlite_outbox::receive::SigningKey;
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
-
-const CLOUDEVENT: &str = "application/cloudevents+json";
 
 fn now() -> i64 {
     SystemTime::now()
@@ -38,23 +36,6 @@ fn event_body(id: &str, source: &str) -> Vec<u8> {
     json!({"specversion": "1.0", "id": id, "source": source, "type": "t", "data": {"n": 1}})
         .to_string()
         .into_bytes()
-}
-
-/// Headers of `body` signed with `key` (v1a) and naming `source` in `outbox-source`.
-fn signed_for(
-    key: &SigningKey,
-    source: &str,
-    id: &str,
-    body: &[u8],
-) -> Vec<(&'static str, String)> {
-    let ts = now();
-    vec![
-        ("content-type", CLOUDEVENT.to_string()),
-        ("webhook-id", id.to_string()),
-        ("webhook-timestamp", ts.to_string()),
-        ("webhook-signature", key.sign(id, ts, body)),
-        ("outbox-source", source.to_string()),
-    ]
 }
 
 fn stored(postgres: &Postgres, source: &str) -> i64 {
@@ -138,7 +119,7 @@ fn a_device_cannot_sign_for_another_and_a_forged_source_is_never_stored() {
         addr,
         "POST",
         "/events",
-        &signed_for(&key_a, "/devices/b", "m1", &body),
+        &device_signed_headers(&key_a, "/devices/b", "m1", &body),
         &body,
     )
     .unwrap();
@@ -149,7 +130,7 @@ fn a_device_cannot_sign_for_another_and_a_forged_source_is_never_stored() {
         addr,
         "POST",
         "/events",
-        &signed_for(&key_a, "/devices/a", "m2", &body),
+        &device_signed_headers(&key_a, "/devices/a", "m2", &body),
         &body,
     )
     .unwrap();
@@ -314,7 +295,7 @@ impl IngestProcess {
             self.addr,
             "POST",
             "/events",
-            &signed_for(key, source, id, &body),
+            &device_signed_headers(key, source, id, &body),
             &body,
         )
         .unwrap()
@@ -407,7 +388,7 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
         "POST /events HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
     );
-    for (k, v) in signed_for(&new, "/devices/r", "e7", &body) {
+    for (k, v) in device_signed_headers(&new, "/devices/r", "e7", &body) {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");

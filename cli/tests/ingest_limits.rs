@@ -530,20 +530,7 @@ fn a_source_over_its_rate_gets_429_and_other_sources_are_served() {
     let post = |source: &str, id: &str, signed_by: &SigningKey| {
         let body =
             json!({"specversion": "1.0", "id": id, "source": source, "type": "t"}).to_string();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        let headers = vec![
-            ("content-type", "application/cloudevents+json".to_string()),
-            ("webhook-id", id.to_string()),
-            ("webhook-timestamp", now.to_string()),
-            (
-                "webhook-signature",
-                signed_by.sign(id, now, body.as_bytes()),
-            ),
-            ("outbox-source", source.to_string()),
-        ];
+        let headers = raw_http::device_signed_headers(signed_by, source, id, body.as_bytes());
         request(
             server.local_addr(),
             "POST",

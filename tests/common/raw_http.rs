@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlite_outbox::receive::Secret;
+use sqlite_outbox::receive::{Secret, SigningKey};
 
 /// An answer: status, headers (names lowercased) and body.
 #[derive(Debug)]
@@ -88,5 +88,26 @@ pub fn signed_headers(
         ("webhook-id", id.to_string()),
         ("webhook-timestamp", now.to_string()),
         ("webhook-signature", secret.sign(id, now, body)),
+    ]
+}
+
+/// The headers of a structured CloudEvent `body` signed now by a device's Ed25519 `key`
+/// (Standard Webhooks v1a), naming its `source` in `outbox-source`.
+pub fn device_signed_headers(
+    key: &SigningKey,
+    source: &str,
+    id: &str,
+    body: &[u8],
+) -> Vec<(&'static str, String)> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    vec![
+        ("content-type", "application/cloudevents+json".to_string()),
+        ("webhook-id", id.to_string()),
+        ("webhook-timestamp", now.to_string()),
+        ("webhook-signature", key.sign(id, now, body)),
+        ("outbox-source", source.to_string()),
     ]
 }

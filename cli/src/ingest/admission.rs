@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+use super::lock;
 use std::time::{Duration, Instant};
 
 /// Sources tracked at most by the rate limiter and the refusal log: past it the ones not
@@ -144,12 +146,6 @@ impl RefusalLog {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

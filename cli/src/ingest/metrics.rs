@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use super::lock;
 use std::time::Duration;
 
 /// Upper bounds of the request latency histogram, in seconds.
@@ -116,12 +118,6 @@ impl Metrics {
         );
         out
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -473,6 +473,14 @@ fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
     Ok(total)
 }
 
+/// Locks `mutex`; a panic elsewhere while it was held leaves counters and maps that are
+/// still usable, so the poison is ignored.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Drop for IngestServer {
     fn drop(&mut self) {
         self.stop_and_join();

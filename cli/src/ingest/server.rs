@@ -43,6 +43,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::admission::{InflightBudget, RefusalLog, SourceRate};
 use super::keys::{Entry, Origin, Registry};
+use super::lock;
 use super::metrics::Metrics;
 use super::store::{unstorable, Columns};
 use super::workers::{Job, Outcome, Work, Workers};
@@ -102,17 +103,11 @@ const MAX_REFUSING_SOURCES: usize = 10_000;
 
 impl State {
     fn set_health(&self, health: Health) {
-        *self
-            .health
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = health;
+        *lock(&self.health) = health;
     }
 
     fn health(&self) -> Health {
-        self.health
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        lock(&self.health).clone()
     }
 
     /// Counts and (at most once a minute per source) logs a refusal; never logs a key.
@@ -127,24 +122,16 @@ impl State {
         {
             log::warn!("ingest: refused a request for source {source:?}: {reason}: {detail}");
         }
-        let mut by_source = self
-            .refusals_by_source
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut by_source = lock(&self.refusals_by_source);
         if by_source.len() < MAX_REFUSING_SOURCES || by_source.contains_key(source) {
             *by_source.entry(source.to_string()).or_default() += 1;
         }
     }
 
     fn take_refusals(&self) -> Vec<(String, u64)> {
-        std::mem::take(
-            &mut *self
-                .refusals_by_source
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
-        .into_iter()
-        .collect()
+        std::mem::take(&mut *lock(&self.refusals_by_source))
+            .into_iter()
+            .collect()
     }
 }
 
