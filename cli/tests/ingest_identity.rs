@@ -464,3 +464,78 @@ fn a_key_inserted_in_the_table_provisions_a_device_and_revoking_it_refuses_it() 
         .get(0);
     assert_eq!(refused, 0);
 }
+
+#[test]
+fn a_key_from_outbox_keygen_signs_the_cli_relay_whose_batches_never_mix_sources() {
+    let postgres = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("device.key");
+    let keygen = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["keygen", "--out", key_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(keygen.status.success());
+    let public = String::from_utf8(keygen.stdout).unwrap().trim().to_string();
+    assert!(public.starts_with("whpk_"), "{public}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the private key is its owner's only");
+    let again = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["keygen", "--out", key_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(2),
+        "an existing key is never overwritten"
+    );
+
+    // One gateway signs for its three sensors, whose events interleave in its outbox.
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("gateway-1 /site/gw-1/* {public}\n")).unwrap();
+    let server = IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), postgres.url()).keys_file(&keys),
+    )
+    .unwrap();
+    let db = dir.path().join("gateway.db");
+    let outbox = Outbox::open(&db).unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..60 {
+                let source = format!("/site/gw-1/sensor-{}", i % 3);
+                outbox.enqueue(tx, Event::new("reading", json!({"i": i})).source(source))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    drop(outbox);
+    let relay = common::outbox_cli(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &format!("http://{}/events", server.local_addr()),
+            "--signing-key",
+            key_file.to_str().unwrap(),
+            "--batch",
+            "10",
+            "--until-empty",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(
+        relay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&relay.stderr)
+    );
+    // A batch mixing sources would be refused as forged (403) and dead-lettered.
+    assert_eq!(server.refusals("forged_source"), 0);
+    for sensor in 0..3 {
+        assert_eq!(
+            stored(&postgres, &format!("/site/gw-1/sensor-{sensor}")),
+            20
+        );
+    }
+    server.shutdown();
+}

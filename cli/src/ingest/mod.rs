@@ -368,7 +368,7 @@ impl IngestServer {
             metrics: Default::default(),
             refusal_log: RefusalLog::default(),
             refusals_by_source: Default::default(),
-            health: std::sync::Mutex::new(Health::NotProbedYet),
+            health: watch::channel(Health::NotProbedYet).0,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

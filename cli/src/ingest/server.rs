@@ -64,6 +64,8 @@ const HEALTH_PROBE_EVERY: Duration = Duration::from_secs(1);
 const KEYS_TABLE_REREAD: Duration = Duration::from_secs(30);
 /// Open connections to the metrics listener at most.
 const METRICS_CONNECTIONS: usize = 16;
+/// How long a health check before the first probe's answer waits for it.
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(5);
 /// How long shutdown lets open connections finish their request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -85,9 +87,9 @@ pub(crate) struct State {
     /// Refusals by source since they were last added to `outbox_sources` (bounded).
     pub refusals_by_source: std::sync::Mutex<HashMap<String, u64>>,
     /// What `/healthz` answers. Set by the background probe, and to unhealthy at once by a
-    /// store that fails: a health check takes no place in the database queue (only the
-    /// ones before the first probe's answer run a probe of their own).
-    pub health: std::sync::Mutex<Health>,
+    /// store that fails: a health check never takes a place in the database queue (one
+    /// that comes before the first probe's answer waits for it).
+    pub health: watch::Sender<Health>,
 }
 
 /// What the background probe last found of PostgreSQL.
@@ -103,11 +105,18 @@ const MAX_REFUSING_SOURCES: usize = 10_000;
 
 impl State {
     fn set_health(&self, health: Health) {
-        *lock(&self.health) = health;
+        self.health.send_replace(health);
     }
 
-    fn health(&self) -> Health {
-        lock(&self.health).clone()
+    /// The probe's last finding; before its first, waits for it (up to a bound).
+    async fn health(&self) -> Health {
+        let mut found = self.health.subscribe();
+        let first = found.wait_for(|health| *health != Health::NotProbedYet);
+        let health = match tokio::time::timeout(FIRST_PROBE_WAIT, first).await {
+            Ok(Ok(health)) => health.clone(),
+            _ => Health::Unhealthy("PostgreSQL has not been checked yet".into()),
+        };
+        health
     }
 
     /// Counts and (at most once a minute per source) logs a refusal; never logs a key.
@@ -363,13 +372,10 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
                 ),
             ));
         }
-        let health = match state.health() {
-            Health::NotProbedYet => probe_once(state).await,
-            known => known,
-        };
-        return match health {
+        return match state.health().await {
+            Health::Healthy => text(StatusCode::OK, "ok"),
             Health::Unhealthy(why) => unavailable(&why, RETRY_AFTER_UNAVAILABLE),
-            Health::Healthy | Health::NotProbedYet => text(StatusCode::OK, "ok"),
+            Health::NotProbedYet => unavailable("not checked yet", RETRY_AFTER_OVERLOADED),
         };
     }
     if path != state.events_path {
