@@ -19,6 +19,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{Map, Value};
 
+use crate::trace_context::{check_tracestate, TraceParent};
+
 /// The `content-type` of a structured-mode CloudEvent.
 pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
 
@@ -88,6 +90,32 @@ impl CloudEvent {
             m.insert(k.clone(), v.clone());
         }
         m
+    }
+
+    /// The event's W3C `traceparent` (the CloudEvents Distributed Tracing extension): the
+    /// context of the work that wrote the event, to continue its trace from. `None` when
+    /// absent or not version-00 W3C Trace Context (a malformed one is ignored, as the
+    /// specification asks of a receiver).
+    ///
+    /// ```
+    /// # use sqlite_outbox::receive::parse_structured;
+    /// let body = br#"{"specversion":"1.0","id":"1","source":"/s","type":"t",
+    ///   "traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    /// let event = parse_structured(Some("application/cloudevents+json"), body).unwrap();
+    /// let tp = event.traceparent().unwrap();
+    /// assert_eq!(tp.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    /// ```
+    pub fn traceparent(&self) -> Option<TraceParent<'_>> {
+        self.extension_str("traceparent")
+            .and_then(|tp| TraceParent::parse(tp).ok())
+    }
+
+    /// The event's W3C `tracestate`, when it has a valid [`traceparent`](Self::traceparent)
+    /// and the state itself is well formed.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.traceparent()?;
+        self.extension_str("tracestate")
+            .filter(|ts| check_tracestate(ts).is_ok())
     }
 
     /// An extension's value as a string, if present and a string.
@@ -225,7 +253,7 @@ fn optional_non_empty(
 }
 
 /// Whether `s` is an absolute URI: a scheme (`ALPHA *( ALPHA / DIGIT / + - . )`) and a colon.
-fn is_absolute_uri(s: &str) -> bool {
+pub(crate) fn is_absolute_uri(s: &str) -> bool {
     let Some((scheme, _)) = s.split_once(':') else {
         return false;
     };

@@ -7,8 +7,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong, in variants a caller can act on.
 ///
-/// Input errors (`PayloadTooLarge`, `InvalidEventType`, `FieldTooLong`, `InvalidData`) are
-/// detected before anything is written, so the caller's transaction stays usable.
+/// Input errors (`PayloadTooLarge`, `InvalidEventType`, `FieldTooLong`, `InvalidEvent`,
+/// `InvalidData`) are detected before anything is written, so the caller's transaction stays
+/// usable.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -58,6 +59,15 @@ pub enum Error {
         len: usize,
         /// The longest value accepted, in bytes.
         limit: usize,
+    },
+    /// A field of the event that is not in the form its standard requires: a `traceparent`
+    /// or `tracestate` that is not W3C Trace Context, a `dataschema` that is not an absolute
+    /// URI. Nothing was written.
+    InvalidEvent {
+        /// Which field (`traceparent`, `tracestate`, `dataschema`).
+        field: &'static str,
+        /// What is wrong, and the rule.
+        reason: String,
     },
     /// Routes are configured and none matches the event's type, so it would go nowhere.
     NoRoute {
@@ -148,6 +158,7 @@ impl fmt::Display for Error {
                 f,
                 "{field} is {len} bytes long, over the limit of {limit} bytes"
             ),
+            Error::InvalidEvent { field, reason } => write!(f, "{field} {reason}"),
             Error::NoRoute { event_type } => write!(
                 f,
                 "no route matches event type {event_type:?}; add a route (\"*\" catches all)"

@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
+use crate::cloudevents::is_absolute_uri;
 use crate::error::{Error, Result};
+use crate::trace_context::{check_tracestate, TraceParent};
 
 /// An event to be written to the outbox inside the caller's transaction.
 ///
@@ -24,6 +26,9 @@ pub struct Event {
     pub(crate) coalesce_key: Option<String>,
     pub(crate) priority: Option<u8>,
     pub(crate) expires_in: Option<std::time::Duration>,
+    pub(crate) traceparent: Option<String>,
+    pub(crate) tracestate: Option<String>,
+    pub(crate) dataschema: Option<String>,
 }
 
 impl Event {
@@ -52,6 +57,9 @@ impl Event {
             coalesce_key: None,
             priority: None,
             expires_in: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
         }
     }
 
@@ -123,6 +131,35 @@ impl Event {
         self
     }
 
+    /// Sets the W3C `traceparent` of the work that wrote the event (`00-{trace id}-{span
+    /// id}-{flags}`), which every receiver gets as the CloudEvents `traceparent` attribute
+    /// and every request's `traceparent` header continues: the trace of the request that
+    /// placed an order then shows the event it wrote, its wait in the outbox and its
+    /// delivery. Version 00, lowercase hex, ids not all zeros; anything else is refused at
+    /// enqueue ([`Error::InvalidEvent`]). With the `opentelemetry` feature an event without
+    /// one takes the active span's context (see the guide's "Tracing").
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// Sets the W3C `tracestate` that goes with the [`traceparent`](Self::traceparent):
+    /// vendor-specific `key=value` members, at most 32 and 512 bytes. Refused at enqueue
+    /// without a `traceparent`, or when malformed ([`Error::InvalidEvent`]).
+    pub fn tracestate(mut self, tracestate: impl Into<String>) -> Self {
+        self.tracestate = Some(tracestate.into());
+        self
+    }
+
+    /// Sets the CloudEvents `dataschema`: an absolute URI naming the schema the data
+    /// follows (`https://example.com/schemas/order.created/v2.json`), for receivers that
+    /// evolve an event's versions side by side. Visible ASCII, at most 1024 bytes; anything
+    /// else is refused at enqueue ([`Error::InvalidEvent`]).
+    pub fn dataschema(mut self, uri: impl Into<String>) -> Self {
+        self.dataschema = Some(uri.into());
+        self
+    }
+
     /// The event type.
     pub fn event_type(&self) -> &str {
         &self.event_type
@@ -167,6 +204,7 @@ impl Event {
                 }
             }
         }
+        self.check_context()?;
         let payload = serde_json::to_string(&self.data).map_err(Error::InvalidData)?;
         if payload.len() > payload_limit {
             return Err(Error::PayloadTooLarge {
@@ -175,6 +213,50 @@ impl Event {
             });
         }
         Ok(payload)
+    }
+}
+
+impl Event {
+    /// The longest `dataschema` accepted, in bytes.
+    pub const MAX_DATASCHEMA_LEN: usize = 1024;
+
+    /// Checks the trace context and the data schema against their standards.
+    fn check_context(&self) -> Result<()> {
+        let invalid = |field: &'static str, reason: String| Error::InvalidEvent { field, reason };
+        if let Some(tp) = &self.traceparent {
+            TraceParent::parse(tp).map_err(|e| invalid("traceparent", e.to_string()))?;
+        }
+        if let Some(ts) = &self.tracestate {
+            if self.traceparent.is_none() {
+                return Err(invalid(
+                    "tracestate",
+                    "is set without a traceparent, which it belongs to".into(),
+                ));
+            }
+            check_tracestate(ts).map_err(|e| invalid("tracestate", e.to_string()))?;
+        }
+        if let Some(uri) = &self.dataschema {
+            if uri.len() > Self::MAX_DATASCHEMA_LEN {
+                return Err(invalid(
+                    "dataschema",
+                    format!(
+                        "is {} bytes long, over the limit of {} bytes",
+                        uri.len(),
+                        Self::MAX_DATASCHEMA_LEN
+                    ),
+                ));
+            }
+            if !is_absolute_uri(uri) || !uri.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "dataschema",
+                    format!(
+                        "{uri:?} is not an absolute URI (a scheme such as https: and no \
+                         spaces or characters outside visible ASCII)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -262,6 +344,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn trace_context_and_dataschema_are_checked_by_field() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let ok = Event::new("t", json!(1))
+            .traceparent(tp)
+            .tracestate("rojo=1")
+            .dataschema("https://example.com/s/v2.json");
+        assert!(ok.validate(1024).is_ok());
+        let field_of = |e: Event| match e.validate(1024) {
+            Err(Error::InvalidEvent { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            field_of(Event::new("t", json!(1)).traceparent("00-x")),
+            "traceparent"
+        );
+        assert_eq!(
+            field_of(Event::new("t", json!(1)).tracestate("a=1")),
+            "tracestate"
+        );
+        assert_eq!(
+            field_of(Event::new("t", json!(1)).traceparent(tp).tracestate("A=1")),
+            "tracestate"
+        );
+        for bad in [
+            "schema.json",
+            "",
+            "https://x/a b",
+            "1http://x",
+            "https://x/\u{e9}",
+        ] {
+            assert_eq!(
+                field_of(Event::new("t", json!(1)).dataschema(bad)),
+                "dataschema"
+            );
+        }
     }
 
     #[test]

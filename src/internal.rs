@@ -72,5 +72,8 @@ pub fn sample_event(data: &serde_json::Value) -> OutboundEvent {
         lease_owner: "bench".into(),
         lease_expires_at: 0,
         expires_at: None,
+        traceparent: None,
+        tracestate: None,
+        dataschema: None,
     }
 }

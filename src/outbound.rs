@@ -36,4 +36,10 @@ pub struct OutboundEvent {
     pub lease_expires_at: i64,
     /// The event's deadline (unix ms), if it has one: it is never sent after it.
     pub expires_at: Option<i64>,
+    /// The W3C `traceparent` of the work that wrote the event, if it was given one.
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with it.
+    pub tracestate: Option<String>,
+    /// The CloudEvents `dataschema` URI, if set.
+    pub dataschema: Option<String>,
 }

@@ -18,6 +18,7 @@ use crate::limits::{StorageLimits, StoragePolicy};
 use crate::queue::{self, NewRow};
 use crate::right_of_way::RightOfWay;
 use crate::settings::{Explicit, LiveSettings, Settings};
+use crate::spans::CreateSpan;
 use crate::wake::Wakers;
 
 /// The longest an app transaction waits for a relay write transaction under way before it
@@ -422,10 +423,11 @@ impl Outbox {
     /// [`Error::PayloadTooLarge`], [`Error::InvalidData`]) are found before anything is
     /// written: `tx` stays usable and can still commit the caller's other writes. A repeated
     /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
-    pub fn enqueue(&self, tx: &Transaction<'_>, event: Event) -> Result<Enqueued> {
+    pub fn enqueue(&self, tx: &Transaction<'_>, mut event: Event) -> Result<Enqueued> {
         let settings = self.inner.live.get();
         let payload = event.validate(settings.payload_limit)?;
         let destinations = routed(&settings, &event.event_type)?;
+        let span = CreateSpan::capture(&mut event, || destinations.clone());
         let event_id = uuid::Uuid::now_v7().to_string();
         let ready = Ready {
             event: &event,
@@ -433,7 +435,9 @@ impl Outbox {
             payload: &payload,
             destinations: &destinations,
         };
-        self.write_guarded(tx, &settings, &ready)
+        let enqueued = self.write_guarded(tx, &settings, &ready);
+        span.finish(enqueued.as_ref().map(Enqueued::event_id));
+        enqueued
     }
 
     /// Writes `events` inside `tx`, in order: the same rows, ids, order and answers as
@@ -468,12 +472,38 @@ impl Outbox {
         I: IntoIterator<Item = Event>,
     {
         let settings = self.inner.live.get();
-        let events: Vec<Event> = events.into_iter().collect();
+        let mut events: Vec<Event> = events.into_iter().collect();
+        let spans: Vec<CreateSpan> = events
+            .iter_mut()
+            .map(|event| {
+                let event_type = event.event_type.clone();
+                CreateSpan::capture(event, || routed(&settings, &event_type).unwrap_or_default())
+            })
+            .collect();
+        let enqueued = self.enqueue_checked(tx, &settings, &events);
+        match &enqueued {
+            Ok(answers) => {
+                for (span, answer) in spans.into_iter().zip(answers) {
+                    span.finish(Ok(answer.event_id()));
+                }
+            }
+            Err(e) => spans.into_iter().for_each(|span| span.finish(Err(e))),
+        }
+        enqueued
+    }
+
+    /// `enqueue_many` after trace context is captured: every check, then the writes.
+    fn enqueue_checked(
+        &self,
+        tx: &Transaction<'_>,
+        settings: &Settings,
+        events: &[Event],
+    ) -> Result<Vec<Enqueued>> {
         // Every event's checks before anything is written. Each type is routed once.
         let mut routes: Vec<(&str, Vec<&str>)> = Vec::new();
         let mut route_of_type: std::collections::HashMap<&str, usize> = Default::default();
         let mut checked = Vec::with_capacity(events.len());
-        for event in &events {
+        for event in events {
             let payload = event.validate(settings.payload_limit)?;
             // Events of one type often come together: the type routed last is checked
             // before the map is hashed.
@@ -827,6 +857,9 @@ fn new_row<'a>(settings: &'a Settings, ready: &Ready<'a>, now: i64) -> NewRow<'a
             .expires_in
             .or_else(|| settings.lifetime_for(&event.event_type))
             .map(|d| now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))),
+        traceparent: event.traceparent.as_deref(),
+        tracestate: event.tracestate.as_deref(),
+        dataschema: event.dataschema.as_deref(),
         now,
     }
 }

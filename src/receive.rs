@@ -56,3 +56,4 @@ pub use crate::signature::{
     Secret, Verifier, VerifyError, VerifyingKey, MIN_SECRET_BYTES, SECRET_PREFIX,
 };
 pub use crate::signing_key::{PublicKey, SigningKey, PUBLIC_KEY_PREFIX, SIGNING_KEY_PREFIX};
+pub use crate::trace_context::{TraceContextError, TraceParent};

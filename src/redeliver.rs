@@ -74,6 +74,9 @@ struct Delivered {
     payload: String,
     created_at: i64,
     priority: u8,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    dataschema: Option<String>,
 }
 
 impl Outbox {
@@ -159,6 +162,10 @@ impl Outbox {
                             // A replay is sent whenever it can be: the original deadline is
                             // long gone.
                             expires_at: None,
+                            // The same event, so the same trace it was written in.
+                            traceparent: d.traceparent.as_deref(),
+                            tracestate: d.tracestate.as_deref(),
+                            dataschema: d.dataschema.as_deref(),
                             now,
                         };
                         (redelivery.destination.as_str(), row)
@@ -194,7 +201,7 @@ fn select_page(
 ) -> Result<Vec<Delivered>> {
     let mut stmt = tx.prepare_cached(
         "SELECT e.id, e.event_id, e.event_type, e.source, e.subject, e.partition_key, e.payload,
-                e.created_at, e.priority,
+                e.created_at, e.priority, e.traceparent, e.tracestate, e.dataschema,
                 EXISTS (SELECT 1 FROM outbox_events AS p INDEXED BY outbox_events_event_id
                          WHERE p.event_id = e.event_id
                            AND ((p.destination = ?3 AND p.delivered_at IS NULL
@@ -208,7 +215,7 @@ fn select_page(
         params![r.since_ms, r.until_ms, r.destination, after, through],
         |row| {
             Ok((
-                row.get::<_, bool>(9)?,
+                row.get::<_, bool>(12)?,
                 Delivered {
                     event_id: row.get(1)?,
                     event_type: row.get(2)?,
@@ -218,6 +225,9 @@ fn select_page(
                     payload: row.get(6)?,
                     created_at: row.get(7)?,
                     priority: row.get::<_, i64>(8)?.clamp(0, 9) as u8,
+                    traceparent: row.get(9)?,
+                    tracestate: row.get(10)?,
+                    dataschema: row.get(11)?,
                 },
             ))
         },

@@ -12,6 +12,7 @@ pub use crate::backoff::parse_retry_after;
 pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
 pub use crate::signature::signature_header;
 pub use crate::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
+pub use crate::trace_context::{check_tracestate, TraceContextError, TraceParent};
 
 /// Bytes of a structured event besides its strings and data: member names, quotes, the
 /// spec version, the content type and the time. Generous, so that
@@ -30,9 +31,15 @@ struct StructuredEvent<'a> {
     time: String,
     datacontenttype: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    dataschema: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     partitionkey: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sequence: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<&'a str>,
     data: &'a RawValue,
 }
 
@@ -47,8 +54,11 @@ impl<'a> StructuredEvent<'a> {
             subject: event.subject.as_deref(),
             time: rfc3339_millis(event.created_at),
             datacontenttype: "application/json",
+            dataschema: event.dataschema.as_deref(),
             partitionkey: event.partition_key.as_deref(),
             sequence: sequence(event),
+            traceparent: event.traceparent.as_deref(),
+            tracestate: event.tracestate.as_deref(),
             data,
         })
     }
@@ -78,11 +88,22 @@ pub fn attributes(event: &OutboundEvent) -> Vec<(&'static str, String)> {
         attributes.push(("subject", subject.clone()));
     }
     attributes.push(("time", rfc3339_millis(event.created_at)));
+    if let Some(schema) = &event.dataschema {
+        attributes.push(("dataschema", schema.clone()));
+    }
     if let Some(key) = &event.partition_key {
         attributes.push(("partitionkey", key.clone()));
     }
     if let Some(sequence) = sequence(event) {
         attributes.push(("sequence", sequence));
+    }
+    // The CloudEvents Distributed Tracing extension: set where the event was written,
+    // carried unchanged.
+    if let Some(traceparent) = &event.traceparent {
+        attributes.push(("traceparent", traceparent.clone()));
+    }
+    if let Some(tracestate) = &event.tracestate {
+        attributes.push(("tracestate", tracestate.clone()));
     }
     attributes
 }
@@ -99,7 +120,9 @@ pub fn rfc3339_millis(unix_ms: i64) -> String {
 /// Encodes `event` as one CloudEvents 1.0 JSON object.
 ///
 /// The stored payload is embedded as it is, without re-parsing it into a tree. Events with a
-/// partition key carry the `partitionkey` and `sequence` extensions.
+/// partition key carry the `partitionkey` and `sequence` extensions; events written with trace
+/// context carry `traceparent` and `tracestate` (the CloudEvents Distributed Tracing
+/// extension), and `dataschema` when set.
 ///
 /// # Errors
 ///
@@ -145,7 +168,10 @@ pub(crate) fn encoded_size_bound(event: &OutboundEvent) -> usize {
         + event.source.len()
         + event.event_type.len()
         + event.subject.as_ref().map_or(0, String::len)
-        + event.partition_key.as_ref().map_or(0, String::len);
+        + event.partition_key.as_ref().map_or(0, String::len)
+        + event.dataschema.as_ref().map_or(0, String::len)
+        + event.traceparent.as_ref().map_or(0, String::len)
+        + event.tracestate.as_ref().map_or(0, String::len);
     FIXED_OVERHEAD + 6 * strings + event.payload.len()
 }
 
@@ -169,6 +195,9 @@ mod tests {
             lease_owner: "r:1".into(),
             lease_expires_at: 0,
             expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
         }
     }
 

@@ -50,7 +50,8 @@ pub(crate) const CLAIM_SQL: &str = concat!(
     claim_candidates!(),
     ")
      RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
-               idempotency_key, payload, created_at, attempts, expires_at"
+               idempotency_key, payload, created_at, attempts, expires_at, traceparent,
+               tracestate, dataschema"
 );
 
 /// The rows [`CLAIM_SQL`] takes, selected alone (for a claim that keeps the pending totals
@@ -256,6 +257,9 @@ pub(crate) fn decode_event(
         lease_owner: lease.owner.to_string(),
         lease_expires_at: lease.expires_at,
         expires_at: r.get(10)?,
+        traceparent: r.get(11)?,
+        tracestate: r.get(12)?,
+        dataschema: r.get(13)?,
     })
 }
 

@@ -23,6 +23,10 @@ pub(crate) struct NewRow<'a> {
     pub created_at: i64,
     /// Its deadline (unix ms), if it has one.
     pub expires_at: Option<i64>,
+    /// W3C trace context of the work that wrote it, and its CloudEvents `dataschema`.
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
+    pub dataschema: Option<&'a str>,
     pub now: i64,
 }
 
@@ -44,13 +48,13 @@ pub(crate) fn insert(
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
-             droppable, priority, expires_at)
+             droppable, priority, expires_at, traceparent, tracestate, dataschema)
          VALUES ((",
         id_after_deletes!(),
         "),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11, ?12, ?14)
+        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17)
          ON CONFLICT DO NOTHING"
     ))?;
     let mut any = false;
@@ -72,6 +76,9 @@ pub(crate) fn insert(
             row.priority,
             row.created_at,
             row.expires_at,
+            row.traceparent,
+            row.tracestate,
+            row.dataschema,
         ])?;
         if n == 1 {
             any = true;
@@ -87,7 +94,7 @@ pub(super) const RUN_STATEMENT_LONG: usize = 100;
 /// time, then one by one: three compiled statements serve every run from the cache.
 pub(super) const RUN_STATEMENT_SHORT: usize = 10;
 /// The columns [`insert_run`] binds for each row, in order.
-const RUN_COLUMNS: usize = 13;
+const RUN_COLUMNS: usize = 16;
 
 /// The `INSERT` of `rows` rows (1, [`RUN_STATEMENT_SHORT`] or [`RUN_STATEMENT_LONG`]) of
 /// [`insert_run`], each row binding [`RUN_COLUMNS`] parameters.
@@ -110,7 +117,7 @@ pub(super) fn insert_run_sql(rows: usize) -> &'static str {
         format!(
             "INSERT OR FAIL INTO outbox_events (id, event_id, destination, event_type, source, subject,
                  partition_key, payload, created_at, available_at, droppable, priority,
-                 expires_at)
+                 expires_at, traceparent, tracestate, dataschema)
              VALUES {}",
             values.join(", ")
         )
@@ -211,6 +218,9 @@ pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> R
             stmt.raw_bind_parameter(base + 11, row.droppable)?;
             stmt.raw_bind_parameter(base + 12, row.priority)?;
             stmt.raw_bind_parameter(base + 13, row.expires_at)?;
+            stmt.raw_bind_parameter(base + 14, row.traceparent)?;
+            stmt.raw_bind_parameter(base + 15, row.tracestate)?;
+            stmt.raw_bind_parameter(base + 16, row.dataschema)?;
         }
         stmt.raw_execute()?;
         start += n;

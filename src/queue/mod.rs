@@ -335,6 +335,9 @@ mod tests {
                 priority: 5,
                 created_at: 0,
                 expires_at: None,
+                traceparent: None,
+                tracestate: None,
+                dataschema: None,
                 droppable: false,
                 now: 0,
             };
@@ -1001,6 +1004,9 @@ mod tests {
             droppable: false,
             created_at: 1,
             expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
             now: 1,
         }
     }

@@ -143,7 +143,8 @@ pub(crate) fn lease_for_export(
                 "UPDATE outbox_events SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
                   WHERE id IN (SELECT value FROM json_each(?4))
                  RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
-                           idempotency_key, payload, created_at, attempts, expires_at",
+                           idempotency_key, payload, created_at, attempts, expires_at,
+                           traceparent, tracestate, dataschema",
             )?
             .query_map(
                 params![

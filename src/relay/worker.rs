@@ -20,6 +20,7 @@ use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::writer::panic_message;
+use crate::spans::SendSpan;
 use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 
@@ -442,24 +443,32 @@ impl Worker {
                 Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now, false);
             return Started::Done(report);
         }
-        let sending = catch_unwind(AssertUnwindSafe(|| self.transport.start_each(&events)))
-            .map(Sending::into_settling);
+        // One span per attempt, current while the transport starts the request (its
+        // `traceparent` header names it), ended when the outcomes are known.
+        let span = SendSpan::start(&events[0].destination, &events, now);
+        let sending = catch_unwind(AssertUnwindSafe(|| {
+            span.in_scope(|| self.transport.start_each(&events))
+        }))
+        .map(Sending::into_settling);
         match sending {
             Ok(Ok((outcomes, deadline))) => {
                 backlog.opened();
-                outcomes.then(self.reporter(events, Arc::clone(backlog)));
+                outcomes.then(self.reporter(events, span, Arc::clone(backlog)));
                 Started::Settling(deadline, outcomes)
             }
             Ok(Err(sending)) if sending.is_done() => Started::Done(self.finish(OnItsWay {
                 events,
+                span,
                 sending: Ok(sending),
             })),
             Ok(Err(sending)) => Started::OnItsWay(OnItsWay {
                 events,
+                span,
                 sending: Ok(sending),
             }),
             Err(panic) => Started::Done(self.finish(OnItsWay {
                 events,
+                span,
                 sending: Err(panic_message(&*panic)),
             })),
         }
@@ -467,13 +476,14 @@ impl Worker {
 
     /// What reports a request's outcomes from the thread that settles the last of them:
     /// decides them, tells the gate, sends the report, and counts the request done.
-    fn reporter(&self, events: Job, backlog: Arc<Backlog>) -> Then {
+    fn reporter(&self, events: Job, span: SendSpan, backlog: Arc<Backlog>) -> Then {
         let lane = self.lane;
         let policy = self.policy;
         let clock = Arc::clone(&self.clock);
         let gate = Arc::clone(&self.gate);
         let reports = self.reports.clone();
         Box::new(move |attempts| {
+            span.end(failure_name(&attempts).as_deref());
             // This runs on the transport's thread (MQTT's connection): a panic here (a
             // clock that panics) must not take the connection down with it.
             let decided = catch_unwind(AssertUnwindSafe(|| {
@@ -501,11 +511,19 @@ impl Worker {
 
     /// Waits for a request's outcomes, decides them, and tells the gate.
     fn finish(&self, request: OnItsWay) -> Report {
-        let OnItsWay { events, sending } = request;
+        let OnItsWay {
+            events,
+            span,
+            sending,
+        } = request;
         let attempts = sending.and_then(|sending| {
             catch_unwind(AssertUnwindSafe(|| sending.wait()))
                 .map_err(|panic| panic_message(&*panic))
         });
+        match &attempts {
+            Ok(attempts) => span.end(failure_name(attempts).as_deref()),
+            Err(_) => span.end(Some("panic")),
+        }
         let now = self.clock.now_ms();
         let report = match attempts {
             Ok(attempts) => {
@@ -547,6 +565,7 @@ enum Started {
 /// transport's panic message).
 struct OnItsWay {
     events: Job,
+    span: SendSpan,
     sending: std::result::Result<Sending, String>,
 }
 
@@ -560,6 +579,19 @@ fn expire_overdue(settling: &mut VecDeque<(Instant, Arc<Outcomes>)>) {
         outcomes.expire();
         settling.pop_front();
     }
+}
+
+/// What an attempt's failure is called on its span (`error.type`): the first event's
+/// outcome that is not a delivery, as an HTTP status or the kind of failure. None when every
+/// event was delivered.
+fn failure_name(attempts: &[Attempt]) -> Option<String> {
+    attempts.iter().find_map(|attempt| match attempt {
+        Attempt::Answered { status, .. } if (200..300).contains(status) => None,
+        Attempt::Answered { status, .. } => Some(status.to_string()),
+        Attempt::Unreachable { .. } => Some("unreachable".to_owned()),
+        Attempt::Failed { .. } => Some("no_answer".to_owned()),
+        Attempt::Unsendable { .. } => Some("unsendable".to_owned()),
+    })
 }
 
 /// The longest a worker waits for reports that are being sent as it looks.

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::signature::{signature_header, Secret};
 use crate::signing_key::SigningKey;
 use crate::source_header::{encode_source_header, SOURCE_HEADER};
+use crate::spans::hop_headers;
 use crate::transport::clock_offset::{unix_ms, ClockOffset, THRESHOLD as SKEW_THRESHOLD};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
@@ -138,7 +139,10 @@ impl fmt::Debug for HttpConfig {
 /// `webhook-signature` (one `v1,` entry per secret, and a `v1a,` entry for an Ed25519
 /// signing key, when there are any), `Idempotency-Key: "<webhook-id>"` and `outbox-source`
 /// (the events' CloudEvents source: the relay never mixes sources in one request, so a
-/// receiver can pick the keys of that source before it reads the body).
+/// receiver can pick the keys of that source before it reads the body). A request whose
+/// events carry trace context also carries a W3C `traceparent` header (and `tracestate`)
+/// continuing the first such event's trace: with the `opentelemetry` feature and a tracer
+/// installed, the attempt's `send` span is its parent, else the span that wrote the event.
 ///
 /// Statuses are read, never raised as errors, so a 429's `Retry-After` is seen; redirects are
 /// not followed (a redirect is a failed delivery); proxies from the environment are ignored.
@@ -354,6 +358,14 @@ impl Transport for HttpTransport {
         if !signature.is_empty() {
             request = request.header("webhook-signature", signature);
         }
+        // The hop's trace context: the events' own (`traceparent` in the body) is never
+        // changed; this header continues the trace of the first event that has one.
+        if let Some((traceparent, tracestate)) = hop_headers(events) {
+            request = request.header("traceparent", traceparent);
+            if let Some(tracestate) = tracestate {
+                request = request.header("tracestate", tracestate);
+            }
+        }
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }
@@ -477,6 +489,9 @@ mod tests {
             lease_owner: "o".into(),
             lease_expires_at: 0,
             expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
         };
         assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));
     }

@@ -145,6 +145,9 @@ mod tests {
             lease_owner: "o".into(),
             lease_expires_at: 0,
             expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
         }
     }
 

@@ -20,6 +20,7 @@ impl From<Error> for Failure {
             | Error::InvalidBundle { .. }
             | Error::InvalidEventType { .. }
             | Error::FieldTooLong { .. }
+            | Error::InvalidEvent { .. }
             | Error::InvalidData(_)
             | Error::InvalidConfig(_)
             | Error::NoRoute { .. }
