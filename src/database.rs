@@ -415,6 +415,42 @@ mod tests {
     }
 
     #[test]
+    fn a_version_12_file_keeps_its_pending_event_and_takes_trace_context_after_migrating() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v12.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 12) {
+            conn.execute_batch(sql).unwrap();
+            conn.execute_batch(&format!("PRAGMA user_version = {version}"))
+                .unwrap();
+        }
+        conn.execute_batch("INSERT INTO outbox_enqueue (type, data) VALUES ('old', '1')")
+            .unwrap();
+        // The version-12 view has no trace columns.
+        assert!(conn
+            .execute_batch("INSERT INTO outbox_enqueue (type, traceparent) VALUES ('t', 'x')")
+            .is_err());
+        migrate(&mut conn, &path).unwrap();
+        conn.execute_batch(
+            "INSERT INTO outbox_enqueue (type, data, traceparent, tracestate, dataschema)
+             VALUES ('new', '2', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+                     'rojo=1', 'urn:schema:v2')",
+        )
+        .unwrap();
+        let rows: Vec<(String, Option<String>, Option<String>, Option<String>)> = conn
+            .prepare("SELECT event_type, traceparent, tracestate, dataschema FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(rows[0], ("old".into(), None, None, None));
+        assert_eq!(rows[1].0, "new");
+        assert_eq!(rows[1].2.as_deref(), Some("rojo=1"));
+        assert_eq!(rows[1].3.as_deref(), Some("urn:schema:v2"));
+    }
+
+    #[test]
     fn migrate_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");

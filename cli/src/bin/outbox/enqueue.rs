@@ -35,10 +35,21 @@ pub struct EnqueueArgs {
     /// --jsonl, the default for lines without "expires_in".
     #[arg(long, value_parser = parse_lifetime, allow_hyphen_values = true)]
     expires_in: Option<std::time::Duration>,
+    /// The W3C traceparent of the work that wrote the event
+    /// (00-{32 hex trace id}-{16 hex span id}-{2 hex flags}), carried to every receiver.
+    #[arg(long)]
+    traceparent: Option<String>,
+    /// The W3C tracestate that goes with --traceparent.
+    #[arg(long, requires = "traceparent")]
+    tracestate: Option<String>,
+    /// The CloudEvents dataschema: an absolute URI of the schema the data follows.
+    #[arg(long)]
+    dataschema: Option<String>,
     /// Read events from stdin, one JSON object per line:
     /// {"type": …, "data": …, "key": …, "idempotency_key": …, "subject": …, "priority": …,
-    /// "expires_in": "1h"}.
-    #[arg(long, conflicts_with_all = ["event_type", "key", "idempotency_key", "subject"])]
+    /// "expires_in": "1h", "traceparent": …, "tracestate": …, "dataschema": …}.
+    #[arg(long, conflicts_with_all = ["event_type", "key", "idempotency_key", "subject",
+        "traceparent", "tracestate", "dataschema"])]
     jsonl: bool,
 }
 
@@ -56,6 +67,9 @@ pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
         subject: args.subject,
         priority: args.priority,
         expires_in: args.expires_in,
+        traceparent: args.traceparent,
+        tracestate: args.tracestate,
+        dataschema: args.dataschema,
     };
     let enqueued = enqueue_one(outbox, fields)?;
     println!("{}", enqueued.event_id());
@@ -70,6 +84,9 @@ struct EventFields {
     subject: Option<String>,
     priority: Option<u8>,
     expires_in: Option<std::time::Duration>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    dataschema: Option<String>,
 }
 
 /// A lifetime of at least a millisecond, like 30s or 1h.
@@ -110,6 +127,15 @@ fn enqueue_one(outbox: &Outbox, f: EventFields) -> Result<Enqueued, Failure> {
     }
     if let Some(lifetime) = f.expires_in {
         event = event.expires_in(lifetime);
+    }
+    if let Some(traceparent) = f.traceparent {
+        event = event.traceparent(traceparent);
+    }
+    if let Some(tracestate) = f.tracestate {
+        event = event.tracestate(tracestate);
+    }
+    if let Some(uri) = f.dataschema {
+        event = event.dataschema(uri);
     }
     let enqueued = outbox.transaction(|tx| outbox.enqueue(tx, event))?;
     if let Enqueued::Duplicate { existing_event_id } = &enqueued {
@@ -182,6 +208,9 @@ fn enqueue_jsonl(
                     )))
                 }
             },
+            traceparent: optional_string(&v, "traceparent", line_no)?,
+            tracestate: optional_string(&v, "tracestate", line_no)?,
+            dataschema: optional_string(&v, "dataschema", line_no)?,
         };
         let enqueued = enqueue_one(outbox, fields).map_err(|f| Failure {
             code: f.code,
