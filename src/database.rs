@@ -437,7 +437,8 @@ mod tests {
                      'rojo=1', 'urn:schema:v2')",
         )
         .unwrap();
-        let rows: Vec<(String, Option<String>, Option<String>, Option<String>)> = conn
+        type Traced = (String, Option<String>, Option<String>, Option<String>);
+        let rows: Vec<Traced> = conn
             .prepare("SELECT event_type, traceparent, tracestate, dataschema FROM outbox_events ORDER BY id")
             .unwrap()
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))

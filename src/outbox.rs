@@ -513,12 +513,12 @@ impl Outbox {
             } else if let Some(route) = route_of_type.get(event.event_type.as_str()) {
                 *route
             } else {
-                routes.push((&event.event_type, routed(&settings, &event.event_type)?));
+                routes.push((&event.event_type, routed(settings, &event.event_type)?));
                 route_of_type.insert(&event.event_type, routes.len() - 1);
                 routes.len() - 1
             };
             // A run's rows cannot be duplicates: `insert_run` writes every one of them.
-            let plain = !needs_savepoint(&settings, event, &routes[route].1)
+            let plain = !needs_savepoint(settings, event, &routes[route].1)
                 && event.idempotency_key.is_none();
             checked.push(Checked {
                 payload,
@@ -527,11 +527,11 @@ impl Outbox {
             });
         }
         if checked.iter().all(|c| c.plain) {
-            return self.write_many(tx, &settings, &events, &checked, &routes);
+            return self.write_many(tx, settings, events, &checked, &routes);
         }
         tx.prepare_cached("SAVEPOINT outbox_enqueue_many")?
             .execute([])?;
-        let result = self.write_many(tx, &settings, &events, &checked, &routes);
+        let result = self.write_many(tx, settings, events, &checked, &routes);
         if result.is_err() {
             tx.prepare_cached("ROLLBACK TO outbox_enqueue_many")?
                 .execute([])?;
