@@ -112,7 +112,9 @@ fn trace_context_written_with_the_event_reaches_receivers_structured_and_batched
     relay.shutdown();
 
     // What each event carries, as the official SDK parses it, in both shapes.
-    let want: HashMap<&str, (Option<&str>, Option<&str>, Option<&str>)> = HashMap::from([
+    // Per event id: its traceparent, tracestate and dataschema.
+    type Carried<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>);
+    let want: HashMap<&str, Carried> = HashMap::from([
         (
             first.as_str(),
             (Some(TRACEPARENT), Some(TRACESTATE), Some(SCHEMA)),
