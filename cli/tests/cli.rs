@@ -494,3 +494,82 @@ fn a_short_secret_is_refused_by_every_command_that_takes_one() {
     }
     assert!(!std::path::Path::new(bundle).exists(), "no bundle written");
 }
+
+#[test]
+fn enqueue_takes_trace_context_and_dataschema_from_flags_and_jsonl_and_refuses_malformed_ones() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const SCHEMA: &str = "https://example.com/schemas/reading/v2.json";
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let from_flags = enqueue(
+        &db,
+        "reading.taken",
+        &[
+            "--traceparent",
+            TP,
+            "--tracestate",
+            "rojo=00f067aa0ba902b7",
+            "--dataschema",
+            SCHEMA,
+        ],
+    );
+    let line = format!(
+        "{{\"type\": \"reading.taken\", \"traceparent\": \"{TP}\", \"tracestate\": \"congo=t61\", \
+         \"dataschema\": \"urn:reading:v3\"}}\n"
+    );
+    let o = outbox_stdin(&db, &["enqueue", "--jsonl"], line.as_bytes());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let from_jsonl = stdout(&o).trim().to_string();
+
+    // Malformed: exit 2 naming the field and the rule; nothing written.
+    for (args, field) in [
+        (vec!["--traceparent", "00-abc-01"], "traceparent"),
+        (
+            vec![
+                "--traceparent",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            ],
+            "traceparent",
+        ),
+        (
+            vec!["--traceparent", TP, "--tracestate", "Rojo=1"],
+            "tracestate",
+        ),
+        (vec!["--dataschema", "schemas/reading.json"], "dataschema"),
+    ] {
+        let mut all = vec!["enqueue", "--type", "reading.taken"];
+        all.extend(args);
+        let o = outbox(&db, &all);
+        assert_eq!(o.status.code(), Some(2), "{all:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(field), "{all:?}: {}", stderr(&o));
+    }
+    // --tracestate alone is a usage error: it belongs to a traceparent.
+    let o = outbox(&db, &["enqueue", "--type", "t", "--tracestate", "rojo=1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = outbox_stdin(
+        &db,
+        &["enqueue", "--jsonl"],
+        b"{\"type\": \"t\", \"traceparent\": \"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"}\n",
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("line 1: traceparent"), "{}", stderr(&o));
+    assert_eq!(stats_json(&db)["pending"], 2);
+
+    let conn = sqlite_outbox::rusqlite::Connection::open(&db).unwrap();
+    let stored = |id: &str| -> (String, String, String) {
+        conn.query_row(
+            "SELECT traceparent, tracestate, dataschema FROM outbox_events WHERE event_id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        stored(&from_flags),
+        (TP.into(), "rojo=00f067aa0ba902b7".into(), SCHEMA.into())
+    );
+    assert_eq!(
+        stored(&from_jsonl),
+        (TP.into(), "congo=t61".into(), "urn:reading:v3".into())
+    );
+}

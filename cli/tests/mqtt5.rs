@@ -291,3 +291,86 @@ fn the_cli_speaks_mqtt_5_binary_and_refuses_flags_that_do_not_fit() {
         assert!(stderr.contains(why), "{all:?}: {stderr}");
     }
 }
+
+#[test]
+fn trace_context_travels_as_user_properties_in_binary_mode_and_in_the_envelope_otherwise() {
+    use cloudevents::{AttributesReader, Event as SdkEvent};
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TS: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
+    const SCHEMA: &str = "urn:schemas:reading:v2";
+    let broker = Mosquitto::start();
+    let subscriber = Subscriber5::start(broker.port, "#");
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .route("*", "binary5")
+        .route("*", "structured5")
+        .route("*", "structured311")
+        .open(dir.path().join("traced.db"))
+        .unwrap();
+    for event in [
+        Event::new("reading.taken", json!({"celsius": 21.5}))
+            .traceparent(TP)
+            .tracestate(TS)
+            .dataschema(SCHEMA),
+        Event::new("reading.untraced", json!({"celsius": 3.0})),
+    ] {
+        outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+    }
+    let mqtt = |name: &str, config: MqttConfig| {
+        Destination::mqtt(name, broker.url()).mqtt_config(config.topic(format!("{name}/{{type}}")))
+    };
+    let relay = outbox
+        .relay(
+            RelayConfig::new()
+                .destination(mqtt("binary5", v5().binary_mode(true)))
+                .destination(mqtt("structured5", v5()))
+                .destination(mqtt("structured311", MqttConfig::new()))
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || subscriber
+        .messages()
+        .len()
+        == 6));
+    relay.shutdown();
+    let messages = subscriber.messages();
+    let find = |topic: &str| messages.iter().find(|m| m.topic == topic).unwrap();
+
+    // Binary mode (MQTT 5): user properties named as the attributes, no ce- prefix.
+    let binary = find("binary5/reading.taken");
+    assert_eq!(binary.property("traceparent"), Some(TP));
+    assert_eq!(binary.property("tracestate"), Some(TS));
+    assert_eq!(binary.property("dataschema"), Some(SCHEMA));
+    assert!(binary.property("ce-traceparent").is_none());
+    let untraced = find("binary5/reading.untraced");
+    assert!(untraced.property("traceparent").is_none());
+    assert!(untraced.property("tracestate").is_none());
+
+    // Structured mode, MQTT 5 and 3.1.1: members of the envelope, as the SDK reads them.
+    for topic in ["structured5/reading.taken", "structured311/reading.taken"] {
+        let event: SdkEvent = serde_json::from_slice(&find(topic).payload).unwrap();
+        assert_eq!(
+            event
+                .extension("traceparent")
+                .map(|v| v.to_string())
+                .as_deref(),
+            Some(TP)
+        );
+        assert_eq!(
+            event
+                .extension("tracestate")
+                .map(|v| v.to_string())
+                .as_deref(),
+            Some(TS)
+        );
+        assert_eq!(event.dataschema().map(|u| u.as_str()), Some(SCHEMA));
+    }
+    for topic in [
+        "structured5/reading.untraced",
+        "structured311/reading.untraced",
+    ] {
+        let event: SdkEvent = serde_json::from_slice(&find(topic).payload).unwrap();
+        assert!(event.extension("traceparent").is_none());
+    }
+}
