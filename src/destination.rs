@@ -279,6 +279,13 @@ impl Destination {
                 signing_key,
             } => {
                 let invalid = |e| Error::InvalidConfig(format!("destination {}: {e}", self.name));
+                if config.is_binary() && self.batch.is_some() {
+                    return Err(Error::InvalidConfig(format!(
+                        "destination {}: binary content mode sends one event per request; \
+                         it cannot batch",
+                        self.name
+                    )));
+                }
                 let secrets = secrets
                     .iter()
                     .map(|s| Secret::parse(s))

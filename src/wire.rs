@@ -108,6 +108,30 @@ pub fn attributes(event: &OutboundEvent) -> Vec<(&'static str, String)> {
     attributes
 }
 
+/// The headers of `event` in the CloudEvents HTTP binary content mode: every attribute of
+/// [`attributes`] as `ce-{name}`, its value percent-encoded where the HTTP binding asks
+/// (space, `"`, `%` and anything outside printable ASCII, as UTF-8 bytes). The body is the
+/// event's data, with content type `application/json`.
+pub fn binary_headers(event: &OutboundEvent) -> Vec<(String, String)> {
+    attributes(event)
+        .into_iter()
+        .map(|(name, value)| (format!("ce-{name}"), percent_encode_header(&value)))
+        .collect()
+}
+
+/// Percent-encodes what the CloudEvents HTTP binding asks of a header value.
+fn percent_encode_header(value: &str) -> String {
+    let mut encoded = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_graphic() && byte != b'%' && byte != b'"' {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
 /// Formats unix milliseconds as an RFC 3339 UTC timestamp.
 pub fn rfc3339_millis(unix_ms: i64) -> String {
     // Far-future values (a parked event's due time) are shown as the latest time humantime

@@ -230,3 +230,110 @@ fn malformed_trace_context_or_schema_is_refused_by_field_and_nothing_is_stored()
     let stored: Vec<i64> = query_rows(&outbox, "SELECT COUNT(*) FROM outbox_events", |r| r.get(0));
     assert_eq!(stored, vec![0]);
 }
+
+#[test]
+fn binary_mode_carries_every_attribute_as_ce_headers_the_sdk_reads() {
+    use sqlite_outbox::transport::HttpConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("binary.db")).unwrap();
+    let traced = outbox
+        .transaction(|tx| {
+            outbox.enqueue(
+                tx,
+                Event::new("order.created", json!({"order": 7, "note": "ünï \"q\""}))
+                    .subject("orders/7 (eu)")
+                    .partition_key("customer-7")
+                    .traceparent(TRACEPARENT)
+                    .tracestate(TRACESTATE)
+                    .dataschema(SCHEMA),
+            )
+        })
+        .unwrap()
+        .event_id()
+        .to_string();
+    let plain = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", json!(null))))
+        .unwrap()
+        .event_id()
+        .to_string();
+    let receiver = TestReceiver::ok();
+    let binary = HttpConfig::new().binary_mode(true);
+    let relay =
+        outbox
+            // Added after `fast`, which sets the HTTP settings of the destinations before it.
+            .relay(fast(RelayConfig::new()).destination(
+                Destination::http("default", receiver.url()).http_config(binary.clone()),
+            ))
+            .start()
+            .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 2));
+    relay.shutdown();
+    let parsed: HashMap<String, (SdkEvent, HashMap<String, String>)> = receiver
+        .received()
+        .into_iter()
+        .map(|r| {
+            let mut headers = ureq::http::HeaderMap::new();
+            for (name, value) in &r.headers {
+                headers.insert(
+                    ureq::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    ureq::http::HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let event = cloudevents::binding::http::to_event(&headers, r.raw.clone())
+                .expect("the SDK reads a binary-mode request");
+            (event.id().to_string(), (event, r.headers.clone()))
+        })
+        .collect();
+    let (event, headers) = &parsed[&traced];
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers["ce-traceparent"], TRACEPARENT);
+    assert_eq!(headers["ce-tracestate"], TRACESTATE);
+    assert_eq!(headers["traceparent"], TRACEPARENT);
+    assert_eq!(
+        event
+            .extension("traceparent")
+            .map(|v| v.to_string())
+            .as_deref(),
+        Some(TRACEPARENT)
+    );
+    assert_eq!(
+        event
+            .extension("tracestate")
+            .map(|v| v.to_string())
+            .as_deref(),
+        Some(TRACESTATE)
+    );
+    assert_eq!(event.dataschema().map(|u| u.as_str()), Some(SCHEMA));
+    // Percent-encoded as the HTTP binding asks (the SDK hands the header over as received).
+    assert_eq!(headers["ce-subject"], "orders/7%20(eu)");
+    assert_eq!(event.subject(), Some("orders/7%20(eu)"));
+    assert_eq!(event.ty(), "order.created");
+    assert_eq!(
+        event
+            .extension("partitionkey")
+            .map(|v| v.to_string())
+            .as_deref(),
+        Some("customer-7")
+    );
+    let data: serde_json::Value = match event.data() {
+        Some(cloudevents::Data::Json(v)) => v.clone(),
+        Some(cloudevents::Data::Binary(b)) => serde_json::from_slice(b).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(data, json!({"order": 7, "note": "ünï \"q\""}));
+    let (_, headers) = &parsed[&plain];
+    assert!(!headers.contains_key("ce-traceparent") && !headers.contains_key("traceparent"));
+
+    // Binary mode cannot batch: refused when the relay starts.
+    let err = outbox
+        .relay(
+            RelayConfig::new().destination(
+                Destination::http("default", receiver.url())
+                    .http_config(binary)
+                    .batch(10, 1 << 20),
+            ),
+        )
+        .start()
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot batch"), "{err}");
+}

@@ -42,6 +42,7 @@ pub struct HttpConfig {
     request_timeout: Duration,
     max_idle_connections: usize,
     headers: Vec<(String, String)>,
+    binary: bool,
 }
 
 impl HttpConfig {
@@ -79,6 +80,23 @@ impl HttpConfig {
         self
     }
 
+    /// Binary content mode (the CloudEvents HTTP binding): the body is the event's data
+    /// (`application/json`), its attributes are `ce-` headers (`ce-id`, `ce-type`,
+    /// `ce-traceparent`, …), one event per request. Off: structured mode, the whole JSON
+    /// envelope as the body. Binary mode cannot batch (a destination's
+    /// [`batch`](crate::Destination::batch) with it is refused at start), and the signature
+    /// covers the body only: a receiver that needs the attributes signed uses structured
+    /// mode, as `outbox ingest` requires.
+    pub fn binary_mode(mut self, binary: bool) -> HttpConfig {
+        self.binary = binary;
+        self
+    }
+
+    /// Whether binary content mode is on.
+    pub(crate) fn is_binary(&self) -> bool {
+        self.binary
+    }
+
     /// The request timeout, for the relay's lease check.
     pub(crate) fn request_timeout_value(&self) -> Duration {
         self.request_timeout
@@ -114,6 +132,7 @@ impl Default for HttpConfig {
             request_timeout: Duration::from_secs(15),
             max_idle_connections: 16,
             headers: Vec::new(),
+            binary: false,
         }
     }
 }
@@ -127,6 +146,7 @@ impl fmt::Debug for HttpConfig {
             .field("request_timeout", &self.request_timeout)
             .field("max_idle_connections", &self.max_idle_connections)
             .field("headers", &names)
+            .field("binary", &self.binary)
             .finish()
     }
 }
@@ -158,6 +178,7 @@ pub struct HttpTransport {
     secrets: Vec<Secret>,
     signing_key: Option<SigningKey>,
     batch: bool,
+    binary: bool,
     clock_offset: ClockOffset,
 }
 
@@ -255,6 +276,7 @@ impl HttpTransport {
             secrets,
             signing_key: None,
             batch,
+            binary: config.binary,
             clock_offset: ClockOffset::default(),
         })
     }
@@ -318,6 +340,11 @@ impl Transport for HttpTransport {
                     reason: "nothing to send".into(),
                 }
             }
+            (false, [event]) if self.binary => (
+                Ok(event.payload.as_bytes().to_vec()),
+                "application/json",
+                event.event_id.clone(),
+            ),
             (false, [event]) => (
                 wire::structured_body(event),
                 wire::CLOUDEVENTS_JSON,
@@ -364,6 +391,11 @@ impl Transport for HttpTransport {
             request = request.header("traceparent", traceparent);
             if let Some(tracestate) = tracestate {
                 request = request.header("tracestate", tracestate);
+            }
+        }
+        if let (true, [event]) = (self.binary, events) {
+            for (name, value) in wire::binary_headers(event) {
+                request = request.header(name, value);
             }
         }
         for (name, value) in &self.headers {
