@@ -540,3 +540,69 @@ fn postgres_stopped_for_30_s_under_a_relay_dead_letters_nothing_and_spends_no_at
     assert_eq!(stored_ids(&postgres).len(), EVENTS);
     server.shutdown();
 }
+
+#[test]
+fn each_event_is_stored_with_its_trace_context_and_data_schema() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let dir = tempfile::tempdir().unwrap();
+    let device = Outbox::builder()
+        .default_source("/devices/9")
+        .open(dir.path().join("traced.db"))
+        .unwrap();
+    let ids: Vec<String> = device
+        .transaction(|tx| {
+            device.enqueue_many(
+                tx,
+                [
+                    Event::new("order.created", json!({"order": 1}))
+                        .traceparent(TP)
+                        .tracestate("rojo=00f067aa0ba902b7")
+                        .dataschema("https://example.com/schemas/order/v2.json"),
+                    Event::new("order.created", json!({"order": 2})),
+                ],
+            )
+        })
+        .unwrap()
+        .iter()
+        .map(|e| e.event_id().to_string())
+        .collect();
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", url(server.local_addr()))
+                        .secret(SECRET)
+                        .batch(10, 1 << 20),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(30)
+    ));
+    relay.shutdown();
+    let mut client = postgres.client();
+    let mut row = |id: &str| -> (Option<String>, Option<String>, Option<String>) {
+        let r = client
+            .query_one(
+                "SELECT traceparent, tracestate, dataschema FROM outbox_ingested WHERE id = $1",
+                &[&id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(
+        row(&ids[0]),
+        (
+            Some(TP.to_string()),
+            Some("rojo=00f067aa0ba902b7".to_string()),
+            Some("https://example.com/schemas/order/v2.json".to_string())
+        )
+    );
+    assert_eq!(row(&ids[1]), (None, None, None));
+    server.shutdown();
+}

@@ -78,6 +78,12 @@ const MIGRATIONS: &[&str] = &[
          refusals          bigint      NOT NULL DEFAULT 0
      );
      CREATE INDEX outbox_sources_last_seen ON outbox_sources (last_seen);",
+    // 4: each event's trace context (W3C, from the CloudEvents Distributed Tracing
+    // extension: where the event was written) and its data schema.
+    "ALTER TABLE outbox_ingested
+         ADD COLUMN traceparent text,
+         ADD COLUMN tracestate  text,
+         ADD COLUMN dataschema  text;",
 ];
 
 /// The schema version this build creates.

@@ -15,9 +15,11 @@ use sqlite_outbox::receive::{CloudEvent, Data};
 /// devices went silent; the statement returns how many events were new.
 pub(crate) const INSERT_EVENTS: &str = "
     WITH stored AS (
-        INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data)
+        INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data,
+                                     traceparent, tracestate, dataschema)
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                             $6::int8[], $7::text[]::timestamptz[], $8::jsonb[])
+                             $6::int8[], $7::text[]::timestamptz[], $8::jsonb[],
+                             $9::text[], $10::text[], $11::text[])
         ON CONFLICT (source, id) DO NOTHING
         RETURNING source, time
     ), seen AS (
@@ -44,6 +46,9 @@ pub(crate) struct Columns {
     sequence: Vec<Option<i64>>,
     time: Vec<Option<String>>,
     data: Vec<Option<Value>>,
+    traceparent: Vec<Option<String>>,
+    tracestate: Vec<Option<String>>,
+    dataschema: Vec<Option<String>>,
 }
 
 impl Columns {
@@ -65,6 +70,14 @@ impl Columns {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             });
+            // Stored only when well formed: a malformed context is ignored, as W3C asks
+            // of a receiver, rather than handed on.
+            columns
+                .traceparent
+                .push(event.traceparent().map(|tp| tp.as_str().to_owned()));
+            columns
+                .tracestate
+                .push(event.tracestate().map(str::to_owned));
             columns.data.push(match event.data {
                 Data::None => None,
                 Data::Json(value) => Some(value),
@@ -80,6 +93,7 @@ impl Columns {
             columns.partitionkey.push(partitionkey);
             columns.sequence.push(sequence);
             columns.time.push(event.time);
+            columns.dataschema.push(event.dataschema);
         }
         Ok(columns)
     }
@@ -90,7 +104,7 @@ impl Columns {
     }
 
     /// The parameters of [`INSERT_EVENTS`].
-    pub fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 8] {
+    pub fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 11] {
         [
             &self.source,
             &self.id,
@@ -100,6 +114,9 @@ impl Columns {
             &self.sequence,
             &self.time,
             &self.data,
+            &self.traceparent,
+            &self.tracestate,
+            &self.dataschema,
         ]
     }
 }
