@@ -107,6 +107,19 @@ fn apply(
                     ],
                 )?;
                 applied += 1;
+                // Continue the trace of the work that wrote the event: this line is a span
+                // of its own (a fresh id) whose parent is the event's creation span, so a
+                // log search by trace id finds the order, the event and this receipt.
+                if let Some(tp) = event.traceparent() {
+                    log::info!(
+                        "applied {} {} trace_id={} parent_id={} span_id={:016x}",
+                        event.event_type,
+                        event.id,
+                        tp.trace_id(),
+                        tp.parent_id(),
+                        fastrand::u64(1..)
+                    );
+                }
             }
         }
     }

@@ -21,11 +21,17 @@ struct Receiver {
 
 impl Receiver {
     fn start(db: &std::path::Path) -> Receiver {
+        Self::start_logging(db, "warn", Stdio::inherit())
+    }
+
+    /// Started with `RUST_LOG=level`, its log (stderr) going to `log`.
+    fn start_logging(db: &std::path::Path, level: &str, log: Stdio) -> Receiver {
         let mut child = Command::new(common::example_binary("receiver"))
             .args(["--db", db.to_str().unwrap(), "--secret", SECRET])
             .args(["--port", "0", "--max-seconds", "120"])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdout(Stdio::piped())
+            .stderr(log)
             .spawn()
             .expect("spawn receiver");
         let stdout = child.stdout.take().unwrap();
@@ -157,5 +163,55 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
     assert_eq!(
         count(&received_db, "SELECT COUNT(*) FROM received_events"),
         20
+    );
+}
+
+#[test]
+fn the_receiver_example_logs_each_event_in_the_trace_it_was_written_in() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("receiver.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let receiver = Receiver::start_logging(&dir.path().join("received.db"), "info", log.into());
+    let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
+    let traced = outbox
+        .transaction(|tx| {
+            outbox.enqueue(
+                tx,
+                Event::new("order.created", json!({"n": 1})).traceparent(TP),
+            )
+        })
+        .unwrap()
+        .event_id()
+        .to_string();
+    outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("order.untraced", json!({"n": 2}))))
+        .unwrap();
+    let relay = outbox
+        .relay(fast(RelayConfig::new().destination(
+            Destination::http("default", receiver.url.clone()).secret(SECRET),
+        )))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 2));
+    relay.shutdown();
+    let mut lines = Vec::new();
+    assert!(wait_until(PATIENCE, || {
+        lines = std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("trace_id="))
+            .map(str::to_owned)
+            .collect();
+        !lines.is_empty()
+    }));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert!(line.contains(&traced), "{line}");
+    assert!(
+        line.contains(
+            "trace_id=4bf92f3577b34da6a3ce929d0e0e4736 parent_id=00f067aa0ba902b7 span_id="
+        ),
+        "{line}"
     );
 }
