@@ -1071,6 +1071,122 @@ fn relay_http(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
     lines
 }
 
+/// A W3C traceparent of the shape an app's tracer hands out.
+const BENCH_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The bench's order event, with a traceparent when `traced`.
+fn maybe_traced(n: i64, traced: bool) -> Event {
+    let event = order_event(n);
+    if traced {
+        event.traceparent(BENCH_TRACEPARENT)
+    } else {
+        event
+    }
+}
+
+/// Fills `path` with `n` pending order events (traced or not) and times their drain at one
+/// event per request over `workers` connections.
+fn timed_traced_drain(
+    path: &std::path::Path,
+    receiver: &CountingReceiver,
+    n: usize,
+    workers: usize,
+    traced: bool,
+) -> Duration {
+    let outbox = Outbox::open(path).unwrap();
+    let mut conn = outbox.connection().unwrap();
+    for chunk in (0..n as i64).collect::<Vec<_>>().chunks(10_000) {
+        let tx = conn.transaction().unwrap();
+        for &i in chunk {
+            outbox.enqueue(&tx, maybe_traced(i, traced)).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    drop(conn);
+    let start_count = receiver.count();
+    let start = Instant::now();
+    let relay = outbox
+        .relay(
+            RelayConfig::new()
+                .destination(Destination::http("default", &receiver.url))
+                .workers(workers),
+        )
+        .start()
+        .unwrap();
+    assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
+    let took = start.elapsed();
+    relay.shutdown();
+    took
+}
+
+/// What trace context costs: enqueue and relay rows with a traceparent on every event
+/// against the same rows without, alternating in the same run (target ≥ 0.95×).
+fn traced(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
+    let mut lines = Vec::new();
+    let (_, traced_outbox, mut traced_own) = enqueue_files(dir, "traced", Synchronous::Normal);
+    let (_, plain_outbox, mut plain_own) = enqueue_files(dir, "untraced", Synchronous::Normal);
+    let (mut n1, mut n2) = (0, 0);
+    let one_tx = |outbox: &Outbox, own: &mut Connection, n: i64, traced: bool| {
+        let tx = own
+            .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        insert_order(&tx, n);
+        outbox.enqueue(&tx, maybe_traced(n, traced)).unwrap();
+        tx.commit().unwrap();
+    };
+    let alternated = alternate_spread(
+        5,
+        || {
+            rate_of_txs(6_000, 1, &mut n1, |n| {
+                one_tx(&traced_outbox, &mut traced_own, n, true)
+            })
+        },
+        || {
+            rate_of_txs(6_000, 1, &mut n2, |n| {
+                one_tx(&plain_outbox, &mut plain_own, n, false)
+            })
+        },
+    );
+    lines.push(
+        Line::rates(
+            "enqueue with a traceparent, NORMAL, 1 event/tx".into(),
+            "events",
+            alternated.a,
+            alternated.b,
+            "without",
+            "≥ 0.95×",
+        )
+        .with_spread(&alternated),
+    );
+    let (mut traced_round, mut plain_round) = (0, 0);
+    let n = 20_000;
+    let alternated = alternate_spread(
+        5,
+        || {
+            traced_round += 1;
+            let path = dir.join(format!("traced-relay-{traced_round}.db"));
+            rate(n, timed_traced_drain(&path, receiver, n, 4, true))
+        },
+        || {
+            plain_round += 1;
+            let path = dir.join(format!("untraced-relay-{plain_round}.db"));
+            rate(n, timed_traced_drain(&path, receiver, n, 4, false))
+        },
+    );
+    lines.push(
+        Line::rates(
+            "relay with a traceparent on every event, 1 event/request, 4 workers".into(),
+            "events",
+            alternated.a,
+            alternated.b,
+            "without",
+            "≥ 0.95×",
+        )
+        .with_spread(&alternated),
+    );
+    lines
+}
+
 /// Relay throughput by worker count and batch size, as CSV on stdout (for the plot in docs/PERFORMANCE.md:
 /// `cargo run --release --example bench -- sweep > sweep.csv`).
 fn sweep(dir: &std::path::Path, receiver: &CountingReceiver) {
@@ -1915,6 +2031,10 @@ fn main() {
         lines.extend(relay_http(dir, &receiver));
         lines.push(barrier_drain(dir, &receiver, false));
         lines.push(barrier_drain(dir, &receiver, true));
+    }
+    if run("traced") {
+        eprintln!("traced…");
+        lines.extend(traced(dir, &receiver));
     }
     if run("mqtt") {
         eprintln!("mqtt…");

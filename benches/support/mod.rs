@@ -282,7 +282,7 @@ pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
 }
 
 /// The event every Rust enqueue bench writes for order `n`: keyed by its customer.
-fn order_event(n: i64) -> sqlite_outbox::Event {
+pub fn order_event(n: i64) -> sqlite_outbox::Event {
     sqlite_outbox::Event::new("order.created", order_data(n)).partition_key("customer-7")
 }
 
