@@ -119,7 +119,7 @@ mod otel {
 
     use opentelemetry::global::{self, BoxedSpan, BoxedTracer};
     use opentelemetry::trace::{
-        Link, Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+        Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
         TraceState, Tracer,
     };
     use opentelemetry::{Context, InstrumentationScope, KeyValue};
@@ -253,11 +253,18 @@ mod otel {
             Some(context) => Context::new().with_remote_span_context(context),
             None => Context::new(),
         };
-        let links: Vec<Link> = events
-            .iter()
-            .filter_map(creation_context)
-            .map(Link::with_context)
-            .collect();
+        // Started bare, so that a span nobody records (no tracer provider installed, or
+        // not sampled) costs no attributes or links: the relay's every attempt asks.
+        let mut span = tracer
+            .span_builder(format!("send {destination}"))
+            .with_kind(SpanKind::Producer)
+            .start_with_context(&tracer, &parent);
+        if !span.is_recording() {
+            return None;
+        }
+        for link in events.iter().filter_map(creation_context) {
+            span.add_link(link, Vec::new());
+        }
         let oldest = events.iter().map(|e| e.created_at).min().unwrap_or(now_ms);
         let mut attributes = vec![
             KeyValue::new("messaging.system", MESSAGING_SYSTEM),
@@ -284,15 +291,7 @@ mod otel {
                 many.len() as i64,
             )),
         }
-        let span = tracer
-            .span_builder(format!("send {destination}"))
-            .with_kind(SpanKind::Producer)
-            .with_attributes(attributes)
-            .with_links(links)
-            .start_with_context(&tracer, &parent);
-        if !span.is_recording() && !span.span_context().is_valid() {
-            return None;
-        }
+        span.set_attributes(attributes);
         Some(parent.with_span(span))
     }
 
