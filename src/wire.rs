@@ -12,7 +12,9 @@ pub use crate::backoff::parse_retry_after;
 pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
 pub use crate::signature::signature_header;
 pub use crate::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
-pub use crate::trace_context::{check_tracestate, TraceContextError, TraceParent};
+pub use crate::trace_context::{
+    check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,
+};
 
 /// Bytes of a structured event besides its strings and data: member names, quotes, the
 /// spec version, the content type and the time. Generous, so that

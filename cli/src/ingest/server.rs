@@ -538,7 +538,7 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
     if columns.len() == 0 {
         return text(StatusCode::BAD_REQUEST, "the batch holds no event");
     }
-    match run(state, Work::Store(columns)).await {
+    match run(state, Work::Store(Box::new(columns))).await {
         Outcome::Stored(new) => {
             state.metrics.stored(new);
             // How many of the request's events were new; repeats are answered 204 too.

@@ -52,7 +52,9 @@ pub(crate) struct Job {
 
 /// What a job asks for.
 pub(crate) enum Work {
-    Store(Columns),
+    /// Store a request's events (boxed: eleven column vectors, where the other jobs hold
+    /// a word or two).
+    Store(Box<Columns>),
     Health,
     /// Read the change counter of `outbox_device_keys`.
     KeysChanges,
