@@ -1094,29 +1094,8 @@ fn timed_traced_drain(
     traced: bool,
 ) -> Duration {
     let outbox = Outbox::open(path).unwrap();
-    let mut conn = outbox.connection().unwrap();
-    for chunk in (0..n as i64).collect::<Vec<_>>().chunks(10_000) {
-        let tx = conn.transaction().unwrap();
-        for &i in chunk {
-            outbox.enqueue(&tx, maybe_traced(i, traced)).unwrap();
-        }
-        tx.commit().unwrap();
-    }
-    drop(conn);
-    let start_count = receiver.count();
-    let start = Instant::now();
-    let relay = outbox
-        .relay(
-            RelayConfig::new()
-                .destination(Destination::http("default", &receiver.url))
-                .workers(workers),
-        )
-        .start()
-        .unwrap();
-    assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
-    let took = start.elapsed();
-    relay.shutdown();
-    took
+    fill_pending_with(&outbox, n, |i| maybe_traced(i, traced));
+    time_drain(&outbox, receiver, n, workers, None, |config| config)
 }
 
 /// What trace context costs: enqueue and relay rows with a traceparent on every event

@@ -427,7 +427,7 @@ impl Outbox {
         let settings = self.inner.live.get();
         let payload = event.validate(settings.payload_limit)?;
         let destinations = routed(&settings, &event.event_type)?;
-        let span = CreateSpan::capture(&mut event, || destinations.clone());
+        let span = CreateSpan::capture(&mut event, |_| destinations.clone());
         let event_id = uuid::Uuid::now_v7().to_string();
         let ready = Ready {
             event: &event,
@@ -476,8 +476,9 @@ impl Outbox {
         let spans: Vec<CreateSpan> = events
             .iter_mut()
             .map(|event| {
-                let event_type = event.event_type.clone();
-                CreateSpan::capture(event, || routed(&settings, &event_type).unwrap_or_default())
+                CreateSpan::capture(event, |event_type| {
+                    routed(&settings, event_type).unwrap_or_default()
+                })
             })
             .collect();
         let enqueued = self.enqueue_checked(tx, &settings, &events);

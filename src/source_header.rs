@@ -1,18 +1,25 @@
 //! The `outbox-source` header: the CloudEvents `source` of every event in a request, so a
 //! receiver can choose the keys that may sign for that source before it reads the body.
 //!
-//! A source is any text; a header value is visible ASCII. Bytes outside `!`..=`~`, and `%`
-//! itself, are sent as `%XX` (RFC 3986 percent-encoding), so a source of visible ASCII, as
-//! most are (`/devices/42`), is sent as it is.
+//! A source is any text; a header value is visible ASCII. Bytes outside `!`..=`~`, `%`
+//! itself and `"` are sent as `%XX` (RFC 3986 percent-encoding, as the CloudEvents HTTP
+//! binding encodes its `ce-` headers), so a source of visible ASCII, as most are
+//! (`/devices/42`), is sent as it is.
 
 /// The header's name.
 pub const SOURCE_HEADER: &str = "outbox-source";
 
 /// `source` as the header's value.
 pub fn encode_source_header(source: &str) -> String {
-    let mut encoded = String::with_capacity(source.len());
-    for byte in source.bytes() {
-        if byte.is_ascii_graphic() && byte != b'%' {
+    percent_encode_header(source)
+}
+
+/// Any text as a header value: what the CloudEvents HTTP binding asks of a `ce-` header
+/// (space, `"`, `%` and anything outside printable ASCII as `%XX` of its UTF-8 bytes).
+pub(crate) fn percent_encode_header(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_graphic() && byte != b'%' && byte != b'"' {
             encoded.push(char::from(byte));
         } else {
             encoded.push_str(&format!("%{byte:02X}"));

@@ -50,11 +50,11 @@ pub(crate) struct CreateSpan {
 impl CreateSpan {
     /// When `event` has no trace context of its own and a span is active on this thread,
     /// starts a `create` span as its child and gives the event that span's context.
-    /// `destinations` (for the span's name) is called only then.
+    /// `destinations` (of the event's type, for the span's name) is called only then.
     #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
     pub(crate) fn capture<'d>(
         event: &mut Event,
-        destinations: impl FnOnce() -> Vec<&'d str>,
+        destinations: impl FnOnce(&str) -> Vec<&'d str>,
     ) -> CreateSpan {
         #[cfg(feature = "opentelemetry")]
         if event.traceparent.is_none() {
@@ -103,12 +103,13 @@ impl SendSpan {
         send()
     }
 
-    /// Ends the span: `error_type` names what failed (`None` when delivered).
+    /// Ends the span: `error_type` names what failed (`None` when delivered), called only
+    /// for a span that records.
     #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
-    pub(crate) fn end(self, error_type: Option<&str>) {
+    pub(crate) fn end(self, error_type: impl FnOnce() -> Option<String>) {
         #[cfg(feature = "opentelemetry")]
         if let Some(context) = self.context {
-            otel::end_send(&context, error_type);
+            otel::end_send(&context, error_type().as_deref());
         }
     }
 }
@@ -183,13 +184,13 @@ mod otel {
 
     pub(super) fn start_create<'d>(
         event: &mut Event,
-        destinations: impl FnOnce() -> Vec<&'d str>,
+        destinations: impl FnOnce(&str) -> Vec<&'d str>,
     ) -> Option<BoxedSpan> {
         let parent = Context::current();
         if !parent.span().span_context().is_valid() {
             return None;
         }
-        let destinations = destinations();
+        let destinations = destinations(&event.event_type);
         let name = match destinations.as_slice() {
             [one] => format!("create {one}"),
             _ => "create".to_owned(),

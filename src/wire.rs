@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::outbound::OutboundEvent;
+use crate::source_header::percent_encode_header;
 
 pub use crate::backoff::parse_retry_after;
 pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
@@ -119,19 +120,6 @@ pub fn binary_headers(event: &OutboundEvent) -> Vec<(String, String)> {
         .into_iter()
         .map(|(name, value)| (format!("ce-{name}"), percent_encode_header(&value)))
         .collect()
-}
-
-/// Percent-encodes what the CloudEvents HTTP binding asks of a header value.
-fn percent_encode_header(value: &str) -> String {
-    let mut encoded = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_graphic() && byte != b'%' && byte != b'"' {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
 }
 
 /// Formats unix milliseconds as an RFC 3339 UTC timestamp.

@@ -329,17 +329,23 @@ fn in_immediate_transaction(
 
 /// Fills an outbox database with `n` pending events quickly (one transaction per 10,000).
 pub fn fill_pending(outbox: &sqlite_outbox::Outbox, n: usize) {
+    fill_pending_with(outbox, n, |i| {
+        sqlite_outbox::Event::new("order.created", order_data(i))
+    });
+}
+
+/// As [`fill_pending`], event `i` made by `event`.
+pub fn fill_pending_with(
+    outbox: &sqlite_outbox::Outbox,
+    n: usize,
+    event: impl Fn(i64) -> sqlite_outbox::Event,
+) {
     let mut conn = outbox.connection().unwrap();
     let mut done = 0;
     while done < n {
         let tx = conn.transaction().unwrap();
         for i in done..(done + 10_000).min(n) {
-            outbox
-                .enqueue(
-                    &tx,
-                    sqlite_outbox::Event::new("order.created", order_data(i as i64)),
-                )
-                .unwrap();
+            outbox.enqueue(&tx, event(i as i64)).unwrap();
         }
         tx.commit().unwrap();
         done = (done + 10_000).min(n);
@@ -569,6 +575,19 @@ pub fn timed_drain_with(
     if backlog_on_disk {
         outbox.checkpoint().unwrap();
     }
+    time_drain(&outbox, receiver, n, workers, batch, adjust)
+}
+
+/// Times a relay over `workers` connections (batches of `batch`, if set) until the receiver
+/// has counted the `n` events pending in `outbox`.
+pub fn time_drain(
+    outbox: &sqlite_outbox::Outbox,
+    receiver: &CountingReceiver,
+    n: usize,
+    workers: usize,
+    batch: Option<usize>,
+    adjust: impl FnOnce(sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig,
+) -> Duration {
     let mut destination = sqlite_outbox::Destination::http("default", &receiver.url);
     if let Some(size) = batch {
         destination = destination.batch(size, 1 << 20);

@@ -43,6 +43,23 @@ fn url(addr: SocketAddr) -> String {
     format!("http://{addr}/events")
 }
 
+/// A relay delivering `device`'s events to the ingest at `addr`, signed, in batches of
+/// `batch`, polling every 20 ms.
+fn relay_batches(device: &Outbox, addr: SocketAddr, batch: usize) -> sqlite_outbox::RelayHandle {
+    device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", url(addr))
+                        .secret(SECRET)
+                        .batch(batch, 1 << 20),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap()
+}
+
 /// Commits `n` keyed events from a device in transactions of ten, rolling back every third
 /// transaction; returns the ids of the committed ones.
 fn commit_events(device: &Outbox, n: usize, keys: usize) -> Vec<String> {
@@ -92,18 +109,7 @@ fn device_events_are_stored_once_each_and_read_back_in_key_order() {
         .open(dir.path().join("device.db"))
         .unwrap();
     let committed = commit_events(&device, 300, 4);
-    let relay = device
-        .relay(
-            RelayConfig::new()
-                .destination(
-                    Destination::http("default", url(server.local_addr()))
-                        .secret(SECRET)
-                        .batch(25, 1 << 20),
-                )
-                .poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .unwrap();
+    let relay = relay_batches(&device, server.local_addr(), 25);
     assert!(common::all_delivered_within(
         &device,
         Duration::from_secs(60)
@@ -367,18 +373,7 @@ fn an_event_postgres_cannot_hold_is_refused_by_id_and_the_rest_of_its_batch_is_s
             Ok(())
         })
         .unwrap();
-    let relay = device
-        .relay(
-            RelayConfig::new()
-                .destination(
-                    Destination::http("default", url(addr))
-                        .secret(SECRET)
-                        .batch(10, 1 << 20),
-                )
-                .poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .unwrap();
+    let relay = relay_batches(&device, addr, 10);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while device.stats().unwrap().pending > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -568,18 +563,7 @@ fn each_event_is_stored_with_its_trace_context_and_data_schema() {
         .iter()
         .map(|e| e.event_id().to_string())
         .collect();
-    let relay = device
-        .relay(
-            RelayConfig::new()
-                .destination(
-                    Destination::http("default", url(server.local_addr()))
-                        .secret(SECRET)
-                        .batch(10, 1 << 20),
-                )
-                .poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .unwrap();
+    let relay = relay_batches(&device, server.local_addr(), 10);
     assert!(common::all_delivered_within(
         &device,
         Duration::from_secs(30)

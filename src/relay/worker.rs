@@ -483,7 +483,7 @@ impl Worker {
         let gate = Arc::clone(&self.gate);
         let reports = self.reports.clone();
         Box::new(move |attempts| {
-            span.end(failure_name(&attempts).as_deref());
+            span.end(|| failure_name(&attempts));
             // This runs on the transport's thread (MQTT's connection): a panic here (a
             // clock that panics) must not take the connection down with it.
             let decided = catch_unwind(AssertUnwindSafe(|| {
@@ -521,8 +521,8 @@ impl Worker {
                 .map_err(|panic| panic_message(&*panic))
         });
         match &attempts {
-            Ok(attempts) => span.end(failure_name(attempts).as_deref()),
-            Err(_) => span.end(Some("panic")),
+            Ok(attempts) => span.end(|| failure_name(attempts)),
+            Err(_) => span.end(|| Some("panic".to_owned())),
         }
         let now = self.clock.now_ms();
         let report = match attempts {
