@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Answers: 204 when the events were applied (or were duplicates), 400 for a bad signature
-//! or a body that is not CloudEvents, 413 for a body over 4 MiB, 503 with `Retry-After`
-//! while it is overloaded. Prints `listening on http://127.0.0.1:PORT/events` once ready.
+//! or a body that is not CloudEvents, 413 for a body over 4 MiB (on the wire, or decoded: a
+//! `Content-Encoding: gzip` body is decoded through a reader that stops at 4 MiB or 100 times
+//! its size), 415 for another encoding, 503 with `Retry-After` while it is overloaded. Prints `listening on http://127.0.0.1:PORT/events` once ready.
 //! It stops by itself after `--max-seconds` (default: never).
 
 #[path = "../tests/common/http_server.rs"]
@@ -20,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlite_outbox::receive::{
-    verify_request, Data, Inbox, Receipt, ReceiveError, Secret, Verifier,
+    decode_body, verify_request, Data, DecodeError, Inbox, Receipt, ReceiveError, Secret, Verifier,
 };
 use sqlite_outbox::rusqlite::{params, Connection, TransactionBehavior};
 
@@ -203,7 +204,19 @@ fn handle(request: &Request, verifier: &Verifier, conn: &mut Connection) -> (u16
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let events = match verify_request(verifier, &request.headers, &request.body, now) {
+    let encoding = request
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-encoding"))
+        .map(|(_, value)| value.as_str());
+    // The signature is over the decoded body: decode first, never past the limit.
+    let body = match decode_body(encoding, &request.body, MAX_BODY) {
+        Ok(body) => body,
+        Err(e @ DecodeError::TooLarge { .. }) => return (413, e.to_string()),
+        Err(e @ DecodeError::Unsupported(_)) => return (415, e.to_string()),
+        Err(e) => return (400, e.to_string()),
+    };
+    let events = match verify_request(verifier, &request.headers, &body, now) {
         Ok(events) => events,
         Err(e @ ReceiveError::Signature(_)) => {
             log::warn!("refused: {e}");

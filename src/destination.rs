@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::content_encoding::Compression;
 use crate::error::{Error, Result};
 use crate::signature::Secret;
 use crate::signing_key::SigningKey;
@@ -56,6 +57,7 @@ pub struct Destination {
     workers: Option<usize>,
     rate: Option<f64>,
     bandwidth: Option<u64>,
+    compression: Compression,
 }
 
 impl fmt::Debug for Destination {
@@ -78,6 +80,7 @@ impl fmt::Debug for Destination {
             Target::Mqtt { url, config } => d.field("url", url).field("mqtt", config),
         };
         d.field("batch", &self.batch)
+            .field("compression", &self.compression)
             .field("workers", &self.workers)
             .finish()
     }
@@ -104,6 +107,7 @@ impl Destination {
             workers: None,
             rate: None,
             bandwidth: None,
+            compression: Compression::None,
         }
     }
 
@@ -116,6 +120,7 @@ impl Destination {
             workers: None,
             rate: None,
             bandwidth: None,
+            compression: Compression::None,
         }
     }
 
@@ -135,6 +140,7 @@ impl Destination {
             workers: None,
             rate: None,
             bandwidth: None,
+            compression: Compression::None,
         }
     }
 
@@ -194,6 +200,17 @@ impl Destination {
             max_events,
             max_bytes,
         });
+        self
+    }
+
+    /// Compresses request bodies of [`Compression::MIN_BYTES`] or more (HTTP only; refused
+    /// at start for MQTT). With [`Compression::Gzip`] they go with `Content-Encoding: gzip`;
+    /// the Standard Webhooks signature stays over the uncompressed body, which is what the
+    /// receiver verifies after decoding it. `outbox ingest` and
+    /// [`receive::decode_body`](crate::receive::decode_body) accept gzip. Off by default:
+    /// a receiver that does not decode would see bytes it cannot parse.
+    pub fn compress(mut self, compression: Compression) -> Destination {
+        self.compression = compression;
         self
     }
 
@@ -260,6 +277,13 @@ impl Destination {
                 )));
             }
         }
+        if self.compression != Compression::None && !matches!(self.target, Target::Http { .. }) {
+            return Err(Error::InvalidConfig(format!(
+                "destination {}: compression is for HTTP destinations (it sets the request's \
+                 Content-Encoding)",
+                self.name
+            )));
+        }
         match &self.target {
             Target::Custom(t) => Ok(t.clone()),
             #[cfg(feature = "mqtt")]
@@ -301,7 +325,7 @@ impl Destination {
                     transport =
                         transport.with_signing_key(SigningKey::parse(key).map_err(invalid)?);
                 }
-                Ok(Arc::new(transport))
+                Ok(Arc::new(transport.with_compression(self.compression)))
             }
         }
     }

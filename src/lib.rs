@@ -865,6 +865,7 @@ pub mod bundle;
 pub mod clock;
 mod cloudevents;
 mod configure;
+mod content_encoding;
 mod database;
 mod destination;
 mod disabled;
@@ -899,8 +900,10 @@ pub mod transport;
 mod type_pattern;
 mod verify_error;
 mod wake;
+mod wal_watch;
 pub mod wire;
 
+pub use content_encoding::Compression;
 pub use database::Synchronous;
 pub use destination::Destination;
 pub use error::{Error, Result};

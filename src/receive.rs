@@ -45,6 +45,7 @@
 pub use crate::cloudevents::{
     parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,
 };
+pub use crate::content_encoding::{check_encoding, decode_body, DecodeError, MAX_DECODE_RATIO};
 pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]

@@ -43,7 +43,7 @@
 //! pages prune and purge delete), `tally.rs` (the pending totals every transition keeps).
 //! This file holds what they share: the SQL that defines each state, and unpark.
 
-use rusqlite::{params, Connection, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use crate::error::Result;
 use crate::outbound::OutboundEvent;

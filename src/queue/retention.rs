@@ -17,6 +17,20 @@ pub(crate) fn any_past_deadline(conn: &Connection, now: i64) -> Result<bool> {
         .query_row([now], |r| r.get(0))?)
 }
 
+/// The earliest deadline of a pending event after `now` (unix ms), if any: when the
+/// writer's next expiry sweep is due. One seek in the expiring index.
+pub(crate) fn next_deadline_after(conn: &Connection, now: i64) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "SELECT expires_at FROM outbox_events INDEXED BY outbox_events_expiring
+              WHERE expires_at IS NOT NULL AND expires_at > ?1 AND ",
+            pending!(""),
+            " ORDER BY expires_at LIMIT 1"
+        ))?
+        .query_row([now], |r| r.get(0))
+        .optional()?)
+}
+
 /// One row the expiry sweep took out of pending.
 pub(crate) struct ExpiredRow {
     pub event_id: String,

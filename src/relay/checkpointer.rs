@@ -28,14 +28,20 @@
 
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError};
 use rusqlite::Connection;
 
 use crate::outbox::Outbox;
 
-/// How often the checkpointer looks for new writes (each look that finds some copies
-/// them: a shorter interval copies less at a time, and keeps the WAL smaller).
+/// How often at most the checkpointer looks for new writes while the writer reports some
+/// (each look that finds some copies them: a shorter interval copies less at a time, and
+/// keeps the WAL smaller). While nothing is written it sleeps.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long the checkpointer sleeps with no word from the writer before it looks anyway:
+/// commits by other processes that the relay's writer never saw (it was stopped, or lost a
+/// notification) are still copied back, if late.
+const IDLE_LOOK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// WAL frames (pages) past which, catching up having failed (writers of other processes, or
 /// the app through connections of its own, kept writing), the WAL is reset with a blocking
@@ -78,6 +84,8 @@ pub(crate) struct Checkpointer {
     /// The outbox whose writes the checkpointer holds off while it catches up.
     outbox: Outbox,
     stop: Receiver<()>,
+    /// Ready when the relay's writer wrote or saw a commit.
+    kick: Receiver<()>,
     /// `PRAGMA data_version` at the last look: it changes when another connection commits.
     data_version: Option<i64>,
     /// A reset failed (a reader was in the way) and is owed even if nothing more is written.
@@ -105,12 +113,14 @@ impl Checkpointer {
         outbox: Outbox,
         relay_id: &str,
         stop: Receiver<()>,
+        kick: Receiver<()>,
     ) -> Checkpointer {
         Checkpointer {
             relay_id: relay_id.to_string(),
             conn,
             outbox,
             stop,
+            kick,
             data_version: None,
             reset_owed: false,
             next_reset: Instant::now(),
@@ -118,7 +128,8 @@ impl Checkpointer {
         }
     }
 
-    /// Checkpoints every `CHECKPOINT_INTERVAL` while writes go on, until stopped.
+    /// Checkpoints at most every `CHECKPOINT_INTERVAL` while the writer reports writes,
+    /// until stopped; sleeps while nothing is written.
     pub fn run(mut self) {
         // Nothing here may wait for a lock: a checkpoint that cannot go ahead is skipped
         // and tried again on the next turn.
@@ -126,9 +137,33 @@ impl Checkpointer {
             log::warn!("relay {}: checkpointer not started: {e}", self.relay_id);
             return;
         }
-        while let Err(RecvTimeoutError::Timeout) = self.stop.recv_timeout(CHECKPOINT_INTERVAL) {
+        loop {
+            let idle = if self.reset_owed {
+                self.next_reset
+                    .saturating_duration_since(Instant::now())
+                    .max(CHECKPOINT_INTERVAL)
+            } else {
+                IDLE_LOOK_INTERVAL
+            };
+            select! {
+                recv(self.stop) -> _ => return,
+                recv(self.kick) -> kicked => {
+                    if kicked.is_err() {
+                        // The writer has ended: only the stop is left to wait for.
+                        self.kick = crossbeam_channel::never();
+                    }
+                },
+                default(idle) => {},
+            }
             if self.wrote() || self.reset_owed {
                 self.checkpoint();
+            }
+            // However often the writer kicks, look at most this often.
+            if !matches!(
+                self.stop.recv_timeout(CHECKPOINT_INTERVAL),
+                Err(RecvTimeoutError::Timeout)
+            ) {
+                return;
             }
         }
     }
@@ -342,7 +377,13 @@ mod tests {
         let (_stop, stop) = crossbeam_channel::bounded::<()>(0);
         let conn = outbox.unpooled_connection().unwrap();
         conn.busy_handler(None).unwrap();
-        let checkpointer = Checkpointer::new(conn, outbox.clone(), "test", stop);
+        let checkpointer = Checkpointer::new(
+            conn,
+            outbox.clone(),
+            "test",
+            stop,
+            crossbeam_channel::never(),
+        );
         let done = AtomicBool::new(false);
         let (mut caught_up, mut copied, mut started_over) = (0, 0, 0);
         let mut rounds = 0;

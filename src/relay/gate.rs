@@ -196,6 +196,19 @@ impl Gate {
             || self.disabled.load(Ordering::Acquire)
     }
 
+    /// How long until an offline window or a receiver's pause ends, while one holds the
+    /// gate closed; `None` when open, or closed only by a disabling (which a write to the
+    /// database ends, and the writer notices that).
+    pub fn reopens_in(&self) -> Option<Duration> {
+        let until = self
+            .offline_until
+            .load(Ordering::Acquire)
+            .max(self.paused_until.load(Ordering::Acquire));
+        let left = until.saturating_sub(self.now());
+        (left > 0 && !self.disabled.load(Ordering::Acquire))
+            .then(|| Duration::from_millis(left as u64))
+    }
+
     /// Whether the last attempts went unanswered, so the next claim should be a single probe.
     pub fn is_suspect(&self) -> bool {
         self.failures.load(Ordering::Acquire) > 0

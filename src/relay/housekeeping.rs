@@ -44,19 +44,43 @@ impl Housekeeping {
         }
     }
 
-    /// Runs whatever is due: a page of retention or a step of reclaiming. `relay_write`
-    /// marks a write of the relay's under way (see [`crate::right_of_way`]) for as long as
-    /// its guard lives: taken only when there is something to write.
+    /// Runs whatever is due: a page of retention or a step of reclaiming; returns whether it
+    /// wrote. `relay_write` marks a write of the relay's under way (see
+    /// [`crate::right_of_way`]) for as long as its guard lives: taken only when there is
+    /// something to write.
     pub fn tick<'w>(
         &mut self,
         conn: &mut Connection,
         now_ms: i64,
         relay_write: impl FnOnce() -> RelayWrite<'w>,
-    ) {
+    ) -> bool {
         if self.reclaiming {
             self.reclaim_step(conn, relay_write);
+            true
         } else {
-            self.retention(conn, now_ms, relay_write);
+            self.retention(conn, now_ms, relay_write)
+        }
+    }
+
+    /// Whether a prune or a reclaim is under way: it goes on a step per writer turn.
+    pub fn busy(&self) -> bool {
+        self.reclaiming || self.pruning.is_some()
+    }
+
+    /// When the next timer falls due (the next retention run, the next gauges), so that an
+    /// idle writer sleeps until then instead of looking on every turn.
+    pub fn next_due(&self) -> Option<Instant> {
+        let retention = self.retention.map(|_| match self.last_retention {
+            Some(t) => t + self.retention_interval,
+            None => Instant::now(),
+        });
+        let gauges = crate::telemetry::GAUGES_ENABLED.then(|| match self.last_gauges {
+            Some(t) => t + GAUGE_INTERVAL,
+            None => Instant::now(),
+        });
+        match (retention, gauges) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -86,15 +110,15 @@ impl Housekeeping {
     }
 
     /// Prunes delivered events past the retention, one small page per loop turn so claims
-    /// and acks go on in between.
+    /// and acks go on in between; returns whether it wrote.
     fn retention<'w>(
         &mut self,
         conn: &mut Connection,
         now_ms: i64,
         relay_write: impl FnOnce() -> RelayWrite<'w>,
-    ) {
+    ) -> bool {
         let Some(keep) = self.retention else {
-            return;
+            return false;
         };
         if self.pruning.is_none()
             && self
@@ -104,7 +128,9 @@ impl Housekeeping {
             self.last_retention = Some(Instant::now());
             self.pruning = Some(0);
         }
-        let Some(total) = self.pruning else { return };
+        let Some(total) = self.pruning else {
+            return false;
+        };
         let cutoff = now_ms.saturating_sub(keep.as_millis() as i64);
         // Delivered rows first, then expired and exported ones, a page per turn.
         let write = relay_write();
@@ -135,6 +161,7 @@ impl Housekeeping {
                 log::warn!("relay {}: pruning failed, will retry: {e}", self.relay_id);
             }
         }
+        true
     }
 
     /// Refreshes the pending, age and size gauges every `GAUGE_INTERVAL` (metrics only).

@@ -57,6 +57,9 @@ pub(crate) struct Lane {
     /// Retries this relay scheduled itself (unix ms, clock time), soonest first: each wakes
     /// the lane when it falls due. Bounded; past the bound the idle claim finds the rest.
     retry_times: BinaryHeap<Reverse<i64>>,
+    /// When the first row not yet due falls due (unix ms), as the writer last read it after
+    /// a claim came back short: rows written with a delay, other relays' retries.
+    due_later: Option<i64>,
     /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
     disabled: Option<String>,
 }
@@ -102,6 +105,7 @@ impl Lane {
             in_flight: HashSet::new(),
             claim_due: true,
             retry_times: BinaryHeap::new(),
+            due_later: None,
             disabled: None,
         }
     }
@@ -324,13 +328,47 @@ impl Lane {
         self.claim_due = true;
     }
 
-    /// Wakes the lane if a retry it scheduled has fallen due by `now` (every retry, not
-    /// only the soonest: each one falling due is worth a claim).
+    /// Wakes the lane if a retry it scheduled, or the row it knows to be due later, has
+    /// fallen due by `now` (every retry, not only the soonest: each one falling due is worth
+    /// a claim).
     pub fn wake_if_retry_due(&mut self, now: i64) {
         while self.retry_times.peek().is_some_and(|Reverse(t)| *t <= now) {
             self.retry_times.pop();
             self.claim_due = true;
         }
+        if self.due_later.is_some_and(|t| t <= now) {
+            self.due_later = None;
+            self.claim_due = true;
+        }
+    }
+
+    /// Remembers when the first row not yet due falls due (`None`: no such row).
+    pub fn set_due_later(&mut self, at: Option<i64>) {
+        self.due_later = at;
+    }
+
+    /// When this lane next has something falling due (unix ms): a retry it scheduled or
+    /// the row due later; the writer sleeps until then.
+    pub fn next_due(&self) -> Option<i64> {
+        let retry = self.retry_times.peek().map(|Reverse(t)| *t);
+        match (retry, self.due_later) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// How soon a lane with a claim due that it cannot make now should be looked at again:
+    /// when its gate reopens, or after `poll` while its pacer or its in-flight limit holds
+    /// it back. `None` when nothing holds a claim back, or only a disabling does (enabling
+    /// writes to the file, which wakes the writer).
+    pub fn held_back_for(&self, poll: Duration) -> Option<Duration> {
+        if !self.claim_due || self.jobs_tx.is_none() || self.disabled.is_some() {
+            return None;
+        }
+        if self.wants_claim() {
+            return None;
+        }
+        Some(self.gate.reopens_in().unwrap_or(poll))
     }
 
     /// Stops claiming until something wakes the lane (after a failed claim, so a broken disk

@@ -142,6 +142,9 @@ impl Relay {
         drop(reports_tx);
         let shutdown_timeout = config.shutdown_timeout;
         let checkpointed = outbox.clone();
+        // The writer tells the checkpointer when something was written, so that neither
+        // looks on a timer while nothing is.
+        let (kick_tx, kick_rx) = bounded::<()>(1);
         let (writer, stop_tx) = Writer::new(
             outbox,
             conn,
@@ -150,11 +153,17 @@ impl Relay {
             lanes,
             reports_rx,
             counters.clone(),
+            kick_tx,
         );
         let writer = Watched::spawn("outbox-relay".to_string(), move || writer.run())?;
         let (checkpoint_stop_tx, checkpoint_stop) = bounded::<()>(0);
-        let checkpointer =
-            Checkpointer::new(checkpoint_conn, checkpointed, &relay_id, checkpoint_stop);
+        let checkpointer = Checkpointer::new(
+            checkpoint_conn,
+            checkpointed,
+            &relay_id,
+            checkpoint_stop,
+            kick_rx,
+        );
         let checkpointer =
             Watched::spawn("outbox-checkpoint".to_string(), move || checkpointer.run())?;
         log::info!("relay {relay_id}: started");

@@ -26,6 +26,7 @@ use crate::relay::housekeeping::Housekeeping;
 use crate::relay::lane::Lane;
 use crate::relay::stats::{Counters, ShutdownReport};
 use crate::relay::worker::Report;
+use crate::wal_watch::{self, WalWatch};
 
 /// Outcomes written back in one transaction at most: enough to amortize the commit, few
 /// enough that the write lock is held well under a millisecond, so the app's own commits
@@ -36,14 +37,24 @@ const MAX_ACKS_PER_TX: usize = 200;
 /// [`crate::right_of_way`]): an app thread that keeps a transaction open must not stop the
 /// relay.
 const GIVE_WAY_LIMIT: Duration = Duration::from_millis(5);
-/// How often the writer looks for events past their deadline.
+/// How often at most the writer looks for events past their deadline (it sleeps until the
+/// earliest deadline it knows of, and looks again this soon after new commits).
 const EXPIRY_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the writer polls `PRAGMA data_version` while a file-change notification on the
+/// WAL tells it of other processes' commits: only a fallback, for a notification lost (the
+/// kernel's queue overflowed) or a file system that accepts a watch and never reports.
+const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// After a notification that the WAL changed, how many more times the writer reads
+/// `data_version`, this far apart: the commit's frames are written before the commit is
+/// published in the wal-index, which no notification reports (see [`crate::wal_watch`]).
+const RECHECKS: u32 = 4;
+const RECHECK_STEP: Duration = Duration::from_millis(1);
 /// How long the writer may wait to gather more outcomes into one ack transaction.
 const ACK_WINDOW: Duration = Duration::from_millis(1);
 /// Below this many requests in flight, outcomes are recorded at once.
 const ACK_GATHER_MIN_IN_FLIGHT: usize = 8;
-/// How often an idle relay claims even without a sign of new work, to pick up leases that a
-/// crashed relay left behind.
+/// How often at most an idle relay claims without a sign of new work (at each poll), to pick
+/// up leases that a crashed relay left behind.
 const IDLE_CLAIM_INTERVAL: Duration = Duration::from_secs(1);
 /// The first pause before a writer that panicked starts again, and the longest.
 const WRITER_RESTART_PAUSE: Duration = Duration::from_millis(100);
@@ -74,6 +85,20 @@ pub(crate) struct Writer {
     reports: Receiver<Report>,
     stop: Receiver<()>,
     wake: Receiver<()>,
+    /// Ready when the WAL changed (another process may have committed); never ready
+    /// without a watch.
+    wal_changed: Receiver<()>,
+    /// The watch behind `wal_changed`, stopped with the writer.
+    _wal_watch: Option<WalWatch>,
+    /// How often the writer polls `data_version` and claims without a sign of new work:
+    /// the poll interval, or [`WATCHED_POLL_INTERVAL`] while the WAL is watched.
+    poll_period: Duration,
+    /// The next re-read of `data_version` after a WAL notification, and how many are left.
+    rechecks: Option<(Instant, u32)>,
+    /// Tells the checkpointer that something was written (capacity one).
+    checkpoint_kick: Sender<()>,
+    /// Whether this turn wrote or saw a commit, so the checkpointer should look.
+    wrote: bool,
     counters: Arc<Counters>,
     housekeeping: Housekeeping,
     barrier: Barrier,
@@ -85,8 +110,10 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
-    /// When the expiry sweep last ran.
+    /// When the expiry sweep last ran, and when it is next due (`None`: no pending event
+    /// has a deadline, as far as the writer knows).
     last_expiry: Instant,
+    next_expiry: Option<Instant>,
     /// The wall clock at `last_poll`, to notice jumps.
     last_poll_clock_ms: i64,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
@@ -101,6 +128,7 @@ pub(crate) struct Writer {
 impl Writer {
     /// A writer for `lanes` on `conn`; returns it with the sender that stops it (by being
     /// dropped).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         outbox: Outbox,
         conn: PooledConnection,
@@ -109,9 +137,18 @@ impl Writer {
         lanes: Vec<Lane>,
         reports: Receiver<Report>,
         counters: Arc<Counters>,
+        checkpoint_kick: Sender<()>,
     ) -> (Writer, Sender<()>) {
         let (stop_tx, stop) = bounded(0);
         let wake = outbox.register_relay();
+        let (wal_watch, wal_changed) = match wal_watch::watch(outbox.path()) {
+            Some((watch, changed)) => (Some(watch), changed),
+            None => (None, crossbeam_channel::never()),
+        };
+        let poll_period = match wal_watch {
+            Some(_) => WATCHED_POLL_INTERVAL.max(config.poll_interval),
+            None => config.poll_interval,
+        };
         let pool_cache_size = shrink_page_cache(&conn, relay_id);
         let writer = Writer {
             conn,
@@ -125,6 +162,12 @@ impl Writer {
             reports,
             stop,
             wake,
+            wal_changed,
+            _wal_watch: wal_watch,
+            poll_period,
+            rechecks: None,
+            checkpoint_kick,
+            wrote: false,
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
             barrier: Barrier::new(outbox.synchronous(), config.durability_barrier),
@@ -135,6 +178,7 @@ impl Writer {
             last_poll: Instant::now(),
             last_claim: Instant::now(),
             last_expiry: Instant::now(),
+            next_expiry: Some(Instant::now()),
             last_poll_clock_ms: outbox.now_ms(),
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
@@ -197,21 +241,26 @@ impl Writer {
             self.take_unrecorded(reports);
             if !reports.is_empty() {
                 self.record(reports);
+                self.wrote = true;
             }
             self.poll_for_work();
             self.expire_due();
             // Pruning and handing pages back write too: a catch-up must see them.
             let outbox = &self.outbox;
-            self.housekeeping.tick(&mut self.conn, outbox.now_ms(), || {
+            self.wrote |= self.housekeeping.tick(&mut self.conn, outbox.now_ms(), || {
                 outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
             });
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
-                    // The idle claim tries again within a second.
+                    // The idle claim at the next poll tries again.
                     self.lanes[lane].rest();
                     log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
                 }
+            }
+            if std::mem::take(&mut self.wrote) {
+                // Never blocks: a kick not yet taken covers this one.
+                let _ = self.checkpoint_kick.try_send(());
             }
             self.wait(reports);
         }
@@ -244,17 +293,18 @@ impl Writer {
         self.drain_reports(reports);
     }
 
-    /// Blocks until there is something to do, or the poll interval passes.
+    /// Blocks until there is something to do or the next timer falls due.
     fn wait(&mut self, reports: &mut Vec<Report>) {
-        // More work is waiting to be claimed: only look at the channels.
-        let timeout = if self.lanes.iter().any(Lane::wants_claim) {
-            Duration::ZERO
-        } else {
-            self.poll_interval
-        };
+        let timeout = self.next_wake();
         select! {
             recv(self.stop) -> _ => self.stopping = true,
-            recv(self.wake) -> _ => self.lanes.iter_mut().for_each(Lane::wake),
+            recv(self.wake) -> _ => self.new_work(),
+            recv(self.wal_changed) -> _ => {
+                if !self.look_for_commits() {
+                    // Written, maybe not yet published: look again shortly.
+                    self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
+                }
+            },
             recv(self.reports) -> msg => {
                 if let Ok(r) = msg {
                     reports.push(r);
@@ -264,11 +314,90 @@ impl Writer {
         }
     }
 
-    /// Notices work that no channel announced: commits by other connections or processes,
-    /// retries falling due, leases of crashed relays expiring, destinations re-enabled.
+    /// How long the writer may sleep: until the soonest of its timers (the poll, a re-read
+    /// after a notification, a retry or a delayed row falling due, a deadline, a gate
+    /// reopening, housekeeping), and not at all while a lane wants to claim. Nothing is
+    /// looked at on a fixed beat while idle: an idle relay wakes for its poll alone.
+    fn next_wake(&self) -> Duration {
+        if self.lanes.iter().any(Lane::wants_claim) {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        let now_ms = self.outbox.now_ms();
+        let mut at = self.last_poll + self.poll_period;
+        let mut soon = |t: Instant| at = at.min(t);
+        if let Some((t, _)) = self.rechecks {
+            soon(t);
+        }
+        // Work under way (answers to record, a prune going a page a turn, outcomes to write
+        // again) keeps the writer on the poll interval, as it was before timers.
+        if self.in_flight() > 0 || self.housekeeping.busy() {
+            soon(now + self.poll_interval);
+        }
+        if !self.unrecorded.is_empty() {
+            soon(self.retry_record_at);
+        }
+        for lane in &self.lanes {
+            if let Some(look) = lane.held_back_for(self.poll_interval) {
+                soon(now + look);
+            }
+            if let Some(due) = lane.next_due() {
+                soon(now + Duration::from_millis(due.saturating_sub(now_ms).max(0) as u64));
+            }
+        }
+        if let Some(t) = self.next_expiry {
+            soon(t);
+        }
+        if let Some(t) = self.housekeeping.next_due() {
+            soon(t);
+        }
+        at.saturating_duration_since(now)
+    }
+
+    /// Something may be due that was not: every lane is worth a claim, the checkpointer
+    /// should look, and new rows may carry deadlines sooner than the sweep's next.
+    fn new_work(&mut self) {
+        self.lanes.iter_mut().for_each(Lane::wake);
+        self.wrote = true;
+        let sweep = self.last_expiry + EXPIRY_INTERVAL;
+        self.next_expiry = Some(self.next_expiry.map_or(sweep, |t| t.min(sweep)));
+    }
+
+    /// Reads `data_version`; returns whether another connection committed since the last
+    /// read (and if so, wakes the lanes and re-reads the disabled destinations).
+    fn look_for_commits(&mut self) -> bool {
+        match self.data_version() {
+            Ok(v) if v != self.data_version => {
+                self.data_version = v;
+                self.rechecks = None;
+                self.load_disabled();
+                self.new_work();
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::warn!("relay {}: data_version poll failed: {e}", self.relay_id);
+                false
+            }
+        }
+    }
+
+    /// Notices work that no channel announced: retries and delayed rows falling due, and at
+    /// each poll, commits by other connections or processes, leases of crashed relays
+    /// expiring, destinations re-enabled, the clock jumping.
     fn poll_for_work(&mut self) {
+        let now = self.outbox.now_ms();
+        for lane in &mut self.lanes {
+            lane.wake_if_retry_due(now);
+        }
+        if let Some((at, left)) = self.rechecks {
+            if Instant::now() >= at && !self.look_for_commits() {
+                self.rechecks = (left > 1).then(|| (Instant::now() + RECHECK_STEP, left - 1));
+            }
+        }
+        self.housekeeping.gauges(&self.conn, now);
         let elapsed = self.last_poll.elapsed();
-        if elapsed < self.poll_interval {
+        if elapsed < self.poll_period {
             return;
         }
         self.last_poll = Instant::now();
@@ -282,25 +411,13 @@ impl Writer {
                 jump / 1000
             );
             self.reanchor();
+            self.next_expiry = Some(Instant::now());
         }
-        match self.data_version() {
-            Ok(v) if v != self.data_version => {
-                self.data_version = v;
-                self.load_disabled();
-                self.lanes.iter_mut().for_each(Lane::wake);
-            }
-            Ok(_) => {}
-            Err(e) => log::warn!("relay {}: data_version poll failed: {e}", self.relay_id),
-        }
-        let now = self.outbox.now_ms();
-        for lane in &mut self.lanes {
-            lane.wake_if_retry_due(now);
-        }
+        self.look_for_commits();
         if self.last_claim.elapsed() >= IDLE_CLAIM_INTERVAL {
             self.last_claim = Instant::now();
             self.lanes.iter_mut().for_each(Lane::wake);
         }
-        self.housekeeping.gauges(&self.conn, now);
     }
 
     /// Re-anchors due times written while the clock was ahead, and forgets retry times this
@@ -378,6 +495,11 @@ impl Writer {
             );
         }
         let more_due = claimed.events.len() + claimed.unreadable.len() == limit;
+        if !claimed.events.is_empty() || !claimed.unreadable.is_empty() {
+            self.wrote = true;
+        }
+        // Caught up: sleep until the first row not yet due falls due, not on a timer.
+        let due_later = (!more_due).then(|| queue::next_due_after(&self.conn, lane.name(), now));
         let events = claimed.events;
         for event in &events {
             log::debug!(
@@ -385,6 +507,11 @@ impl Writer {
                 event.event_id,
                 lane.name()
             );
+        }
+        match due_later {
+            Some(Ok(at)) => self.lanes[index].set_due_later(at),
+            Some(Err(e)) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
+            None => {}
         }
         self.lanes[index].dispatch(events, more_due);
         Ok(())
@@ -489,14 +616,26 @@ impl Writer {
     /// Takes events past their deadline out of pending (never one in flight), at most every
     /// [`EXPIRY_INTERVAL`]: a seek in the expiring index when there is nothing to do.
     fn expire_due(&mut self) {
-        if self.last_expiry.elapsed() < EXPIRY_INTERVAL {
+        if self.next_expiry.is_none_or(|t| Instant::now() < t) {
             return;
         }
         self.last_expiry = Instant::now();
+        self.next_expiry = Some(self.last_expiry + EXPIRY_INTERVAL);
         let now = self.outbox.now_ms();
         // Read first: the write transaction only when there is something to expire.
         match queue::any_past_deadline(&self.conn, now) {
-            Ok(false) => return,
+            Ok(false) => {
+                // Sleep until the earliest deadline (no sooner than the sweep's interval).
+                self.next_expiry = match queue::next_deadline_after(&self.conn, now) {
+                    Ok(Some(deadline)) => {
+                        let left = Duration::from_millis((deadline - now).max(0) as u64);
+                        Some(self.last_expiry + left.max(EXPIRY_INTERVAL))
+                    }
+                    Ok(None) => None,
+                    Err(_) => self.next_expiry,
+                };
+                return;
+            }
             Ok(true) => {}
             Err(e) => {
                 log::warn!(
@@ -520,13 +659,12 @@ impl Writer {
                 if !rows.is_empty() {
                     // Their keys' next events were unparked.
                     self.lanes.iter_mut().for_each(Lane::wake);
+                    self.wrote = true;
                 }
                 if rows.len() >= MAX_ACKS_PER_TX {
                     // A full page: more are past their deadline, and a claim steps over
                     // each of them until it is marked. Sweep again on the next turn.
-                    self.last_expiry = Instant::now()
-                        .checked_sub(EXPIRY_INTERVAL)
-                        .unwrap_or(self.last_expiry);
+                    self.next_expiry = Some(Instant::now());
                 }
                 for row in rows {
                     crate::telemetry::expired(&row.event_type, &row.destination);

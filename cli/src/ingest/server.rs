@@ -21,7 +21,10 @@
 //!   budget of bytes in flight across all connections (503 with `Retry-After: 1`); each
 //!   closes the connection with the body unread.
 //! - **request body** (`read_timeout`, `max_body`): a body not complete within the timeout
-//!   gets 408; one found larger than `max_body` gets 413; both close. After it, a signature
+//!   gets 408; one found larger than `max_body` gets 413; both close. A gzip body
+//!   (`Content-Encoding: gzip`; any other encoding is 415 before the body) is decoded through
+//!   a reader that stops past `max_body` decoded bytes or 100 times its size on the wire,
+//!   whichever is less: 413, and close, with nothing more decoded. After it, a signature
 //!   by none of the source's keys is 401, an event of another source 403.
 //! - **database queue** (four jobs per database thread): full, a request gets 503 with
 //!   `Retry-After: 1` at once, rather than waiting behind the others.
@@ -36,7 +39,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{
+    HeaderValue, ALLOW, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
@@ -48,7 +53,9 @@ use super::metrics::Metrics;
 use super::store::{unstorable, Columns};
 use super::workers::{Job, Outcome, Work, Workers};
 use super::write_deadline::WriteDeadline;
-use sqlite_outbox::receive::{verify_request, ReceiveError};
+use sqlite_outbox::receive::{
+    check_encoding, decode_body, verify_request, DecodeError, ReceiveError,
+};
 use sqlite_outbox::wire::{decode_source_header, SOURCE_HEADER};
 
 /// How long a request waits for its database job before it is answered 503.
@@ -411,6 +418,14 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
         state.refuse(None, "too_large", "");
         return too_large(state.max_body);
     }
+    let content_encoding = request
+        .headers()
+        .get(CONTENT_ENCODING)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if let Err(e) = check_encoding(content_encoding.as_deref()) {
+        state.refuse(None, "unsupported_encoding", "");
+        return close(text(StatusCode::UNSUPPORTED_MEDIA_TYPE, &e.to_string()));
+    }
     let source = match request.headers().get(SOURCE_HEADER) {
         None => None,
         Some(value) => match decode_source_header(value.as_bytes()) {
@@ -501,6 +516,16 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
         }
         Ok(Err(e)) => return close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
         Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    // `--max-body` bounds the decoded body too, and decoding stops at it (or at a ratio of
+    // 100): a zip bomb costs at most that much. Signatures are over the decoded body.
+    let body = match decode_body(content_encoding.as_deref(), &body, state.max_body) {
+        Ok(body) => body,
+        Err(e @ DecodeError::TooLarge { .. }) => {
+            state.refuse(source.as_deref(), "too_large", &e.to_string());
+            return close(text(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string()));
+        }
+        Err(e) => return close(text(StatusCode::BAD_REQUEST, &e.to_string())),
     };
     let events = match verify_request(&verifier, &headers, &body, now) {
         Ok(events) => events,
