@@ -215,3 +215,70 @@ fn the_receiver_example_logs_each_event_in_the_trace_it_was_written_in() {
         "{line}"
     );
 }
+
+#[test]
+fn the_receiver_example_takes_gzip_batches_and_refuses_a_zip_bomb_with_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let received_db = dir.path().join("received.db");
+    let receiver = Receiver::start(&received_db);
+    let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..120 {
+                outbox.enqueue(tx, Event::new("reading.taken", json!({"n": i})))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let relay = outbox
+        .relay(fast(
+            RelayConfig::new().destination(
+                Destination::http("default", receiver.url.clone())
+                    .secret(SECRET)
+                    .batch(50, 1 << 20)
+                    .compress(sqlite_outbox::Compression::Gzip),
+            ),
+        ))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 120));
+    relay.shutdown();
+    assert_eq!(
+        count(
+            &received_db,
+            "SELECT COUNT(DISTINCT event_id) FROM received_events"
+        ),
+        120
+    );
+
+    // 8 MiB of zeros is about 8 KB of gzip, well within the receiver's 4 MiB on the wire:
+    // the decoder stops at 100 times that, 413, without decoding the rest.
+    let mut encoder = flate2_gzip();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..8 {
+        std::io::Write::write_all(&mut encoder, &zeros).unwrap();
+    }
+    let bomb = encoder.finish().unwrap();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let response = agent
+        .post(&receiver.url)
+        .header("content-type", "application/cloudevents+json")
+        .header("content-encoding", "gzip")
+        .send(&bomb[..])
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    let response = agent
+        .post(&receiver.url)
+        .header("content-encoding", "br")
+        .send("{}")
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 415);
+}
+
+fn flate2_gzip() -> flate2::write::GzEncoder<Vec<u8>> {
+    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast())
+}

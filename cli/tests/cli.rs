@@ -573,3 +573,40 @@ fn enqueue_takes_trace_context_and_dataschema_from_flags_and_jsonl_and_refuses_m
         (TP.into(), "congo=t61".into(), "urn:reading:v3".into())
     );
 }
+
+#[test]
+fn relay_compress_takes_gzip_or_none_and_only_for_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            "http://127.0.0.1:1/",
+            "--compress",
+            "zstd",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("gzip or none"), "{}", stderr(&o));
+    let o = outbox(
+        &db,
+        &["relay", "--url", "mqtt://127.0.0.1:1", "--compress", "gzip"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--compress"), "{}", stderr(&o));
+    // Accepted for HTTP: the relay runs, and with nothing pending --until-empty ends it.
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            "http://127.0.0.1:1/",
+            "--compress",
+            "gzip",
+            "--until-empty",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -590,3 +590,94 @@ fn each_event_is_stored_with_its_trace_context_and_data_schema() {
     assert_eq!(row(&ids[1]), (None, None, None));
     server.shutdown();
 }
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(body).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[test]
+fn gzip_batches_are_stored_and_bodies_that_decode_past_a_limit_are_refused_with_413() {
+    let postgres = Postgres::start();
+    let server = ingest(&postgres);
+    let addr = server.local_addr();
+    // A relay sending gzip batches: every committed event stored once.
+    let device = Outbox::open(tempfile::tempdir().unwrap().keep().join("gzip.db")).unwrap();
+    let relay = device
+        .relay(
+            RelayConfig::new()
+                .destination(
+                    Destination::http("default", url(addr))
+                        .secret(SECRET)
+                        .batch(100, 1 << 20)
+                        .compress(sqlite_outbox::Compression::Gzip),
+                )
+                .poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .unwrap();
+    let committed = commit_events(&device, 300, 3);
+    assert!(common::all_delivered_within(
+        &device,
+        Duration::from_secs(30)
+    ));
+    assert!(relay.shutdown().abandoned == 0);
+    let stored: HashSet<String> = stored_ids(&postgres).into_iter().collect();
+    assert_eq!(stored, committed.iter().cloned().collect::<HashSet<_>>());
+
+    // Bombs: 10 MB of zeros is about 10 KB of gzip (within the 64 KiB --max-body on the
+    // wire), refused when the decoder passes 64 KiB; 60 KB of zeros is about 100 bytes,
+    // refused when it passes 100 times that, before the body limit.
+    let zeros = vec![b'0'; 10_000_000];
+    let bomb = gzip(&zeros);
+    assert!(bomb.len() < 64 * 1024);
+    let small_bomb = gzip(&zeros[..60_000]);
+    // JSON that compresses 20 times: 200 KB decoded, past the 64 KiB limit.
+    let mut big = String::from("[");
+    while big.len() < 200_000 {
+        big.push_str(r#"{"type":"reading","data":{"c":21.5,"battery":0.87}},"#);
+    }
+    let big = gzip(big.as_bytes());
+    let small = event_body("gz-1", "1");
+    let small_gz = gzip(&small);
+    type Case<'a> = (Vec<u8>, &'a [u8], &'a str, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            bomb.clone(),
+            &zeros[..1],
+            "gzip",
+            413,
+            "more than the limit of 65536 bytes",
+        ),
+        (
+            small_bomb.clone(),
+            &zeros[..1],
+            "gzip",
+            413,
+            "more than 100 times its size",
+        ),
+        (
+            big.clone(),
+            b"x",
+            "gzip",
+            413,
+            "more than the limit of 65536 bytes",
+        ),
+        (small.clone(), &small, "br", 415, "\"br\" is not supported"),
+        (b"not gzip".to_vec(), &small, "gzip", 400, "not valid gzip"),
+        (small_gz.clone(), &small, "gzip", 204, ""),
+    ];
+    for (wire, signed, encoding, status, why) in cases {
+        let mut headers = signed_headers(&secret(), "m-gz", signed, CLOUDEVENT);
+        headers.push(("content-encoding", encoding.to_string()));
+        let answer = request(addr, "POST", "/events", &headers, &wire).unwrap();
+        assert_eq!(answer.status, status, "{why}: {answer:?}");
+        assert!(answer.body.contains(why), "{why}: {answer:?}");
+    }
+    let stored = stored_ids(&postgres);
+    assert!(stored.contains(&"gz-1".to_string()));
+    assert_eq!(stored.len(), committed.len() + 1);
+    server.shutdown();
+}
