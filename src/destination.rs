@@ -58,6 +58,7 @@ pub struct Destination {
     rate: Option<f64>,
     bandwidth: Option<u64>,
     compression: Compression,
+    linger: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for Destination {
@@ -81,6 +82,7 @@ impl fmt::Debug for Destination {
         };
         d.field("batch", &self.batch)
             .field("compression", &self.compression)
+            .field("linger", &self.linger)
             .field("workers", &self.workers)
             .finish()
     }
@@ -108,6 +110,7 @@ impl Destination {
             rate: None,
             bandwidth: None,
             compression: Compression::None,
+            linger: None,
         }
     }
 
@@ -121,6 +124,7 @@ impl Destination {
             rate: None,
             bandwidth: None,
             compression: Compression::None,
+            linger: None,
         }
     }
 
@@ -141,6 +145,7 @@ impl Destination {
             rate: None,
             bandwidth: None,
             compression: Compression::None,
+            linger: None,
         }
     }
 
@@ -212,6 +217,23 @@ impl Destination {
     pub fn compress(mut self, compression: Compression) -> Destination {
         self.compression = compression;
         self
+    }
+
+    /// While fewer events are due than fill a batch, waits up to `linger` for more before
+    /// sending (as Kafka producers' `linger.ms`): on a trickle, one request and one radio
+    /// wake-up per batch instead of per event, each event delayed at most `linger`. Events of
+    /// priority [`URGENT_PRIORITY`](crate::Event::URGENT_PRIORITY) (8) or above go at once,
+    /// with whatever is waiting; shutdown sends what is waiting. Needs
+    /// [`batch`](Self::batch); checked at start: at most a quarter of the relay's lease (the
+    /// events are leased while they wait).
+    pub fn linger(mut self, linger: std::time::Duration) -> Destination {
+        self.linger = Some(linger);
+        self
+    }
+
+    /// How long a claim short of a batch waits for more, if it does.
+    pub(crate) fn linger_time(&self) -> Option<std::time::Duration> {
+        self.linger
     }
 
     /// Sets this destination's delivery threads. Defaults to the relay's

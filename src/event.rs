@@ -36,6 +36,9 @@ impl Event {
     pub const MAX_PRIORITY: u8 = 9;
     /// The priority of an event that sets none and whose type has no default.
     pub const DEFAULT_PRIORITY: u8 = 5;
+    /// The priority from which an event skips a destination's
+    /// [`linger`](crate::Destination::linger) and goes at once.
+    pub const URGENT_PRIORITY: u8 = 8;
 
     /// The longest event type accepted, in bytes.
     pub const MAX_TYPE_LEN: usize = 255;

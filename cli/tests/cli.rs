@@ -610,3 +610,47 @@ fn relay_compress_takes_gzip_or_none_and_only_for_http() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn relay_linger_needs_batch_and_fits_in_a_quarter_of_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let url = "http://127.0.0.1:1/";
+    let o = outbox(&db, &["relay", "--url", url, "--linger", "2s"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("give --batch too"), "{}", stderr(&o));
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            url,
+            "--batch",
+            "100",
+            "--linger",
+            "20s",
+            "--lease-secs",
+            "60",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("at most a quarter of the lease"),
+        "{}",
+        stderr(&o)
+    );
+    let o = outbox(
+        &db,
+        &[
+            "relay",
+            "--url",
+            url,
+            "--batch",
+            "100",
+            "--linger",
+            "2s",
+            "--until-empty",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}

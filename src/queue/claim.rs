@@ -110,6 +110,9 @@ pub(crate) struct Unreadable {
 pub(crate) struct Claimed {
     pub events: Vec<OutboundEvent>,
     pub unreadable: Vec<Unreadable>,
+    /// Whether an event of [`Event::URGENT_PRIORITY`](crate::Event::URGENT_PRIORITY) or
+    /// above was claimed (it skips a destination's linger).
+    pub urgent: bool,
 }
 
 impl Claimed {
@@ -139,6 +142,9 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         }
         let first = claimed.events.len();
         claim_level(conn, req, level, left, takes_over, &mut claimed)?;
+        if level >= i64::from(crate::Event::URGENT_PRIORITY) && claimed.events.len() > first {
+            claimed.urgent = true;
+        }
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
         if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {

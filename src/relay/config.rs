@@ -258,6 +258,24 @@ impl RelayConfig {
                     d.name()
                 )));
             }
+            if let Some(linger) = d.linger_time() {
+                if d.batching().is_none() {
+                    return Err(Error::InvalidConfig(format!(
+                        "destination {}: linger waits for events to fill a batch; set batch too",
+                        d.name()
+                    )));
+                }
+                // A worker hands back an event whose lease is half gone, unsent; lingering
+                // must leave the request most of the lease.
+                if linger.checked_mul(4).is_none_or(|l| l > self.lease) {
+                    return Err(Error::InvalidConfig(format!(
+                        "destination {}: a linger of {linger:?} is out of range: at most a \
+                         quarter of the lease of {:?}",
+                        d.name(),
+                        self.lease
+                    )));
+                }
+            }
             if d.worker_count() == Some(0) {
                 return Err(Error::InvalidConfig(format!(
                     "destination {}: workers must be at least 1",

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -60,6 +60,12 @@ pub(crate) struct Lane {
     /// When the first row not yet due falls due (unix ms), as the writer last read it after
     /// a claim came back short: rows written with a delay, other relays' retries.
     due_later: Option<i64>,
+    /// How long a claim short of a batch waits for more (the destination's linger).
+    linger: Option<Duration>,
+    /// Claimed events waiting for a batch to fill (leased, counted in flight), and until
+    /// when they wait.
+    lingering: Vec<OutboundEvent>,
+    lingering_until: Option<Instant>,
     /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
     disabled: Option<String>,
 }
@@ -106,6 +112,9 @@ impl Lane {
             claim_due: true,
             retry_times: BinaryHeap::new(),
             due_later: None,
+            linger: destination.linger_time(),
+            lingering: Vec::new(),
+            lingering_until: None,
             disabled: None,
         }
     }
@@ -225,10 +234,58 @@ impl Lane {
         }
     }
 
+    /// Claimed events that wait for a batch to fill, until when, if any do.
+    pub fn lingering_until(&self) -> Option<Instant> {
+        self.lingering_until
+    }
+
+    /// In-flight events handed to workers (not waiting for a batch to fill).
+    pub fn sent_in_flight(&self) -> usize {
+        self.in_flight.len() - self.lingering.len()
+    }
+
+    /// Queues the events waiting for a batch to fill, if their wait is over or `now_anyway`.
+    pub fn release_lingering(&mut self, now_anyway: bool) {
+        if self.lingering.is_empty()
+            || !(now_anyway || self.lingering_until.is_none_or(|t| Instant::now() >= t))
+        {
+            return;
+        }
+        self.lingering_until = None;
+        let events = std::mem::take(&mut self.lingering);
+        self.queue_jobs(events);
+    }
+
     /// Queues claimed `events` for the workers, as requests; `more_due` says whether the
-    /// claim filled its limit, so more may be due.
-    pub fn dispatch(&mut self, events: Vec<OutboundEvent>, more_due: bool) {
+    /// claim filled its limit, so more may be due. With a linger, events short of a full
+    /// batch wait (in flight) until it fills, the linger ends, or an `urgent` one comes.
+    pub fn dispatch(&mut self, events: Vec<OutboundEvent>, more_due: bool, urgent: bool) {
         self.claim_due = more_due;
+        let (Some(linger), Some(batch)) = (self.linger, self.batch) else {
+            self.queue_jobs(events);
+            return;
+        };
+        if events.is_empty() {
+            return;
+        }
+        for event in &events {
+            self.in_flight.insert(event.id);
+        }
+        self.lingering.extend(events);
+        let bytes: usize = self
+            .lingering
+            .iter()
+            .map(|e| encoded_size_bound(e) + 1)
+            .sum();
+        if urgent || self.lingering.len() >= batch.max_events || bytes >= batch.max_bytes {
+            self.release_lingering(true);
+        } else if self.lingering_until.is_none() {
+            self.lingering_until = Some(Instant::now() + linger);
+        }
+    }
+
+    /// Groups `events` into requests and hands them to the workers.
+    fn queue_jobs(&mut self, events: Vec<OutboundEvent>) {
         if self.pacer.as_ref().is_some_and(|p| p.counts_bytes()) && !events.is_empty() {
             let bytes: usize = events.iter().map(|e| encoded_size_bound(e) + 1).sum();
             self.bytes_per_event = Some(bytes as f64 / events.len() as f64);
@@ -398,6 +455,9 @@ impl Lane {
     /// after their current request.
     pub fn close(&mut self) -> Vec<Job> {
         let unstarted = self.jobs_rx.try_iter().collect();
+        // Events waiting for a batch to fill are sent, not handed back: the workers take
+        // what is queued before they see the queue closed.
+        self.release_lingering(true);
         self.jobs_tx = None;
         unstarted
     }

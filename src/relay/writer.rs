@@ -331,7 +331,8 @@ impl Writer {
         }
         // Work under way (answers to record, a prune going a page a turn, outcomes to write
         // again) keeps the writer on the poll interval, as it was before timers.
-        if self.in_flight() > 0 || self.housekeeping.busy() {
+        let sent: usize = self.lanes.iter().map(Lane::sent_in_flight).sum();
+        if sent > 0 || self.housekeeping.busy() {
             soon(now + self.poll_interval);
         }
         if !self.unrecorded.is_empty() {
@@ -340,6 +341,9 @@ impl Writer {
         for lane in &self.lanes {
             if let Some(look) = lane.held_back_for(self.poll_interval) {
                 soon(now + look);
+            }
+            if let Some(t) = lane.lingering_until() {
+                soon(t);
             }
             if let Some(due) = lane.next_due() {
                 soon(now + Duration::from_millis(due.saturating_sub(now_ms).max(0) as u64));
@@ -389,6 +393,7 @@ impl Writer {
         let now = self.outbox.now_ms();
         for lane in &mut self.lanes {
             lane.wake_if_retry_due(now);
+            lane.release_lingering(false);
         }
         if let Some((at, left)) = self.rechecks {
             if Instant::now() >= at && !self.look_for_commits() {
@@ -495,6 +500,7 @@ impl Writer {
             );
         }
         let more_due = claimed.events.len() + claimed.unreadable.len() == limit;
+        let urgent = claimed.urgent;
         if !claimed.events.is_empty() || !claimed.unreadable.is_empty() {
             self.wrote = true;
         }
@@ -513,7 +519,7 @@ impl Writer {
             Some(Err(e)) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
             None => {}
         }
-        self.lanes[index].dispatch(events, more_due);
+        self.lanes[index].dispatch(events, more_due, urgent);
         Ok(())
     }
 

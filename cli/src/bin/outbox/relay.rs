@@ -71,6 +71,12 @@ pub struct RelayArgs {
     /// must decode gzip (`outbox ingest` does). `none` is the default.
     #[arg(long)]
     compress: Option<Compression>,
+    /// With --batch: while fewer events are due than fill a batch, wait up to this long
+    /// (e.g. 2s) for more before sending, so a trickle goes out a batch per request instead
+    /// of an event per request. Events of priority 8 or above go at once; stopping sends
+    /// what is waiting. At most a quarter of --lease-secs.
+    #[arg(long, value_parser = parse_duration)]
+    linger: Option<Duration>,
     /// Concurrent requests.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -104,6 +110,21 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     } else {
         http_destination(&args, lease)?
     };
+    if let Some(linger) = args.linger {
+        if args.batch.is_none() {
+            return Err(bad_input(
+                "--linger waits for events to fill a batch: give --batch too",
+            ));
+        }
+        if linger.saturating_mul(4) > lease {
+            return Err(bad_input(format!(
+                "--linger {linger:?} is out of range: at most a quarter of the lease \
+                 ({}s, --lease-secs)",
+                args.lease_secs
+            )));
+        }
+        destination = destination.linger(linger);
+    }
     if let Some(rate) = args.rate {
         if !(rate > 0.0 && rate <= 1_000_000.0) {
             return Err(bad_input(format!(
