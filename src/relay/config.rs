@@ -158,8 +158,10 @@ impl RelayConfig {
     }
 
     /// Sets how often an idle relay checks for commits from other connections and processes
-    /// (`PRAGMA data_version`, a few microseconds). Commits through [`Outbox::transaction`]
-    /// (or followed by [`Outbox::notify`]) wake it at once. Defaults to 100 ms.
+    /// (`PRAGMA data_version`, a few microseconds) when nothing tells it of them. Commits
+    /// through [`Outbox::transaction`] (or followed by [`Outbox::notify`]) wake it at once,
+    /// and so, with the `wal-watch` feature, does any commit to the file: the poll then runs
+    /// every 5 s (or this interval, if longer) as a fallback. Defaults to 100 ms.
     ///
     /// [`Outbox::transaction`]: crate::Outbox::transaction
     /// [`Outbox::notify`]: crate::Outbox::notify
