@@ -316,34 +316,37 @@ pub(crate) fn reanchor_future(conn: &Connection, destination: &str, now: i64) ->
 
 /// When the next row of `destination` becomes claimable after `now` (unix ms): a row
 /// written with a delay or a retry scheduled by another relay or an earlier run falling due,
-/// or the lease of a due row ending (a crashed relay's). The writer sleeps until then
-/// instead of claiming on a timer. Parked rows (behind their key) are not counted: the ack
-/// that unparks them wakes the writer.
+/// or the lease of a due row held by another relay ending (a crashed one's). Leases whose
+/// owner starts with `own_leases` (this relay's, in flight) are left out: its workers
+/// answer for those. The writer sleeps until then instead of claiming on a timer. Parked
+/// rows (behind their key) are not counted: the ack that unparks them wakes the writer.
 pub(crate) fn next_due_after(
     conn: &Connection,
     destination: &str,
     now: i64,
+    own_leases: &str,
 ) -> Result<Option<i64>> {
     let due: Option<i64> = conn
         .prepare_cached(NEXT_DUE_SQL)?
         .query_row(params![destination, now], |r| r.get(0))?;
     let lease_ends: Option<i64> = conn
         .prepare_cached(NEXT_LEASE_END_SQL)?
-        .query_row(params![destination, now], |r| r.get(0))?;
+        .query_row(params![destination, now, own_leases], |r| r.get(0))?;
     Ok(match (due, lease_ends) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     })
 }
 
-/// The earliest end of a lease on a due row of `?1` after `?2`. Walks the due rows the
-/// claim left (after a short claim: the leased ones, this relay's in flight and other
-/// relays'), so it costs what is in flight, not the backlog.
+/// The earliest end of a lease on a due row of `?1` after `?2` whose owner does not start
+/// with `?3`. Walks the due rows the claim left (after a short claim: the leased ones, this
+/// relay's in flight and other relays'), so it costs what is in flight, not the backlog.
 const NEXT_LEASE_END_SQL: &str = concat!(
     "SELECT min(lease_expires_at) FROM outbox_events
       WHERE destination = ?1 AND priority IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9) AND ",
     pending!(""),
-    " AND available_at <= ?2 AND lease_expires_at > ?2"
+    " AND available_at <= ?2 AND lease_expires_at > ?2
+      AND substr(lease_owner, 1, length(?3)) <> ?3"
 );
 
 /// [`next_due_after`]'s statement: one seek into the pending index per priority level.

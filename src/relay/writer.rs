@@ -505,7 +505,9 @@ impl Writer {
             self.wrote = true;
         }
         // Caught up: sleep until the first row not yet due falls due, not on a timer.
-        let due_later = (!more_due).then(|| queue::next_due_after(&self.conn, lane.name(), now));
+        let own_leases = format!("{}:{}:", self.relay_id, self.start_id);
+        let due_later =
+            (!more_due).then(|| queue::next_due_after(&self.conn, lane.name(), now, &own_leases));
         let events = claimed.events;
         for event in &events {
             log::debug!(
