@@ -60,6 +60,15 @@ impl Drop for Receiver {
     }
 }
 
+/// A client that reads every status as an answer, never waiting past 10 s.
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
 fn count(db: &std::path::Path, sql: &str) -> i64 {
     Connection::open(db)
         .unwrap()
@@ -118,11 +127,7 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
     assert_eq!(count(&received_db, "SELECT COUNT(*) FROM outbox_inbox"), 20);
 
     // A forged request is refused with 400 and changes nothing.
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(5)))
-        .build()
-        .into();
+    let agent = client();
     let response = agent
         .post(&receiver.url)
         .header("content-type", "application/cloudevents+json")
@@ -259,11 +264,7 @@ fn the_receiver_example_takes_gzip_batches_and_refuses_a_zip_bomb_with_413() {
         std::io::Write::write_all(&mut encoder, &zeros).unwrap();
     }
     let bomb = encoder.finish().unwrap();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
+    let agent = client();
     let response = agent
         .post(&receiver.url)
         .header("content-type", "application/cloudevents+json")

@@ -20,7 +20,7 @@ use pg::Postgres;
 use raw_http::{request, signed_headers};
 use serde_json::json;
 use sqlite_outbox::receive::Secret;
-use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+use sqlite_outbox::{Compression, Destination, Event, Outbox, RelayConfig};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const CLOUDEVENT: &str = "application/cloudevents+json";
@@ -46,13 +46,24 @@ fn url(addr: SocketAddr) -> String {
 /// A relay delivering `device`'s events to the ingest at `addr`, signed, in batches of
 /// `batch`, polling every 20 ms.
 fn relay_batches(device: &Outbox, addr: SocketAddr, batch: usize) -> sqlite_outbox::RelayHandle {
+    relay_compressed_batches(device, addr, batch, Compression::None)
+}
+
+/// [`relay_batches`], its bodies compressed as `compression` says.
+fn relay_compressed_batches(
+    device: &Outbox,
+    addr: SocketAddr,
+    batch: usize,
+    compression: Compression,
+) -> sqlite_outbox::RelayHandle {
     device
         .relay(
             RelayConfig::new()
                 .destination(
                     Destination::http("default", url(addr))
                         .secret(SECRET)
-                        .batch(batch, 1 << 20),
+                        .batch(batch, 1 << 20)
+                        .compress(compression),
                 )
                 .poll_interval(Duration::from_millis(20)),
         )
@@ -605,19 +616,7 @@ fn gzip_batches_are_stored_and_bodies_that_decode_past_a_limit_are_refused_with_
     let addr = server.local_addr();
     // A relay sending gzip batches: every committed event stored once.
     let device = Outbox::open(tempfile::tempdir().unwrap().keep().join("gzip.db")).unwrap();
-    let relay = device
-        .relay(
-            RelayConfig::new()
-                .destination(
-                    Destination::http("default", url(addr))
-                        .secret(SECRET)
-                        .batch(100, 1 << 20)
-                        .compress(sqlite_outbox::Compression::Gzip),
-                )
-                .poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .unwrap();
+    let relay = relay_compressed_batches(&device, addr, 100, Compression::Gzip);
     let committed = commit_events(&device, 300, 3);
     assert!(common::all_delivered_within(
         &device,

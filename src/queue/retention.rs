@@ -4,30 +4,18 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// Whether some pending row's deadline has passed: one seek in the expiring index, a read,
-/// so that an idle relay's sweep never takes the write lock for nothing.
-pub(crate) fn any_past_deadline(conn: &Connection, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(concat!(
-            "SELECT EXISTS (SELECT 1 FROM outbox_events INDEXED BY outbox_events_expiring
-                             WHERE expires_at IS NOT NULL AND expires_at <= ?1 AND ",
-            pending!(""),
-            ")"
-        ))?
-        .query_row([now], |r| r.get(0))?)
-}
-
-/// The earliest deadline of a pending event after `now` (unix ms), if any: when the
-/// writer's next expiry sweep is due. One seek in the expiring index.
-pub(crate) fn next_deadline_after(conn: &Connection, now: i64) -> Result<Option<i64>> {
+/// The earliest deadline of a pending event (unix ms), if any: one seek in the expiring
+/// index, a read, so that an idle relay's sweep never takes the write lock for nothing and
+/// knows when to look next.
+pub(crate) fn earliest_deadline(conn: &Connection) -> Result<Option<i64>> {
     Ok(conn
         .prepare_cached(concat!(
             "SELECT expires_at FROM outbox_events INDEXED BY outbox_events_expiring
-              WHERE expires_at IS NOT NULL AND expires_at > ?1 AND ",
+              WHERE expires_at IS NOT NULL AND ",
             pending!(""),
             " ORDER BY expires_at LIMIT 1"
         ))?
-        .query_row([now], |r| r.get(0))
+        .query_row([], |r| r.get(0))
         .optional()?)
 }
 

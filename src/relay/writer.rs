@@ -102,9 +102,10 @@ pub(crate) struct Writer {
     counters: Arc<Counters>,
     housekeeping: Housekeeping,
     barrier: Barrier,
-    /// Random per start: two relays given the same name (or one restarted, whose claim
-    /// counter starts again at 1) never share a lease owner, so fencing holds.
-    start_id: String,
+    /// `{relay_id}:{start id}:`, the start of every lease owner this relay writes: the start
+    /// id is random per start, so two relays given the same name (or one restarted, whose
+    /// claim counter starts again at 1) never share a lease owner, and fencing holds.
+    lease_prefix: String,
     claim_seq: u64,
     stopping: bool,
     data_version: i64,
@@ -171,7 +172,7 @@ impl Writer {
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
             barrier: Barrier::new(outbox.synchronous(), config.durability_barrier),
-            start_id: format!("{:016x}", fastrand::u64(..)),
+            lease_prefix: format!("{relay_id}:{:016x}:", fastrand::u64(..)),
             claim_seq: 0,
             stopping: false,
             data_version: 0,
@@ -472,7 +473,7 @@ impl Writer {
         }
         let limit = lane.claim_limit();
         self.claim_seq += 1;
-        let owner = format!("{}:{}:{}", self.relay_id, self.start_id, self.claim_seq);
+        let owner = format!("{}{}", self.lease_prefix, self.claim_seq);
         let default_source = self.outbox.default_source();
         let request = ClaimRequest {
             destination: lane.name(),
@@ -505,9 +506,8 @@ impl Writer {
             self.wrote = true;
         }
         // Caught up: sleep until the first row not yet due falls due, not on a timer.
-        let own_leases = format!("{}:{}:", self.relay_id, self.start_id);
-        let due_later =
-            (!more_due).then(|| queue::next_due_after(&self.conn, lane.name(), now, &own_leases));
+        let due_later = (!more_due)
+            .then(|| queue::next_due_after(&self.conn, lane.name(), now, &self.lease_prefix));
         let events = claimed.events;
         for event in &events {
             log::debug!(
@@ -620,7 +620,6 @@ impl Writer {
         reports.clear();
     }
 
-    /// Logs and counts one recorded outcome, and remembers a retry's due time.
     /// Takes events past their deadline out of pending (never one in flight), at most every
     /// [`EXPIRY_INTERVAL`]: a seek in the expiring index when there is nothing to do.
     fn expire_due(&mut self) {
@@ -631,20 +630,16 @@ impl Writer {
         self.next_expiry = Some(self.last_expiry + EXPIRY_INTERVAL);
         let now = self.outbox.now_ms();
         // Read first: the write transaction only when there is something to expire.
-        match queue::any_past_deadline(&self.conn, now) {
-            Ok(false) => {
+        match queue::earliest_deadline(&self.conn) {
+            Ok(Some(deadline)) if deadline <= now => {}
+            Ok(later) => {
                 // Sleep until the earliest deadline (no sooner than the sweep's interval).
-                self.next_expiry = match queue::next_deadline_after(&self.conn, now) {
-                    Ok(Some(deadline)) => {
-                        let left = Duration::from_millis((deadline - now).max(0) as u64);
-                        Some(self.last_expiry + left.max(EXPIRY_INTERVAL))
-                    }
-                    Ok(None) => None,
-                    Err(_) => self.next_expiry,
-                };
+                self.next_expiry = later.map(|deadline| {
+                    let left = Duration::from_millis((deadline - now) as u64);
+                    self.last_expiry + left.max(EXPIRY_INTERVAL)
+                });
                 return;
             }
-            Ok(true) => {}
             Err(e) => {
                 log::warn!(
                     "relay {}: looking for expired events failed: {e}",
@@ -699,6 +694,7 @@ impl Writer {
         });
     }
 
+    /// Logs and counts one recorded outcome, and remembers a retry's due time.
     fn booked(&mut self, lane: usize, event: &OutboundEvent, write_back: &WriteBack, now: i64) {
         match write_back {
             WriteBack::Delivered => {

@@ -110,20 +110,13 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     } else {
         http_destination(&args, lease)?
     };
+    // The relay's start checks these (exit 2 with its reason): linger needs a batch and
+    // fits in a quarter of the lease; compression is for HTTP.
     if let Some(linger) = args.linger {
-        if args.batch.is_none() {
-            return Err(bad_input(
-                "--linger waits for events to fill a batch: give --batch too",
-            ));
-        }
-        if linger.saturating_mul(4) > lease {
-            return Err(bad_input(format!(
-                "--linger {linger:?} is out of range: at most a quarter of the lease \
-                 ({}s, --lease-secs)",
-                args.lease_secs
-            )));
-        }
         destination = destination.linger(linger);
+    }
+    if let Some(compression) = args.compress {
+        destination = destination.compress(compression);
     }
     if let Some(rate) = args.rate {
         if !(rate > 0.0 && rate <= 1_000_000.0) {
@@ -271,20 +264,12 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     if let Some(n) = args.batch {
         destination = destination.batch(n, 1 << 20);
     }
-    if let Some(compression) = args.compress {
-        destination = destination.compress(compression);
-    }
     Ok(destination)
 }
 
 /// The destination for an mqtt:// URL. Signing secrets are refused: an MQTT message carries
 /// no signature header.
 fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
-    if args.compress.is_some() {
-        return Err(bad_input(
-            "--compress sets an HTTP request's Content-Encoding; an mqtt:// URL has none",
-        ));
-    }
     if !args.secret.is_empty() || args.secret_file.is_some() || args.signing_key.is_some() {
         return Err(bad_input(
             "--secret, --secret-file and --signing-key sign HTTP requests; with an mqtt:// URL \
