@@ -18,6 +18,10 @@ mod support;
 #[path = "../benches/support/mqtt.rs"]
 mod support_mqtt;
 
+#[cfg(target_os = "linux")]
+#[path = "bench/frugal.rs"]
+mod frugal;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -2032,6 +2036,11 @@ fn main() {
     if run("growth") {
         eprintln!("growth…");
         lines.extend(growth(dir));
+    }
+    #[cfg(target_os = "linux")]
+    if run("frugal") {
+        eprintln!("frugal (about 4 minutes)…");
+        lines.extend(frugal::rows(dir));
     }
     if run("footprint") {
         eprintln!("footprint…");

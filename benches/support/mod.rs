@@ -14,7 +14,7 @@ use http_server::{HttpServer, Response};
 use sqlite_outbox::rusqlite::{params, Connection};
 
 /// A receiver on 127.0.0.1 (the tests' shared server) that answers 204 and counts the
-/// events it got.
+/// events it got (gzip bodies decoded first), the requests, and the bytes on the wire.
 pub struct CountingReceiver {
     pub url: String,
     arrivals: Arc<Arrivals>,
@@ -28,6 +28,8 @@ pub struct CountingReceiver {
 #[derive(Default)]
 struct Arrivals {
     count: AtomicU64,
+    requests: AtomicU64,
+    wire_bytes: AtomicU64,
     target: AtomicU64,
     lock: std::sync::Mutex<()>,
     reached: std::sync::Condvar,
@@ -41,10 +43,19 @@ impl CountingReceiver {
         });
         let counted = arrivals.clone();
         let server = HttpServer::bind("127.0.0.1:0", move |request| {
-            let now = counted
-                .count
-                .fetch_add(count_events(&request.body), Ordering::SeqCst)
-                + count_events(&request.body);
+            counted.requests.fetch_add(1, Ordering::SeqCst);
+            counted
+                .wire_bytes
+                .fetch_add(request.body.len() as u64, Ordering::SeqCst);
+            let Ok(body) = sqlite_outbox::receive::decode_body(
+                request.header("content-encoding"),
+                &request.body,
+                64 << 20,
+            ) else {
+                return Response::status(400);
+            };
+            let events = count_events(&body);
+            let now = counted.count.fetch_add(events, Ordering::SeqCst) + events;
             if now >= counted.target.load(Ordering::SeqCst) {
                 // Under the lock: the waiter checks the count under it, so it cannot miss
                 // this wake between its check and its wait.
@@ -63,6 +74,16 @@ impl CountingReceiver {
 
     pub fn count(&self) -> u64 {
         self.arrivals.count.load(Ordering::SeqCst)
+    }
+
+    /// Requests received so far.
+    pub fn requests(&self) -> u64 {
+        self.arrivals.requests.load(Ordering::SeqCst)
+    }
+
+    /// Request body bytes received so far, as they came over the wire (compressed or not).
+    pub fn wire_bytes(&self) -> u64 {
+        self.arrivals.wire_bytes.load(Ordering::SeqCst)
     }
 
     /// Waits until `n` events arrived (or `limit` passes); returns whether they did.
@@ -91,25 +112,30 @@ impl CountingReceiver {
 pub struct TimingReceiver {
     pub url: String,
     arrivals: Arc<std::sync::Mutex<std::collections::HashMap<i64, Instant>>>,
+    requests: Arc<std::sync::Mutex<Vec<Vec<i64>>>>,
     _server: HttpServer,
 }
 
 impl TimingReceiver {
     pub fn start() -> TimingReceiver {
         let arrivals = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
-        let noted = arrivals.clone();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (noted, logged) = (arrivals.clone(), requests.clone());
         let server = HttpServer::bind("127.0.0.1:0", move |request| {
             let now = Instant::now();
+            let ids = order_ids(&request.body);
             let mut noted = noted.lock().unwrap();
-            for id in order_ids(&request.body) {
+            for &id in &ids {
                 noted.entry(id).or_insert(now);
             }
+            logged.lock().unwrap().push(ids);
             Response::status(204)
         })
         .expect("bind receiver");
         TimingReceiver {
             url: format!("http://127.0.0.1:{}/events", server.port()),
             arrivals,
+            requests,
             _server: server,
         }
     }
@@ -117,6 +143,11 @@ impl TimingReceiver {
     /// When the event of `order_id` first arrived.
     pub fn arrived(&self, order_id: i64) -> Option<Instant> {
         self.arrivals.lock().unwrap().get(&order_id).copied()
+    }
+
+    /// The `order_id`s each request so far carried, in arrival order.
+    pub fn requests(&self) -> Vec<Vec<i64>> {
+        self.requests.lock().unwrap().clone()
     }
 
     /// Waits until `n` distinct events arrived (or `limit` passes); returns whether they did.
@@ -279,6 +310,25 @@ pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
         .unwrap();
     }
     tx.commit().unwrap();
+}
+
+/// A device's reading, the event of the metered-link rows: one of 50 pumps, its sequence
+/// number, time and sensor values (what a telemetry batch of 100 compresses is their
+/// repetition). The same shape as `scripts/metered_link.py`'s.
+pub fn telemetry_event(n: i64) -> sqlite_outbox::Event {
+    sqlite_outbox::Event::new(
+        "reading.taken",
+        serde_json::json!({
+            "device": format!("pump-{:04}", n % 50),
+            "seq": n,
+            "ts": 1_764_800_000_000i64 + n * 100,
+            "celsius": 20.0 + (n % 37) as f64 / 10.0,
+            "humidity": 40 + n % 23,
+            "battery": 0.87,
+            "rssi": -70 - n % 9,
+            "firmware": "2.4.1",
+        }),
+    )
 }
 
 /// The event every Rust enqueue bench writes for order `n`: keyed by its customer.
@@ -592,20 +642,27 @@ pub fn time_drain(
     if let Some(size) = batch {
         destination = destination.batch(size, 1 << 20);
     }
+    let config = adjust(sqlite_outbox::RelayConfig::new().destination(destination));
+    time_drain_to(outbox, receiver, n, config.workers(workers), || ()).0
+}
+
+/// Times a relay of `config` until the receiver has counted the `n` events pending in
+/// `outbox`, and returns what `before_shutdown` (called then, the relay still up) gives.
+pub fn time_drain_to<T>(
+    outbox: &sqlite_outbox::Outbox,
+    receiver: &CountingReceiver,
+    n: usize,
+    config: sqlite_outbox::RelayConfig,
+    before_shutdown: impl FnOnce() -> T,
+) -> (Duration, T) {
     let start_count = receiver.count();
     let start = Instant::now();
-    let relay = outbox
-        .relay(adjust(
-            sqlite_outbox::RelayConfig::new()
-                .destination(destination)
-                .workers(workers),
-        ))
-        .start()
-        .unwrap();
+    let relay = outbox.relay(config).start().unwrap();
     assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
     let took = start.elapsed();
+    let seen = before_shutdown();
     relay.shutdown();
-    took
+    (took, seen)
 }
 
 /// Fills the bare table with `n` pending rows of the bench's shape in one transaction,

@@ -1,0 +1,88 @@
+//! While a relay drains a backlog its WAL watch is paused, so its own claims and acks do not
+//! wake the watcher's thread on every commit; once caught up the watch is back, and another
+//! process's commit is delivered without waiting for the poll. Alone in its test binary, so
+//! no other test's watcher thread is counted.
+#![cfg(all(target_os = "linux", feature = "wal-watch"))]
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{fast, TestReceiver};
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+
+/// Voluntary context switches (each a wake-up to come) of this process's threads named
+/// `notify-rs…`: the WAL watch's.
+fn watcher_wake_ups() -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("notify-rs") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+#[test]
+fn the_watch_sleeps_through_a_drain_and_wakes_the_relay_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("drain.db");
+    let outbox = Outbox::open(&db).unwrap();
+    let backlog = 3_000;
+    outbox
+        .transaction(|tx| {
+            for n in 0..backlog {
+                outbox.enqueue(tx, Event::new("t", serde_json::json!({ "n": n })))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let receiver = TestReceiver::ok();
+    // A poll of a minute: after the drain, only the watch can bring the last event out.
+    let relay = outbox
+        .relay(
+            fast(RelayConfig::new())
+                .poll_interval(Duration::from_secs(60))
+                .destination(Destination::http("default", receiver.url())),
+        )
+        .start()
+        .unwrap();
+    let before = watcher_wake_ups();
+    assert!(common::wait_until(Duration::from_secs(60), || {
+        relay.stats().delivered == backlog
+    }));
+    let woke = watcher_wake_ups() - before;
+    // Unpaused, every ack transaction of the drain (hundreds) woke the watcher's thread.
+    assert!(
+        woke <= 20,
+        "the WAL watch's thread woke {woke} times while the relay drained {backlog} events"
+    );
+    // Caught up: the watch is back.
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3\n\
+             c = sqlite3.connect({db:?}, timeout=10)\n\
+             c.execute(\"INSERT INTO outbox_enqueue (type, data) VALUES ('after.drain', '{{}}')\")\n\
+             c.commit()\n",
+            db = db.display().to_string()
+        ))
+        .status()
+        .expect("python3 runs");
+    assert!(status.success());
+    assert!(
+        common::wait_until(Duration::from_secs(5), || relay.stats().delivered
+            == backlog + 1),
+        "the event committed by another process after the drain waited for the poll (60 s)"
+    );
+    assert_eq!(relay.shutdown().abandoned, 0);
+}
