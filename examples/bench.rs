@@ -1,11 +1,14 @@
-//! A short run of every benchmark comparison, in about three minutes, printed as one table:
-//! each figure, its bare baseline measured in the same run, and the ratio.
+//! A run of every benchmark comparison, printed as one table: each figure, its bare baseline
+//! measured in the same run, and the ratio. All sections take a quarter of an hour or so on
+//! two cores; name the ones wanted to run fewer.
 //!
 //! ```text
 //! cargo run --release --example bench
 //! ```
 //!
-//! `-- relay mqtt …` runs only those sections; `-- probe relay|least-relay|bare WORKERS`
+//! `-- relay mqtt …` runs only those sections (`-- frugal`, about three and a half minutes
+//! of it: an idle minute, a trickle of 100 s; see `bench/frugal.rs`; Linux only, and with
+//! `--all-features` for the WAL watch); `-- probe relay|least-relay|bare WORKERS`
 //! runs one drain at one event per request alone, for a profiler, and prints each thread's
 //! CPU time an event, `-- probe-enqueue VARIANT` one
 //! enqueue variant (see `probe_enqueue`) and `-- probe-claim VARIANT` one claim + ack loop

@@ -689,12 +689,14 @@
 //! another relay's retry falling due, the end of a lease a crashed relay left, the earliest
 //! event deadline, the next retention run, a destination's backoff or `Retry-After`
 //! ending), the checkpointer sleeps until the writer reports a write, delivery workers
-//! block on their queue, and `outbox relay`'s main thread waits for its signal. Measured on
-//! the release binary, an idle `outbox relay` (receiver up, nothing pending) woke its 12
-//! threads 0.37 times a second in all over 60 s (voluntary context switches from
-//! `/proc/PID/task/*/status`), and used under 0.01 s of CPU a minute (under the kernel's
-//! 10 ms tick); before, 30 times a second (`scripts/idle_wakeups.sh 60`). `tests/idle_relay.rs`
-//! holds a relay to at most one wake-up a second.
+//! block on their queue, and `outbox relay`'s main thread waits for its signal. The bench
+//! example's `-- frugal` rows (`cargo run --release --all-features --example bench --
+//! frugal`): an idle relay (receiver up, nothing pending) woke its threads 0.30 times a
+//! second in all over 60 s (voluntary context switches from `/proc/self/task/*/status`;
+//! median of six 10 s windows) and used 3.2 ms of CPU a minute, where honker's update
+//! watcher, measured beside it, woke 915 times a second and used 1.2 s a minute. Before
+//! this, an idle `outbox relay` woke 30 times a second. `tests/idle_relay.rs` holds a relay
+//! to at most one wake-up a second.
 //!
 //! **Commits from other processes wake it at once** with the `wal-watch` feature (on in
 //! `outbox relay`): a file-change notification on the WAL (inotify on Linux, through the
@@ -707,8 +709,11 @@
 //! system without notifications (network mounts, some FUSE layers), the relay polls at the
 //! poll interval as before: an app whose every commit goes through this crate's
 //! [`Outbox`] (which wakes the relay itself) can set a poll interval of seconds instead.
-//! Measured with a second process writing through the SQL contract at 20 commits a second
-//! (`scripts/cross_process_latency.py`): see `docs/PERFORMANCE.md`.
+//! While requests are out the watch is paused (the relay's own claims and acks would
+//! notify it on every commit: 5–7% of a batched drain's rate) and the relay polls at the
+//! poll interval; it watches again 10 ms after the last answer. Bench rows: with a second
+//! process writing through the SQL contract at 20 commits a second, commit → receipt was
+//! 1.1 ms p50 and 2.3 ms p99 (the crate's own enqueue at the same pace: 0.8 and 1.6 ms).
 //!
 //! **Fewer bytes.** [`Destination::compress`]`(`[`Compression::Gzip`]`)` (CLI: `relay
 //! --compress gzip`) sends request bodies of 1 KiB or more gzip-compressed, with
@@ -719,7 +724,8 @@
 //! decoded size too, and decoding stops one byte past it or past 100 times the body's size on
 //! the wire, whichever is less, with 413 (a zip bomb costs that much and no more); another
 //! encoding is 415 before the body is read. Off by default: a receiver that does not decode
-//! would see bytes it cannot parse.
+//! would see bytes it cannot parse. Bench rows: batches of 100 telemetry events took 34 bytes
+//! an event on the wire against 320 (11%), and drained at 0.99× the uncompressed rate.
 //!
 //! **Fewer radio wake-ups.** [`Destination::linger`]`(d)` (CLI: `relay --linger 2s`, with
 //! `--batch`): while fewer events are due than fill a batch, the relay holds what it claimed
@@ -727,7 +733,10 @@
 //! ten events a second goes out as one request every `d` instead of ten a second; each event
 //! waits at most `d`. Events of priority [`Event::URGENT_PRIORITY`] (8) or above go at once,
 //! taking what waits with them; shutdown sends what waits. The held events are leased, so
-//! `d` may be at most a quarter of the lease (checked at start).
+//! `d` may be at most a quarter of the lease (checked at start). Bench rows: 1,000 events at
+//! ten a second with batches of 100 went in 50 requests with a linger of 2 s against 1,000
+//! without, each waiting 1.0 s more at the median (2.0 s at most), and the relay spent
+//! a third less CPU per event (940 µs against 1,392 µs; 25 µs in a full drain).
 //!
 //! # Outcomes back to the app
 //!

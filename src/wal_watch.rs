@@ -5,10 +5,10 @@
 //! notification reports. So a notification says "look soon", not "it is visible now": the
 //! relay reads `PRAGMA data_version` at once and again a few milliseconds later (see
 //! `relay::writer`). Checkpoints, WAL resets and the relay's own commits notify too; they
-//! only cost such a look, but while the relay drains a backlog its own claims and acks
-//! would notify on every commit (5–7% of a batched drain's rate on two cores went to the
-//! watcher's thread and those looks), so the writer [pauses](WalWatch::pause) the watch then
-//! and polls at its poll interval, as without a watch, until it has caught up.
+//! only cost such a look, but while the relay delivers, its own claims and acks would
+//! notify on every commit (5–7% of a batched drain's rate on two cores went to the watcher's
+//! thread and those looks), so the writer [pauses](WalWatch::pause) the watch while requests
+//! are out and polls at its poll interval meanwhile, as without a watch.
 //!
 //! The watch is on the file's directory, not on the file: a WAL deleted when the last
 //! connection closes, or renamed and re-created by a backup or restore tool, is watched again

@@ -1,6 +1,6 @@
-//! While a relay drains a backlog its WAL watch is paused, so its own claims and acks do not
-//! wake the watcher's thread on every commit; once caught up the watch is back, and another
-//! process's commit is delivered without waiting for the poll. Alone in its test binary, so
+//! While a relay delivers (a backlog here) its WAL watch is paused, so its own claims and
+//! acks do not wake the watcher's thread on every commit; once caught up the watch is back,
+//! and another process's commit is delivered without waiting for the poll. Alone in its test binary, so
 //! no other test's watcher thread is counted.
 #![cfg(all(target_os = "linux", feature = "wal-watch"))]
 

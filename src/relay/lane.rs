@@ -54,9 +54,6 @@ pub(crate) struct Lane {
     /// Whether a claim may find something: set by commits, answers and timers, cleared by a
     /// claim that came back short.
     claim_due: bool,
-    /// Whether the lane is working through a backlog: set by a claim that filled its limit,
-    /// cleared once no request is out.
-    backlog: bool,
     /// Retries this relay scheduled itself (unix ms, clock time), soonest first: each wakes
     /// the lane when it falls due. Bounded; past the bound the idle claim finds the rest.
     retry_times: BinaryHeap<Reverse<i64>>,
@@ -113,7 +110,6 @@ impl Lane {
             jobs_rx,
             in_flight: HashSet::new(),
             claim_due: true,
-            backlog: false,
             retry_times: BinaryHeap::new(),
             due_later: None,
             linger: destination.linger_time(),
@@ -260,19 +256,11 @@ impl Lane {
         self.queue_jobs(events);
     }
 
-    /// Whether the lane is draining a backlog: a claim came back full, and requests have been
-    /// out ever since. (A lane whose receiver is down has none out once its attempts failed,
-    /// so an offline relay with a backlog counts as idle.)
-    pub fn draining(&self) -> bool {
-        self.backlog
-    }
-
     /// Queues claimed `events` for the workers, as requests; `more_due` says whether the
     /// claim filled its limit, so more may be due. With a linger, events short of a full
     /// batch wait (in flight) until it fills, the linger ends, or an `urgent` one comes.
     pub fn dispatch(&mut self, events: Vec<OutboundEvent>, more_due: bool, urgent: bool) {
         self.claim_due = more_due;
-        self.backlog |= more_due;
         let (Some(linger), Some(batch)) = (self.linger, self.batch) else {
             self.queue_jobs(events);
             return;
@@ -376,9 +364,6 @@ impl Lane {
     pub fn finished<'a>(&mut self, events: impl IntoIterator<Item = &'a OutboundEvent>) {
         for event in events {
             self.in_flight.remove(&event.id);
-        }
-        if self.sent_in_flight() == 0 {
-            self.backlog = false;
         }
         self.claim_due = true;
     }

@@ -49,6 +49,10 @@ const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// published in the wal-index, which no notification reports (see [`crate::wal_watch`]).
 const RECHECKS: u32 = 4;
 const RECHECK_STEP: Duration = Duration::from_millis(1);
+/// How long no request must have been out before the paused WAL watch resumes: past an
+/// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
+/// commits at 20 a second, so another process's next commit finds the watch on.
+const WATCH_AFTER_IDLE: Duration = Duration::from_millis(10);
 /// How long the writer may wait to gather more outcomes into one ack transaction.
 const ACK_WINDOW: Duration = Duration::from_millis(1);
 /// Below this many requests in flight, outcomes are recorded at once.
@@ -88,9 +92,11 @@ pub(crate) struct Writer {
     /// Ready when the WAL changed (another process may have committed); never ready
     /// without a watch.
     wal_changed: Receiver<()>,
-    /// The watch behind `wal_changed`, stopped with the writer; paused while a lane drains
-    /// a backlog (see [`Writer::watch_once_caught_up`]).
+    /// The watch behind `wal_changed`, stopped with the writer; paused while requests are
+    /// out (see [`Writer::watch_while_idle`]).
     wal_watch: Option<WalWatch>,
+    /// When the writer last saw a request out.
+    last_busy: Instant,
     /// The next re-read of `data_version` after a WAL notification, and how many are left.
     rechecks: Option<(Instant, u32)>,
     /// Tells the checkpointer that something was written (capacity one).
@@ -159,6 +165,7 @@ impl Writer {
             wake,
             wal_changed,
             wal_watch,
+            last_busy: Instant::now(),
             rechecks: None,
             checkpoint_kick,
             wrote: false,
@@ -256,7 +263,7 @@ impl Writer {
                 // Never blocks: a kick not yet taken covers this one.
                 let _ = self.checkpoint_kick.try_send(());
             }
-            self.watch_once_caught_up();
+            self.watch_while_idle();
             self.wait(reports);
         }
     }
@@ -298,29 +305,32 @@ impl Writer {
         }
     }
 
-    /// Pauses the WAL watch while a lane drains a backlog and resumes it once every lane
-    /// has caught up. While draining, the relay's own claims and acks would notify the
-    /// watch on every commit (5–7% of a batched drain's rate on two cores), and a draining
-    /// lane claims again anyway; the poll interval's poll covers other lanes meanwhile. On
-    /// resuming, `data_version` is read at once and a few times shortly after, for commits
-    /// made while paused (a commit is visible a moment after its write, see `RECHECKS`).
-    fn watch_once_caught_up(&mut self) {
-        let draining = self.lanes.iter().any(Lane::draining);
+    /// Pauses the WAL watch while requests are out and resumes it once none has been for
+    /// [`WATCH_AFTER_IDLE`]. While delivering, the relay's own claims and acks (and the
+    /// app's commits, which wake it in-process anyway) would notify the watch on every
+    /// commit: 5–7% of a batched drain's rate on two cores, and +0.1 ms on an idle relay's
+    /// commit → receipt. A busy writer claims again anyway, and the poll covers other
+    /// lanes meanwhile. On resuming, `data_version` is read at once and a few times shortly
+    /// after, for commits made while paused (a commit is visible a moment after its write,
+    /// see `RECHECKS`).
+    fn watch_while_idle(&mut self) {
+        let busy = self.lanes.iter().any(|lane| lane.sent_in_flight() > 0);
+        if busy {
+            self.last_busy = Instant::now();
+        }
         let Some(watch) = &mut self.wal_watch else {
             return;
         };
-        match (draining, watch.is_watching()) {
-            (true, true) => watch.pause(),
-            (false, false) => {
-                if !watch.resume() {
-                    // Polled from now on, at the poll interval.
-                    self.wal_watch = None;
-                    self.wal_changed = crossbeam_channel::never();
-                } else if !self.look_for_commits() {
-                    self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
-                }
+        if busy && watch.is_watching() {
+            watch.pause();
+        } else if !busy && !watch.is_watching() && self.last_busy.elapsed() >= WATCH_AFTER_IDLE {
+            if !watch.resume() {
+                // Polled from now on, at the poll interval.
+                self.wal_watch = None;
+                self.wal_changed = crossbeam_channel::never();
+            } else if !self.look_for_commits() {
+                self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
             }
-            _ => {}
         }
     }
 
@@ -365,6 +375,9 @@ impl Writer {
         let sent: usize = self.lanes.iter().map(Lane::sent_in_flight).sum();
         if sent > 0 || self.housekeeping.busy() {
             soon(now + self.poll_interval);
+        }
+        if sent == 0 && self.wal_watch.as_ref().is_some_and(|w| !w.is_watching()) {
+            soon(self.last_busy + WATCH_AFTER_IDLE);
         }
         if !self.unrecorded.is_empty() {
             soon(self.retry_record_at);
@@ -535,9 +548,6 @@ impl Writer {
         if !claimed.events.is_empty() || !claimed.unreadable.is_empty() {
             self.wrote = true;
         }
-        // Caught up: sleep until the first row not yet due falls due, not on a timer.
-        let due_later = (!more_due)
-            .then(|| queue::next_due_after(&self.conn, lane.name(), now, &self.lease_prefix));
         let events = claimed.events;
         for event in &events {
             log::debug!(
@@ -546,12 +556,16 @@ impl Writer {
                 lane.name()
             );
         }
-        match due_later {
-            Some(Ok(at)) => self.lanes[index].set_due_later(at),
-            Some(Err(e)) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
-            None => {}
-        }
         self.lanes[index].dispatch(events, more_due, urgent);
+        // Caught up: sleep until the first row not yet due falls due, not on a timer. Read
+        // after the events went to the workers, so the read does not delay them.
+        if !more_due {
+            let lane = &self.lanes[index];
+            match queue::next_due_after(&self.conn, lane.name(), now, &self.lease_prefix) {
+                Ok(at) => self.lanes[index].set_due_later(at),
+                Err(e) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
+            }
+        }
         Ok(())
     }
 
