@@ -1437,20 +1437,11 @@ struct ThreadCpu {
 impl ThreadCpu {
     fn read() -> std::collections::HashMap<u32, (String, u64)> {
         let main = std::process::id();
-        let mut threads = std::collections::HashMap::new();
-        for entry in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-            let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-            let ns = std::fs::read_to_string(entry.path().join("schedstat"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse().ok());
-            if let (true, Some(ns)) = (tid != main && comm.trim() != "cpu-sampler", ns) {
-                threads.insert(tid, (comm.trim().to_string(), ns));
-            }
-        }
-        threads
+        thread_samples()
+            .into_iter()
+            .filter(|(tid, t)| *tid != main && t.name != "cpu-sampler")
+            .map(|(tid, t)| (tid, (t.name, t.cpu_ns)))
+            .collect()
     }
 
     fn start() -> ThreadCpu {

@@ -4,28 +4,10 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{fast, TestReceiver};
 use sqlite_outbox::{Destination, Outbox, RelayConfig};
-
-/// Inserts one event through the SQL contract from a python3 process.
-fn insert_from_another_process(db: &std::path::Path, id: usize) {
-    let script = format!(
-        "import sqlite3\n\
-         c = sqlite3.connect({db:?}, timeout=10)\n\
-         c.execute(\"INSERT INTO outbox_enqueue (type, data) VALUES ('from.python', '{{\\\"n\\\": {id}}}')\")\n\
-         c.commit()\n",
-        db = db.display().to_string()
-    );
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .status()
-        .expect("python3 runs");
-    assert!(status.success());
-}
 
 #[test]
 fn a_commit_from_another_process_is_delivered_without_waiting_for_the_poll() {
@@ -45,7 +27,7 @@ fn a_commit_from_another_process_is_delivered_without_waiting_for_the_poll() {
     std::thread::sleep(Duration::from_millis(300));
     for n in 0..3 {
         let committed = Instant::now();
-        insert_from_another_process(&db, n);
+        common::insert_from_python(&db, "from.python", &format!("{{\"n\": {n}}}"));
         assert!(
             common::wait_until(Duration::from_secs(5), || receiver.event_count() == n + 1),
             "event {n} from another process not delivered within 5 s (the poll is 60 s)"

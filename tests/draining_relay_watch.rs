@@ -6,29 +6,14 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::{fast, TestReceiver};
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
-/// Voluntary context switches (each a wake-up to come) of this process's threads named
-/// `notify-rs…`: the WAL watch's.
+/// The WAL watch's thread's wake-ups so far (the `notify` crate's inotify loop).
 fn watcher_wake_ups() -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("notify-rs") {
-            continue;
-        }
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        total += status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    total
+    common::voluntary_switches(&["notify-rs"]).values().sum()
 }
 
 #[test]
@@ -67,18 +52,7 @@ fn the_watch_sleeps_through_a_drain_and_wakes_the_relay_after_it() {
     );
     // Caught up: the watch is back.
     std::thread::sleep(Duration::from_millis(300));
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3\n\
-             c = sqlite3.connect({db:?}, timeout=10)\n\
-             c.execute(\"INSERT INTO outbox_enqueue (type, data) VALUES ('after.drain', '{{}}')\")\n\
-             c.commit()\n",
-            db = db.display().to_string()
-        ))
-        .status()
-        .expect("python3 runs");
-    assert!(status.success());
+    common::insert_from_python(&db, "after.drain", "{}");
     assert!(
         common::wait_until(Duration::from_secs(5), || relay.stats().delivered
             == backlog + 1),

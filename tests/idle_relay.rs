@@ -4,32 +4,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{fast, TestReceiver};
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
-
-/// Voluntary context switches (a thread going to sleep: each one a wake-up to come) of this
-/// process's threads whose names start with one of `prefixes`, by thread id and name.
-fn voluntary_switches(prefixes: &[&str]) -> BTreeMap<(String, String), u64> {
-    let mut switches = BTreeMap::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !prefixes.iter().any(|p| comm.starts_with(p)) {
-            continue;
-        }
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let count = status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        let tid = task.file_name().to_string_lossy().into_owned();
-        switches.insert((tid, comm.trim().to_string()), count);
-    }
-    switches
-}
 
 /// The relay's threads: the writer, the checkpointer, the workers and the WAL watcher.
 const RELAY_THREADS: &[&str] = &["outbox-", "notify-rs"];
@@ -57,10 +35,10 @@ fn an_idle_relay_wakes_at_most_once_a_second_across_its_threads() {
     }));
     // What follows a delivery (the checkpointer's look, a sweep) settles within a second.
     std::thread::sleep(Duration::from_secs(1));
-    let before = voluntary_switches(RELAY_THREADS);
+    let before = common::voluntary_switches(RELAY_THREADS);
     let idle = Duration::from_secs(6);
     std::thread::sleep(idle);
-    let after = voluntary_switches(RELAY_THREADS);
+    let after = common::voluntary_switches(RELAY_THREADS);
     let by_thread: Vec<(String, u64)> = after
         .iter()
         .map(|(k, n)| (k.1.clone(), n - before.get(k).copied().unwrap_or(0)))

@@ -184,6 +184,48 @@ fn count_events(body: &[u8]) -> u64 {
     body.windows(needle.len()).filter(|w| w == needle).count() as u64
 }
 
+/// One thread of this process as `/proc/self/task/TID` shows it: its name, its voluntary
+/// context switches (each a sleep, so a wake-up to come) and its run time (`schedstat`).
+pub struct ThreadSample {
+    pub name: String,
+    pub wake_ups: u64,
+    pub cpu_ns: u64,
+}
+
+/// Every thread of this process, by thread id (Linux; empty elsewhere).
+pub fn thread_samples() -> std::collections::HashMap<u32, ThreadSample> {
+    let mut threads = std::collections::HashMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return threads;
+    };
+    for task in tasks.flatten() {
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let read = |file: &str| std::fs::read_to_string(task.path().join(file)).unwrap_or_default();
+        let wake_ups = read("status")
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let cpu_ns = read("schedstat")
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse().ok())
+            .unwrap_or(0);
+        let name = read("comm").trim().to_string();
+        threads.insert(
+            tid,
+            ThreadSample {
+                name,
+                wake_ups,
+                cpu_ns,
+            },
+        );
+    }
+    threads
+}
+
 /// The app's own table, which every enqueue bench writes a row of beside its event.
 pub const BUSINESS_TABLE: &str =
     "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total INTEGER NOT NULL)";
@@ -642,8 +684,12 @@ pub fn time_drain(
     if let Some(size) = batch {
         destination = destination.batch(size, 1 << 20);
     }
-    let config = adjust(sqlite_outbox::RelayConfig::new().destination(destination));
-    time_drain_to(outbox, receiver, n, config.workers(workers), || ()).0
+    let config = adjust(
+        sqlite_outbox::RelayConfig::new()
+            .destination(destination)
+            .workers(workers),
+    );
+    time_drain_to(outbox, receiver, n, config, || ()).0
 }
 
 /// Times a relay of `config` until the receiver has counted the `n` events pending in

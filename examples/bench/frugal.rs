@@ -3,8 +3,7 @@
 //! the wire and its cost; linger's requests and delay; the relay's CPU per delivered event at
 //! a trickle and at a full drain.
 //!
-//! Wake-ups and CPU are read per thread from `/proc/self/task`: a thread's voluntary context
-//! switches (each one a sleep, so a wake-up to come) and its run time from `schedstat`.
+//! Wake-ups and CPU are read per thread from `/proc/self/task` ([`thread_samples`]).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -16,44 +15,6 @@ use sqlite_outbox::{Compression, Destination, Event, Outbox, RelayConfig};
 
 use super::support::*;
 use super::{alternate_spread, quantile, rate, timed_least_relay, Line, ThreadCpu};
-
-/// One thread of this process as `/proc/self/task/TID` shows it.
-struct ThreadSample {
-    name: String,
-    wake_ups: u64,
-    cpu_ns: u64,
-}
-
-/// Every thread of this process, by thread id.
-fn threads() -> HashMap<u32, ThreadSample> {
-    let mut threads = HashMap::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let Ok(tid) = task.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let read = |file: &str| std::fs::read_to_string(task.path().join(file)).unwrap_or_default();
-        let wake_ups = read("status")
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        let cpu_ns = read("schedstat")
-            .split_whitespace()
-            .next()
-            .and_then(|ns| ns.parse().ok())
-            .unwrap_or(0);
-        let name = read("comm").trim().to_string();
-        threads.insert(
-            tid,
-            ThreadSample {
-                name,
-                wake_ups,
-                cpu_ns,
-            },
-        );
-    }
-    threads
-}
 
 /// The wake-ups and CPU nanoseconds that the threads `chosen` picks spent between two
 /// samples (a thread born in between counts from zero).
@@ -82,7 +43,7 @@ fn relay_thread(name: &str) -> bool {
 
 /// The relay threads born since `before` was sampled: those of the relay started since.
 fn relay_threads_since(before: &HashMap<u32, ThreadSample>) -> HashSet<u32> {
-    threads()
+    thread_samples()
         .into_iter()
         .filter(|(tid, t)| !before.contains_key(tid) && relay_thread(&t.name))
         .map(|(tid, _)| tid)
@@ -128,10 +89,10 @@ fn idle(dir: &Path) -> Vec<Line> {
     std::thread::sleep(Duration::from_secs(2));
     let honker_thread = |_: u32, name: &str| name.starts_with("honker");
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    let mut before = threads();
+    let mut before = thread_samples();
     for _ in 0..IDLE_WINDOWS {
         std::thread::sleep(IDLE_WINDOW);
-        let after = threads();
+        let after = thread_samples();
         ours.push(spent(&before, &after, |_, name| relay_thread(name)));
         theirs.push(spent(&before, &after, honker_thread));
         before = after;
@@ -301,18 +262,18 @@ const METERED_EVENTS: usize = 10_000;
 /// bytes on the wire per event, the drain's rate, and the relay's CPU per event.
 fn compression(dir: &Path) -> Vec<Line> {
     let receiver = CountingReceiver::start();
-    let round = std::cell::Cell::new(0);
+    let mut round = 0;
     let (mut bytes, mut cpu) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     let mut drain = |compression: Compression| {
-        round.set(round.get() + 1);
-        let outbox = Outbox::open(dir.join(format!("metered-{}.db", round.get()))).unwrap();
+        round += 1;
+        let outbox = Outbox::open(dir.join(format!("metered-{round}.db"))).unwrap();
         fill_pending_with(&outbox, METERED_EVENTS, telemetry_event);
-        let (wire_before, before) = (receiver.wire_bytes(), threads());
+        let (wire_before, before) = (receiver.wire_bytes(), thread_samples());
         let destination = Destination::http("default", &receiver.url)
             .batch(100, 1 << 20)
             .compress(compression);
         let config = RelayConfig::new().destination(destination).workers(2);
-        let took = time_drain_to(&outbox, &receiver, METERED_EVENTS, config, threads);
+        let took = time_drain_to(&outbox, &receiver, METERED_EVENTS, config, thread_samples);
         let (_, cpu_ns) = spent(&before, &took.1, |_, name| relay_thread(name));
         let which = usize::from(compression == Compression::Gzip);
         bytes[which].push((receiver.wire_bytes() - wire_before) as f64 / METERED_EVENTS as f64);
@@ -433,7 +394,7 @@ fn trickle(dir: &Path) -> Vec<Line> {
         if let Some(linger) = linger {
             destination = destination.linger(linger);
         }
-        let before = threads();
+        let before = thread_samples();
         let relay = outbox
             .relay(RelayConfig::new().destination(destination))
             .start()
@@ -443,14 +404,14 @@ fn trickle(dir: &Path) -> Vec<Line> {
     };
     let lingering = start("linger", Some(LINGER));
     let direct = start("direct", None);
-    let before = &threads();
+    let before = &thread_samples();
     let [lingered, sent] = std::thread::scope(|s| {
         [&lingering, &direct]
             .map(|(outbox, receiver, _, own)| {
                 s.spawn(move || {
                     let committed = paced_orders(outbox, TRICKLE_EVENTS, TRICKLE_PACE);
                     assert!(receiver.wait_for(TRICKLE_EVENTS as usize, Duration::from_secs(30)));
-                    let (_, cpu_ns) = spent(before, &threads(), |tid, _| own.contains(&tid));
+                    let (_, cpu_ns) = spent(before, &thread_samples(), |tid, _| own.contains(&tid));
                     trickled(receiver, &committed, cpu_ns)
                 })
             })

@@ -380,3 +380,41 @@ pub fn v7_millis(id: &str) -> u64 {
     let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
     secs * 1000 + u64::from(nanos) / 1_000_000
 }
+
+/// Voluntary context switches (a thread going to sleep: each one a wake-up to come) of this
+/// process's threads whose names start with one of `prefixes`, by thread id and name
+/// (Linux's `/proc`).
+pub fn voluntary_switches(prefixes: &[&str]) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut switches = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !prefixes.iter().any(|p| comm.starts_with(p)) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let count = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let tid = task.file_name().to_string_lossy().into_owned();
+        switches.insert((tid, comm.trim().to_string()), count);
+    }
+    switches
+}
+
+/// Commits one event of `event_type` with `data` (JSON text) through the SQL contract from
+/// a python3 process: another process writing to the file, as an app in another language.
+pub fn insert_from_python(db: &std::path::Path, event_type: &str, data: &str) {
+    let script = "import sqlite3, sys\n\
+                  c = sqlite3.connect(sys.argv[1], timeout=10)\n\
+                  c.execute('INSERT INTO outbox_enqueue (type, data) VALUES (?, ?)', sys.argv[2:4])\n\
+                  c.commit()\n";
+    let status = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(db)
+        .args([event_type, data])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "python3's insert failed: {status}");
+}
