@@ -259,6 +259,7 @@ impl Writer {
                     log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
                 }
             }
+            self.read_due_times();
             if std::mem::take(&mut self.wrote) {
                 // Never blocks: a kick not yet taken covers this one.
                 let _ = self.checkpoint_kick.try_send(());
@@ -387,6 +388,9 @@ impl Writer {
                 soon(now + look);
             }
             if let Some(t) = lane.lingering_until() {
+                soon(t);
+            }
+            if let Some(t) = lane.due_later_read_by() {
                 soon(t);
             }
             if let Some(due) = lane.next_due() {
@@ -557,16 +561,25 @@ impl Writer {
             );
         }
         self.lanes[index].dispatch(events, more_due, urgent);
-        // Caught up: sleep until the first row not yet due falls due, not on a timer. Read
-        // after the events went to the workers, so the read does not delay them.
         if !more_due {
-            let lane = &self.lanes[index];
-            match queue::next_due_after(&self.conn, lane.name(), now, &self.lease_prefix) {
-                Ok(at) => self.lanes[index].set_due_later(at),
+            // Caught up: sleep until the first row not yet due falls due, not on a timer.
+            self.lanes[index].caught_up_at(now);
+        }
+        Ok(())
+    }
+
+    /// Reads when each caught-up lane's first row not yet due falls due, once none of its
+    /// requests is out (see [`Lane::due_later_to_read`]).
+    fn read_due_times(&mut self) {
+        for lane in &mut self.lanes {
+            let Some(since) = lane.due_later_to_read() else {
+                continue;
+            };
+            match queue::next_due_after(&self.conn, lane.name(), since, &self.lease_prefix) {
+                Ok(at) => lane.set_due_later(at),
                 Err(e) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
             }
         }
-        Ok(())
     }
 
     /// Adds the outcomes whose write failed before, once their pause is over, dropping those
