@@ -12,7 +12,8 @@
 //! runs one drain at one event per request alone, for a profiler, and prints each thread's
 //! CPU time an event, `-- probe-enqueue VARIANT` one
 //! enqueue variant (see `probe_enqueue`) and `-- probe-claim VARIANT` one claim + ack loop
-//! (see `probe_claim`). The criterion benches under `benches/`
+//! (see `probe_claim`), `-- probe-idle ROUNDS` the idle commit → receipt alone. The
+//! criterion benches under `benches/`
 //! measure the same things more thoroughly.
 
 #[path = "../benches/support/mod.rs"]
@@ -1217,6 +1218,23 @@ fn receipt_latencies(dir: &std::path::Path, barrier: bool, round: usize) -> Vec<
     samples
 }
 
+/// The idle row of `commit_to_receipt` alone, barrier on, for comparing builds quickly
+/// (`target/release/examples/bench probe-idle 5`, about 3 s): each round's p50 and all of
+/// them together.
+fn probe_idle(dir: &std::path::Path, rounds: usize) {
+    let mut all = Vec::new();
+    for round in 0..rounds {
+        let mut samples = receipt_latencies(dir, true, round);
+        eprint!("{} ", ms(quantile(&mut samples, 0.5)));
+        all.extend(samples);
+    }
+    eprintln!();
+    println!(
+        "commit → receipt, idle relay, p50 {}",
+        ms(quantile(&mut all, 0.5))
+    );
+}
+
 fn commit_to_receipt(dir: &std::path::Path) -> Vec<Line> {
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for round in 0..3 {
@@ -1961,6 +1979,13 @@ fn main() {
     }
     if let (Some("probe-claim"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {
         probe_claim(dir, variant);
+        return;
+    }
+    if let (Some("probe-idle"), Some(rounds)) = (
+        args.get(1).map(String::as_str),
+        args.get(2).and_then(|r| r.parse().ok()),
+    ) {
+        probe_idle(dir, rounds);
         return;
     }
     if args.get(1).map(String::as_str) == Some("sweep") {

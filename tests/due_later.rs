@@ -58,9 +58,15 @@ fn a_row_due_later_is_sent_when_it_falls_due() {
         .count()
         == 1));
     let took = receiver.received()[0].at - written;
-    assert!(took >= due_in - Duration::from_millis(20), "sent early: {took:?}");
+    assert!(
+        took >= due_in - Duration::from_millis(20),
+        "sent early: {took:?}"
+    );
     // Without the timer, the next look would be the minute's poll.
-    assert!(took < due_in + Duration::from_millis(500), "sent late: {took:?}");
+    assert!(
+        took < due_in + Duration::from_millis(500),
+        "sent late: {took:?}"
+    );
     assert_eq!(relay.shutdown().abandoned, 0);
 }
 
@@ -93,7 +99,10 @@ fn a_row_falling_due_while_a_request_is_out_is_sent_without_waiting_for_it() {
         .count()
         == 2));
     let took = receiver.received()[1].at - written;
-    assert!(took >= due_in - Duration::from_millis(20), "sent early: {took:?}");
+    assert!(
+        took >= due_in - Duration::from_millis(20),
+        "sent early: {took:?}"
+    );
     assert!(
         took < due_in + Duration::from_millis(500),
         "sent {took:?} after it was written, due after {due_in:?}: it waited for the slow \
