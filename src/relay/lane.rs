@@ -434,6 +434,13 @@ impl Lane {
             .map(|(_, first)| first + READ_DUE_WITHIN)
     }
 
+    /// Gives up reading the next due time after a failed read, keeping the time known
+    /// before: the writer would otherwise try again on every turn, a hot loop on a broken
+    /// disk. The next short claim asks again; the poll's claims find what falls due meanwhile.
+    pub fn due_later_unread_anyway(&mut self) {
+        self.due_later_unread = None;
+    }
+
     /// Remembers when the first row not yet due falls due (`None`: no such row), as read
     /// after the last short claim.
     pub fn set_due_later(&mut self, at: Option<i64>) {
@@ -526,5 +533,26 @@ mod tests {
         // Never below the configured claim; a smaller configured claim keeps claims small.
         assert_eq!(claim_size(Some(5), 1, 100), 100);
         assert_eq!(claim_size(Some(25), 4, 10), 100);
+    }
+
+    #[test]
+    fn the_next_due_time_is_read_once_after_a_short_claim_unless_the_read_fails() {
+        let destination = Destination::http("d", "http://127.0.0.1:9/events");
+        let mut lane = Lane::new(&destination, 1, &RelayConfig::new());
+        assert_eq!(lane.due_later_to_read(), None, "nothing claimed yet");
+        lane.caught_up_at(1_000);
+        lane.caught_up_at(2_000);
+        // Nothing is out: read at once, after the last short claim.
+        assert_eq!(lane.due_later_to_read(), Some(2_000));
+        lane.set_due_later(Some(5_000));
+        assert_eq!(lane.due_later_to_read(), None);
+        assert_eq!(lane.due_later_read_by(), None, "no timer left");
+        assert_eq!(lane.next_due(), Some(5_000));
+        // A failed read is not tried again on every turn; the known time stays.
+        lane.caught_up_at(3_000);
+        lane.due_later_unread_anyway();
+        assert_eq!(lane.due_later_to_read(), None);
+        assert_eq!(lane.due_later_read_by(), None);
+        assert_eq!(lane.next_due(), Some(5_000));
     }
 }

@@ -577,7 +577,10 @@ impl Writer {
             };
             match queue::next_due_after(&self.conn, lane.name(), since, &self.lease_prefix) {
                 Ok(at) => lane.set_due_later(at),
-                Err(e) => log::warn!("relay {}: next due time unknown: {e}", self.relay_id),
+                Err(e) => {
+                    log::warn!("relay {}: next due time unknown: {e}", self.relay_id);
+                    lane.due_later_unread_anyway();
+                }
             }
         }
     }
