@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{fast, TestReceiver};
-use sqlite_outbox::{Destination, Outbox, RelayConfig};
+use common::TestReceiver;
+use sqlite_outbox::Outbox;
 
 #[test]
 fn a_commit_from_another_process_is_delivered_without_waiting_for_the_poll() {
@@ -17,11 +17,7 @@ fn a_commit_from_another_process_is_delivered_without_waiting_for_the_poll() {
     let receiver = TestReceiver::ok();
     // A poll of a minute: only the notification can bring these events out in time.
     let relay = outbox
-        .relay(
-            fast(RelayConfig::new())
-                .poll_interval(Duration::from_secs(60))
-                .destination(Destination::http("default", receiver.url())),
-        )
+        .relay(common::minute_poll(&receiver))
         .start()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));

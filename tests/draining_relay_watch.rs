@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fast, TestReceiver};
-use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+use common::TestReceiver;
+use sqlite_outbox::{Event, Outbox};
 
 /// The WAL watch's thread's wake-ups so far (the `notify` crate's inotify loop).
 fn watcher_wake_ups() -> u64 {
@@ -33,11 +33,7 @@ fn the_watch_sleeps_through_a_drain_and_wakes_the_relay_after_it() {
     let receiver = TestReceiver::ok();
     // A poll of a minute: after the drain, only the watch can bring the last event out.
     let relay = outbox
-        .relay(
-            fast(RelayConfig::new())
-                .poll_interval(Duration::from_secs(60))
-                .destination(Destination::http("default", receiver.url())),
-        )
+        .relay(common::minute_poll(&receiver))
         .start()
         .unwrap();
     let before = watcher_wake_ups();

@@ -3,19 +3,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::{fast, Reply, TestReceiver};
-use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
-
-const POLL: Duration = Duration::from_secs(60);
-
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
+use common::{Reply, TestReceiver};
+use sqlite_outbox::{Event, Outbox, RelayConfig};
 
 /// Writes an event of `event_type` due `after` from now, as another relay's retry leaves
 /// one: through a connection of its own, then wakes the relay of this process as an app
@@ -30,18 +21,29 @@ fn write_due_later(outbox: &Outbox, path: &std::path::Path, event_type: &str, af
     .unwrap();
     tx.execute(
         "UPDATE outbox_events SET available_at = ?1 WHERE event_type = ?2",
-        sqlite_outbox::rusqlite::params![unix_ms() + after.as_millis() as i64, event_type],
+        sqlite_outbox::rusqlite::params![outbox.now_ms() + after.as_millis() as i64, event_type],
     )
     .unwrap();
     tx.commit().unwrap();
     outbox.notify();
 }
 
+/// How long after `written` the receiver got its `nth` request (counting from 1), which
+/// carries the row due `due_in` after it was written: never before.
+fn sent_after(receiver: &TestReceiver, nth: usize, written: Instant, due_in: Duration) -> Duration {
+    assert!(common::wait_until(Duration::from_secs(10), || receiver
+        .count()
+        >= nth));
+    let took = receiver.received()[nth - 1].at - written;
+    assert!(
+        took >= due_in - Duration::from_millis(20),
+        "sent early: {took:?}, due after {due_in:?}"
+    );
+    took
+}
+
 fn config(receiver: &TestReceiver) -> RelayConfig {
-    fast(RelayConfig::new())
-        .destination(Destination::http("default", receiver.url()))
-        .poll_interval(POLL)
-        .workers(2)
+    common::minute_poll(receiver).workers(2)
 }
 
 #[test]
@@ -54,14 +56,7 @@ fn a_row_due_later_is_sent_when_it_falls_due() {
     let due_in = Duration::from_millis(1500);
     let written = Instant::now();
     write_due_later(&outbox, &path, "later", due_in);
-    assert!(common::wait_until(Duration::from_secs(10), || receiver
-        .count()
-        == 1));
-    let took = receiver.received()[0].at - written;
-    assert!(
-        took >= due_in - Duration::from_millis(20),
-        "sent early: {took:?}"
-    );
+    let took = sent_after(&receiver, 1, written, due_in);
     // Without the timer, the next look would be the minute's poll.
     assert!(
         took < due_in + Duration::from_millis(500),
@@ -95,14 +90,7 @@ fn a_row_falling_due_while_a_request_is_out_is_sent_without_waiting_for_it() {
     let due_in = Duration::from_millis(500);
     let written = Instant::now();
     write_due_later(&outbox, &path, "later", due_in);
-    assert!(common::wait_until(Duration::from_secs(10), || receiver
-        .count()
-        == 2));
-    let took = receiver.received()[1].at - written;
-    assert!(
-        took >= due_in - Duration::from_millis(20),
-        "sent early: {took:?}"
-    );
+    let took = sent_after(&receiver, 2, written, due_in);
     assert!(
         took < due_in + Duration::from_millis(500),
         "sent {took:?} after it was written, due after {due_in:?}: it waited for the slow \

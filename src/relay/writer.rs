@@ -579,7 +579,7 @@ impl Writer {
                 Ok(at) => lane.set_due_later(at),
                 Err(e) => {
                     log::warn!("relay {}: next due time unknown: {e}", self.relay_id);
-                    lane.due_later_unread_anyway();
+                    lane.skip_due_later_read();
                 }
             }
         }

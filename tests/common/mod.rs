@@ -336,6 +336,15 @@ pub fn fast(config: sqlite_outbox::RelayConfig) -> sqlite_outbox::RelayConfig {
         .shutdown_timeout(Duration::from_secs(5))
 }
 
+/// Test settings ([`fast`]) delivering to `receiver`, with a poll of a minute: within a
+/// test's patience only a wake-up (a notification, `Outbox::notify`) or a timer brings an
+/// event out.
+pub fn minute_poll(receiver: &TestReceiver) -> sqlite_outbox::RelayConfig {
+    fast(sqlite_outbox::RelayConfig::new())
+        .poll_interval(Duration::from_secs(60))
+        .destination(sqlite_outbox::Destination::http("default", receiver.url()))
+}
+
 /// An example binary, built now for this test run's profile: always, so a test never runs
 /// a stale binary left from an earlier build (cargo does nothing when it is up to date).
 pub fn example_binary(name: &str) -> std::path::PathBuf {
