@@ -356,7 +356,7 @@ pub fn sql_enqueue_tx(conn: &mut Connection, n: i64, events: i64) {
 
 /// A device's reading, the event of the metered-link rows: one of 50 pumps, its sequence
 /// number, time and sensor values (what a telemetry batch of 100 compresses is their
-/// repetition). The same shape as `scripts/metered_link.py`'s.
+/// repetition).
 pub fn telemetry_event(n: i64) -> sqlite_outbox::Event {
     sqlite_outbox::Event::new(
         "reading.taken",
