@@ -2058,7 +2058,7 @@ fn main() {
     }
     #[cfg(target_os = "linux")]
     if run("frugal") {
-        eprintln!("frugal (about 4 minutes)…");
+        eprintln!("frugal (about three and a half minutes)…");
         lines.extend(frugal::rows(dir));
     }
     if run("footprint") {

@@ -9,7 +9,8 @@
 //! Answers: 204 when the events were applied (or were duplicates), 400 for a bad signature
 //! or a body that is not CloudEvents, 413 for a body over 4 MiB (on the wire, or decoded: a
 //! `Content-Encoding: gzip` body is decoded through a reader that stops at 4 MiB or 100 times
-//! its size), 415 for another encoding, 503 with `Retry-After` while it is overloaded. Prints `listening on http://127.0.0.1:PORT/events` once ready.
+//! its size), 415 for another encoding, 503 with `Retry-After` while it is overloaded.
+//! Prints `listening on http://127.0.0.1:PORT/events` once ready.
 //! It stops by itself after `--max-seconds` (default: never).
 
 #[path = "../tests/common/http_server.rs"]

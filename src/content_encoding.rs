@@ -116,9 +116,16 @@ impl std::error::Error for DecodeError {}
 ///
 /// [`DecodeError::Unsupported`] naming the encoding.
 pub fn check_encoding(content_encoding: Option<&str>) -> Result<(), DecodeError> {
+    is_gzip(content_encoding).map(|_| ())
+}
+
+/// Whether `content_encoding` says gzip; `None` and `identity` say no, anything else is
+/// refused.
+fn is_gzip(content_encoding: Option<&str>) -> Result<bool, DecodeError> {
     match content_encoding.map(str::trim) {
-        None => Ok(()),
-        Some(e) if e.eq_ignore_ascii_case("identity") || e.eq_ignore_ascii_case("gzip") => Ok(()),
+        None => Ok(false),
+        Some(e) if e.eq_ignore_ascii_case("identity") => Ok(false),
+        Some(e) if e.eq_ignore_ascii_case("gzip") => Ok(true),
         Some(e) => Err(DecodeError::Unsupported(e.to_string())),
     }
 }
@@ -136,8 +143,7 @@ pub fn decode_body<'a>(
     body: &'a [u8],
     max_decoded: usize,
 ) -> Result<Cow<'a, [u8]>, DecodeError> {
-    check_encoding(content_encoding)?;
-    if !content_encoding.is_some_and(|e| e.trim().eq_ignore_ascii_case("gzip")) {
+    if !is_gzip(content_encoding)? {
         return Ok(Cow::Borrowed(body));
     }
     let by_ratio_limit = body.len().saturating_mul(MAX_DECODE_RATIO);

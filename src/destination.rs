@@ -97,35 +97,20 @@ impl Destination {
 
     /// A destination named `name` posting to `url`.
     pub fn http(name: impl Into<String>, url: impl Into<String>) -> Destination {
-        Destination {
-            name: name.into(),
-            target: Target::Http {
+        Destination::with_target(
+            name.into(),
+            Target::Http {
                 url: url.into(),
                 config: HttpConfig::default(),
                 secrets: Vec::new(),
                 signing_key: None,
             },
-            batch: None,
-            workers: None,
-            rate: None,
-            bandwidth: None,
-            compression: Compression::None,
-            linger: None,
-        }
+        )
     }
 
     /// A destination named `name` delivering through `transport` (tests, other protocols).
     pub fn custom(name: impl Into<String>, transport: impl Transport) -> Destination {
-        Destination {
-            name: name.into(),
-            target: Target::Custom(Arc::new(transport)),
-            batch: None,
-            workers: None,
-            rate: None,
-            bandwidth: None,
-            compression: Compression::None,
-            linger: None,
-        }
+        Destination::with_target(name.into(), Target::Custom(Arc::new(transport)))
     }
 
     /// A destination named `name` publishing to the MQTT broker at `url`
@@ -134,12 +119,20 @@ impl Destination {
     /// [`mqtt_config`](Self::mqtt_config).
     #[cfg(feature = "mqtt")]
     pub fn mqtt(name: impl Into<String>, url: impl Into<String>) -> Destination {
-        Destination {
-            name: name.into(),
-            target: Target::Mqtt {
+        Destination::with_target(
+            name.into(),
+            Target::Mqtt {
                 url: url.into(),
                 config: crate::transport::MqttConfig::default(),
             },
+        )
+    }
+
+    /// A destination for `target` with every setting at its default.
+    fn with_target(name: String, target: Target) -> Destination {
+        Destination {
+            name,
+            target,
             batch: None,
             workers: None,
             rate: None,

@@ -66,10 +66,7 @@ pub(crate) fn oldest_pending(conn: &Connection, destination: &str) -> Result<Opt
     let at_commit_time: Option<i64> = conn
         .prepare_cached(OLDEST_AT_COMMIT_TIME_SQL)?
         .query_row(params![destination, bound], |r| r.get(0))?;
-    Ok(match (moved, at_commit_time) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    })
+    Ok([moved, at_commit_time].into_iter().flatten().min())
 }
 
 /// The commit time (unix ms) of the oldest pending row of any destination.

@@ -332,10 +332,7 @@ pub(crate) fn next_due_after(
     let lease_ends: Option<i64> = conn
         .prepare_cached(NEXT_LEASE_END_SQL)?
         .query_row(params![destination, now, own_leases], |r| r.get(0))?;
-    Ok(match (due, lease_ends) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    })
+    Ok([due, lease_ends].into_iter().flatten().min())
 }
 
 /// The earliest end of a lease on a due row of `?1` after `?2` whose owner does not start

@@ -78,10 +78,7 @@ impl Housekeeping {
             Some(t) => t + GAUGE_INTERVAL,
             None => Instant::now(),
         });
-        match (retention, gauges) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [retention, gauges].into_iter().flatten().min()
     }
 
     /// Hands a bounded step of free pages back to the file system.

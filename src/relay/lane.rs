@@ -74,6 +74,9 @@ pub(crate) struct Lane {
     /// when they wait.
     lingering: Vec<OutboundEvent>,
     lingering_until: Option<Instant>,
+    /// The encoded size bound of `lingering`, kept as events join (a trickle adds one a
+    /// claim, and a batch's byte limit is checked at each).
+    lingering_bytes: usize,
     /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
     disabled: Option<String>,
 }
@@ -124,6 +127,7 @@ impl Lane {
             linger: destination.linger_time(),
             lingering: Vec::new(),
             lingering_until: None,
+            lingering_bytes: 0,
             disabled: None,
         }
     }
@@ -261,6 +265,7 @@ impl Lane {
             return;
         }
         self.lingering_until = None;
+        self.lingering_bytes = 0;
         let events = std::mem::take(&mut self.lingering);
         self.queue_jobs(events);
     }
@@ -279,14 +284,13 @@ impl Lane {
         }
         for event in &events {
             self.in_flight.insert(event.id);
+            self.lingering_bytes += encoded_size_bound(event) + 1;
         }
         self.lingering.extend(events);
-        let bytes: usize = self
-            .lingering
-            .iter()
-            .map(|e| encoded_size_bound(e) + 1)
-            .sum();
-        if urgent || self.lingering.len() >= batch.max_events || bytes >= batch.max_bytes {
+        if urgent
+            || self.lingering.len() >= batch.max_events
+            || self.lingering_bytes >= batch.max_bytes
+        {
             self.release_lingering(true);
         } else if self.lingering_until.is_none() {
             self.lingering_until = Some(Instant::now() + linger);
@@ -452,10 +456,7 @@ impl Lane {
     /// the row due later; the writer sleeps until then.
     pub fn next_due(&self) -> Option<i64> {
         let retry = self.retry_times.peek().map(|Reverse(t)| *t);
-        match (retry, self.due_later) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [retry, self.due_later].into_iter().flatten().min()
     }
 
     /// How soon a lane with a claim due that it cannot make now should be looked at again:

@@ -329,8 +329,8 @@ impl Writer {
                 // Polled from now on, at the poll interval.
                 self.wal_watch = None;
                 self.wal_changed = crossbeam_channel::never();
-            } else if !self.look_for_commits() {
-                self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
+            } else {
+                self.look_for_commits_and_recheck();
             }
         }
     }
@@ -341,12 +341,7 @@ impl Writer {
         select! {
             recv(self.stop) -> _ => self.stopping = true,
             recv(self.wake) -> _ => self.new_work(),
-            recv(self.wal_changed) -> _ => {
-                if !self.look_for_commits() {
-                    // Written, maybe not yet published: look again shortly.
-                    self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
-                }
-            },
+            recv(self.wal_changed) -> _ => self.look_for_commits_and_recheck(),
             recv(self.reports) -> msg => {
                 if let Ok(r) = msg {
                     reports.push(r);
@@ -431,6 +426,15 @@ impl Writer {
                 log::warn!("relay {}: data_version poll failed: {e}", self.relay_id);
                 false
             }
+        }
+    }
+
+    /// Reads `data_version` now and, if no commit shows yet, [`RECHECKS`] more times
+    /// [`RECHECK_STEP`] apart: after a WAL notification, or after the watch was paused, a
+    /// commit may be written and not yet published.
+    fn look_for_commits_and_recheck(&mut self) {
+        if !self.look_for_commits() {
+            self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
         }
     }
 
