@@ -1,7 +1,9 @@
 -- sqlite-outbox schema: the one source of truth, applied by src/database.rs.
 --
 -- Each `-- version N` line starts migration N. A database records the last
--- migration it has applied in PRAGMA user_version; opening it applies every
+-- migration it has applied in its table outbox_schema (never in PRAGMA
+-- user_version, which is the app's; releases before 0.2 kept it there, and
+-- a file they made is taken over once); opening it applies every
 -- later migration, each in its own transaction. Never edit a released
 -- migration: append a new one.
 

@@ -192,37 +192,141 @@ pub fn schema_version() -> i64 {
     migrations().last().map(|(v, _)| *v).unwrap_or(0)
 }
 
-/// Reads the file's schema version without changing anything, telling a non-SQLite file apart.
-fn read_user_version(conn: &Connection, path: &Path) -> Result<i64> {
-    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
-                path: path.display().to_string(),
-            },
-            _ => Error::from(e),
-        })
+/// The table that holds the outbox's schema version: one row, `id` 1. The outbox keeps its
+/// version here, never in `PRAGMA user_version`, which belongs to the app (rusqlite_migration
+/// and most hand-written migration schemes keep the app's schema version there).
+const VERSION_TABLE: &str = "outbox_schema";
+
+/// The last schema version a release kept in `PRAGMA user_version` (0.1).
+const LAST_USER_VERSION_SCHEMA: i64 = 13;
+
+/// Maps "file is not a database" (a read of a file that is not SQLite, or is encrypted with
+/// another key) to [`Error::NotADatabase`], naming the path.
+fn not_a_database(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
+    move |e| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
+            path: path.display().to_string(),
+        },
+        _ => Error::from(e),
+    }
 }
 
-/// Brings the schema of `conn` up to date, or fails without touching a newer one.
-pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
-    let supported = schema_version();
-    let found = read_user_version(conn, path)?;
-    if found > supported {
-        return Err(Error::SchemaTooNew { found, supported });
-    }
-    for (version, sql) in migrations() {
-        if version <= found {
-            continue;
+/// Whether `conn`'s main database has a table named `name`.
+fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        [name],
+        |r| r.get(0),
+    )
+}
+
+/// Where a file's outbox schema version was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredVersion {
+    /// In the outbox's own table.
+    Own(i64),
+    /// A file made by a release before 0.2, which kept its version in `PRAGMA user_version`
+    /// (its `outbox_events` table is there, `outbox_schema` is not): taken over once, by
+    /// writing the version into the outbox's table; `user_version` is left as found.
+    Legacy(i64),
+    /// No outbox in the file yet.
+    None,
+}
+
+impl StoredVersion {
+    fn version(self) -> i64 {
+        match self {
+            StoredVersion::Own(v) | StoredVersion::Legacy(v) => v,
+            StoredVersion::None => 0,
         }
-        // IMMEDIATE so two processes opening a fresh file at once do not both migrate: the
-        // second waits for the lock, then sees the new version and skips.
+    }
+}
+
+/// Reads the outbox's schema version in `conn`'s file without changing anything, telling a
+/// non-SQLite file apart.
+fn stored_version(conn: &Connection, path: &Path) -> Result<StoredVersion> {
+    let read = || -> rusqlite::Result<StoredVersion> {
+        if has_table(conn, VERSION_TABLE)? {
+            let version = conn.query_row(
+                &format!("SELECT version FROM {VERSION_TABLE} WHERE id = 1"),
+                [],
+                |r| r.get(0),
+            )?;
+            return Ok(StoredVersion::Own(version));
+        }
+        if has_table(conn, "outbox_events")? {
+            let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            // Above 13 the app's own migrations counted on from the outbox's number (they
+            // believed 13 of theirs had run): the outbox's schema is 13 at most.
+            return Ok(StoredVersion::Legacy(version.min(LAST_USER_VERSION_SCHEMA)));
+        }
+        Ok(StoredVersion::None)
+    };
+    read().map_err(not_a_database(path))
+}
+
+/// Records `version` as the outbox's schema version, inside the caller's transaction.
+fn record_version(tx: &Connection, version: i64) -> rusqlite::Result<()> {
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (
+             id      INTEGER PRIMARY KEY CHECK (id = 1),
+             version INTEGER NOT NULL
+         )"
+    ))?;
+    tx.execute(
+        &format!(
+            "INSERT INTO {VERSION_TABLE} (id, version) VALUES (1, ?1)
+             ON CONFLICT (id) DO UPDATE SET version = excluded.version"
+        ),
+        [version],
+    )?;
+    Ok(())
+}
+
+/// Fails with [`Error::SchemaTooNew`] when the file's outbox schema is newer than this build.
+fn check_not_too_new(found: StoredVersion) -> Result<()> {
+    let supported = schema_version();
+    if found.version() > supported {
+        return Err(Error::SchemaTooNew {
+            found: found.version(),
+            supported,
+        });
+    }
+    Ok(())
+}
+
+/// Brings the outbox's schema in `conn`'s file up to date, or fails without touching a newer
+/// one. Never reads the app's tables, never writes `PRAGMA user_version`.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let found = stored_version(conn, path)?;
+    check_not_too_new(found)?;
+    if found == StoredVersion::Own(schema_version()) {
+        return Ok(());
+    }
+    // Each step in an IMMEDIATE transaction, so two processes opening a fresh file at once do
+    // not both migrate: the second waits for the lock, then reads the new version and skips.
+    let step = |conn: &mut Connection, version: i64, sql: &str| -> Result<()> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if now < version {
+        let now = stored_version(&tx, path)?;
+        check_not_too_new(now)?;
+        let needs_record = !matches!(now, StoredVersion::Own(_));
+        if now.version() < version {
             tx.execute_batch(sql)?;
-            tx.execute_batch(&format!("PRAGMA user_version = {version}"))?;
+            record_version(&tx, version)?;
+        } else if needs_record {
+            // The take-over of an earlier release's file: its version, now in our table.
+            record_version(&tx, now.version())?;
         }
         tx.commit()?;
+        Ok(())
+    };
+    if let StoredVersion::Legacy(_) = found {
+        step(conn, 0, "")?;
+    }
+    for (version, sql) in migrations() {
+        if version > found.version() {
+            step(conn, version, sql)?;
+        }
     }
     Ok(())
 }
@@ -253,15 +357,7 @@ pub(crate) fn check_existing(path: &Path) -> Result<()> {
         return Err(Error::NotFound { path: shown() });
     }
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let version = read_user_version(&conn, path)?;
-    let has_table: bool = conn
-        .query_row(
-            "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap_or(false);
-    if version < 1 || !has_table {
+    if stored_version(&conn, path)?.version() < 1 {
         return Err(Error::NotAnOutbox { path: shown() });
     }
     Ok(())
@@ -292,13 +388,7 @@ pub(crate) fn open_pool(
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        let found = read_user_version(&conn, path)?;
-        if found > schema_version() {
-            return Err(Error::SchemaTooNew {
-                found,
-                supported: schema_version(),
-            });
-        }
+        check_not_too_new(stored_version(&conn, path)?)?;
         // A new file gets incremental auto-vacuum, so pruning can hand space back to the
         // file system; it must be chosen before the first table exists.
         let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
@@ -395,8 +485,8 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 3) {
             conn.execute_batch(sql).unwrap();
-            conn.execute_batch(&format!("PRAGMA user_version = {version}"))
-                .unwrap();
+            // Files of 0.1 kept the outbox's version in user_version.
+            conn.pragma_update(None, "user_version", version).unwrap();
         }
         for id in [5, 9] {
             conn.execute(
@@ -421,8 +511,8 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 12) {
             conn.execute_batch(sql).unwrap();
-            conn.execute_batch(&format!("PRAGMA user_version = {version}"))
-                .unwrap();
+            // Files of 0.1 kept the outbox's version in user_version.
+            conn.pragma_update(None, "user_version", version).unwrap();
         }
         conn.execute_batch("INSERT INTO outbox_enqueue (type, data) VALUES ('old', '1')")
             .unwrap();
@@ -458,9 +548,35 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         migrate(&mut conn, &path).unwrap();
         migrate(&mut conn, &path).unwrap();
-        let v: i64 = conn
+        let own: i64 = conn
+            .query_row("SELECT version FROM outbox_schema", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(own, schema_version());
+        let app: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(v, schema_version());
+        assert_eq!(app, 0, "user_version is the app's");
+    }
+
+    #[test]
+    fn a_legacy_file_whose_user_version_the_app_moved_on_is_taken_over_at_13() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("moved.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 13) {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", version).unwrap();
+        }
+        // The app's migration tool believed 13 of its migrations had run, and ran 14 to 20.
+        conn.pragma_update(None, "user_version", 20).unwrap();
+        migrate(&mut conn, &path).unwrap();
+        let own: i64 = conn
+            .query_row("SELECT version FROM outbox_schema", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(own, schema_version());
+        let app: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(app, 20);
     }
 }

@@ -88,7 +88,7 @@ pub enum Error {
     InvalidData(serde_json::Error),
     /// The database was written by a newer version of this crate; nothing was changed.
     SchemaTooNew {
-        /// The schema version found in the file (`PRAGMA user_version`).
+        /// The outbox's schema version found in the file (table `outbox_schema`).
         found: i64,
         /// The newest schema version this build knows.
         supported: i64,

@@ -848,9 +848,11 @@
 //! # Schema and migrations
 //!
 //! `schema.sql` is the one source of the schema; each `-- version N` section is one
-//! migration, applied in order and recorded in `PRAGMA user_version`. The outbox therefore
-//! **owns `user_version` of its database file**: if your app keeps its own schema version,
-//! keep it in a table of its own. Opening a file written by a newer version of the crate
+//! migration, applied in order and recorded in the outbox's own table `outbox_schema`. The
+//! outbox never writes `PRAGMA user_version`: it is the app's (rusqlite_migration keeps the
+//! app's schema version there). A file made by 0.1, which kept the outbox's version in
+//! `user_version`, is taken over once, every row and setting intact and `user_version` left
+//! as found. Opening a file written by a newer version of the crate
 //! fails with [`Error::SchemaTooNew`] and changes nothing; a file that is not SQLite gives
 //! [`Error::NotADatabase`], also untouched. [`Outbox::open_existing`] also refuses a missing
 //! file ([`Error::NotFound`]) and a database without an outbox ([`Error::NotAnOutbox`]).

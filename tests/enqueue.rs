@@ -223,8 +223,11 @@ fn newer_schema_fails_clearly_and_leaves_the_file_untouched() {
     drop(Outbox::open(&path).unwrap());
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch("PRAGMA user_version = 99; PRAGMA wal_checkpoint(TRUNCATE);")
-            .unwrap();
+        // A newer release recorded its schema version in the outbox's own table.
+        conn.execute_batch(
+            "UPDATE outbox_schema SET version = 99; PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .unwrap();
     }
     let before = std::fs::read(&path).unwrap();
     let err = Outbox::open(&path).unwrap_err();
