@@ -23,13 +23,13 @@ fn commit_to_receipt(c: &mut Criterion) {
         b.iter(|| {
             n += 1;
             let before = receiver.count();
-            outbox
+            let _ = outbox
                 .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", order_data(n))))
                 .unwrap();
             assert!(receiver.wait_for(before + 1, Duration::from_secs(10)));
         })
     });
-    relay.shutdown();
+    let _ = relay.shutdown();
 }
 
 criterion_group! {

@@ -351,7 +351,7 @@ fn versus_honker(dir: &std::path::Path) -> Vec<Line> {
                         for _ in 0..per_tx {
                             n1 += 1;
                             insert_order(&tx, n1);
-                            outbox
+                            let _ = outbox
                                 .enqueue(&tx, Event::new("order.created", order_data(n1)))
                                 .unwrap();
                         }
@@ -459,8 +459,8 @@ fn commit_order(outbox: &Outbox, n: i64) {
     outbox
         .transaction(|tx| {
             tx.execute("INSERT INTO orders (customer, total) VALUES ('c', ?1)", [n])?;
-            outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
-            Ok(())
+            let _ = outbox.enqueue(tx, Event::new("order.created", order_data(n)))?;
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
 }
@@ -505,7 +505,7 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
     let outbox = Outbox::open(&path).unwrap();
     let mut bare_sql = bare_connection(&path, "NORMAL");
     outbox
-        .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
+        .transaction(|tx| Ok::<_, sqlite_outbox::Error>(tx.execute_batch(BUSINESS_TABLE)?))
         .unwrap();
     let body =
         sqlite_outbox::wire::structured_body(&bench_support::sample_event(&order_data(1))).unwrap();
@@ -527,7 +527,7 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
         let drain_started = Instant::now();
         let mut samples = paced_commits(&outbox, 10_000, || receiver.count() >= before + 195_000);
         let relay_rate = (receiver.count() - before) as f64 / drain_started.elapsed().as_secs_f64();
-        relay.shutdown();
+        let _ = relay.shutdown();
         commits = commits.max(samples.len());
         draining.push([quantile(&mut samples, 0.5), quantile(&mut samples, 0.999)]);
         idle.push([
@@ -775,7 +775,7 @@ fn interleaved_medians(
 fn growth_file(dir: &std::path::Path, name: &str, fill: impl FnOnce(&Outbox)) -> Outbox {
     let outbox = Outbox::open(dir.join(format!("growth-{name}.db"))).unwrap();
     outbox
-        .transaction(|tx| Ok(tx.execute_batch(BUSINESS_TABLE)?))
+        .transaction(|tx| Ok::<_, sqlite_outbox::Error>(tx.execute_batch(BUSINESS_TABLE)?))
         .unwrap();
     fill(&outbox);
     outbox
@@ -1118,7 +1118,7 @@ fn traced(dir: &std::path::Path, receiver: &CountingReceiver) -> Vec<Line> {
             .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
             .unwrap();
         insert_order(&tx, n);
-        outbox.enqueue(&tx, maybe_traced(n, traced)).unwrap();
+        let _ = outbox.enqueue(&tx, maybe_traced(n, traced)).unwrap();
         tx.commit().unwrap();
     };
     let alternated = alternate_spread(
@@ -1208,13 +1208,13 @@ fn receipt_latencies(dir: &std::path::Path, barrier: bool, round: usize) -> Vec<
     for i in 0..1_000 {
         let before = receiver.count();
         let t = Instant::now();
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", order_data(i))))
             .unwrap();
         assert!(receiver.wait_for(before + 1, Duration::from_secs(10)));
         samples.push(t.elapsed());
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     samples
 }
 
@@ -1288,7 +1288,7 @@ fn receipt_under_load(dir: &std::path::Path) -> Vec<Line> {
             for _ in 0..per_ms {
                 let order_id = committed.len() as i64;
                 let t = Instant::now();
-                outbox
+                let _ = outbox
                     .transaction(|tx| {
                         outbox.enqueue(tx, Event::new("order.created", order_data(order_id)))
                     })
@@ -1305,7 +1305,7 @@ fn receipt_under_load(dir: &std::path::Path) -> Vec<Line> {
             receiver.wait_for(committed.len(), Duration::from_secs(60)),
             "every event arrives"
         );
-        relay.shutdown();
+        let _ = relay.shutdown();
         let mut samples: Vec<Duration> = committed
             .iter()
             .enumerate()
@@ -1370,7 +1370,7 @@ fn relay_mqtt(dir: &std::path::Path) -> Vec<Line> {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let took = started.elapsed();
-                relay.shutdown();
+                let _ = relay.shutdown();
                 rate(n, took)
             },
             || {
@@ -1735,7 +1735,7 @@ fn probe_claim(dir: &std::path::Path, variant: &str) {
         for i in 0..n {
             let event = Event::new("order.created", order_data(i as i64))
                 .partition_key(format!("customer-{}", i % 500));
-            outbox.enqueue(&tx, event).unwrap();
+            let _ = outbox.enqueue(&tx, event).unwrap();
         }
         tx.commit().unwrap();
     } else {
@@ -1904,7 +1904,7 @@ fn rss_child(path: &str, url: &str, n: u64) {
     while relay.stats().delivered < n && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kib = |field: &str| {
         status

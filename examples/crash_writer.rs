@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "CREATE TABLE IF NOT EXISTS orders (seq INTEGER PRIMARY KEY, event_id TEXT NOT NULL)",
             [],
         )?;
-        Ok(())
+        Ok::<_, sqlite_outbox::Error>(())
     })?;
     let mut out = std::io::stdout().lock();
     for seq in first..first.saturating_add(count) {

@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut synced = 0;
     while synced < 5 && Instant::now() < deadline {
-        let Ok(notice) = notices.recv_timeout(Duration::from_millis(200)) else {
+        let Some(notice) = notices.recv_timeout(Duration::from_millis(200)) else {
             continue;
         };
         if notice.outcome == DeliveryOutcome::Delivered {
@@ -74,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
         }
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     server.stop();
 
     // Had a notice been lost, the file still knows: ask it for the notes not marked yet.

@@ -104,9 +104,9 @@ fn fill(outbox: &Outbox, n: usize) {
             for i in 0..n {
                 let event = Event::new("order.created", serde_json::json!({"order": i}))
                     .partition_key(format!("customer-{}", i % KEYS));
-                outbox.enqueue(tx, event)?;
+                let _ = outbox.enqueue(tx, event)?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .expect("fill");
 }
@@ -262,7 +262,7 @@ fn main() {
             .start()
             .expect("start");
         Box::new(move || {
-            relay.shutdown();
+            let _ = relay.shutdown();
         })
     });
 

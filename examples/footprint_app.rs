@@ -25,11 +25,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (),
         )?;
         tx.execute("INSERT INTO orders (total) VALUES (?1)", (990,))?;
-        outbox.enqueue(tx, Event::new("order.created", json!({"total": 990})))?;
-        Ok(())
+        let _ = outbox.enqueue(tx, Event::new("order.created", json!({"total": 990})))?;
+        Ok::<_, sqlite_outbox::Error>(())
     })?;
     let relay = outbox.relay(RelayConfig::http(url)).start()?;
     std::thread::sleep(Duration::from_millis(200));
-    relay.shutdown();
+    let _ = relay.shutdown();
     Ok(())
 }

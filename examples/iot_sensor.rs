@@ -59,30 +59,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Offline: 10,000 temperature readings, 10,000 GPS fixes, and 5 alarms.
     for i in 0..10_000 {
         outbox.transaction(|tx| {
-            outbox.enqueue(
+            let _ = outbox.enqueue(
                 tx,
                 Event::new(
                     "telemetry.temperature",
                     json!({"celsius": 20.0 + (i % 50) as f64 / 10.0}),
                 ),
             )?;
-            outbox.enqueue(
+            let _ = outbox.enqueue(
                 tx,
                 Event::new("device.position", json!({"fix": i})).coalesce_key("gps"),
             )?;
             if i % 2_000 == 0 {
-                outbox.enqueue(tx, Event::new("alarm.door_open", json!({"at": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("alarm.door_open", json!({"at": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })?;
     }
     // The device stays offline past the telemetry's lifetime, then takes 300 more readings.
     std::thread::sleep(Duration::from_millis(3_500));
     outbox.transaction(|tx| {
         for i in 0..300 {
-            outbox.enqueue(tx, Event::new("telemetry.temperature", json!({"fresh": i})))?;
+            let _ = outbox.enqueue(tx, Event::new("telemetry.temperature", json!({"fresh": i})))?;
         }
-        Ok(())
+        Ok::<_, sqlite_outbox::Error>(())
     })?;
     let offline = outbox.stats()?;
     println!(
@@ -163,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|r| r.event_type == "alarm.door_open")
         .count();
     println!("alarms:    {alarms} of 5 delivered (never dropped)");
-    relay.shutdown();
+    let _ = relay.shutdown();
     cloud.stop();
     if alarms != 5 || online.pending != 0 {
         return Err("not everything that matters arrived".into());

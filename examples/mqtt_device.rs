@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let readings = 2_000;
     for i in 0..readings {
-        outbox.transaction(|tx| {
+        let _ = outbox.transaction(|tx| {
             outbox.enqueue(
                 tx,
                 Event::new("reading.taken", json!({"n": i, "celsius": 20 + i % 7}))
@@ -130,7 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "the dashboard got {} messages",
         received.load(Ordering::Relaxed)
     );
-    relay.shutdown();
+    let _ = relay.shutdown();
     client.disconnect()?;
     let _ = subscriber.join();
     Ok(())

@@ -109,7 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                  id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL)",
             [],
         )?;
-        Ok(())
+        Ok::<_, sqlite_outbox::Error>(())
     })?;
 
     // 2. A local receiver that knows the signing secret, and a relay delivering to it.
@@ -165,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (&customer, 100 + n as i64),
             )?;
             let order_id = tx.last_insert_rowid();
-            outbox.enqueue(
+            let _ = outbox.enqueue(
                 tx,
                 Event::new(
                     "order.created",
@@ -174,7 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .partition_key(customer.clone())
                 .subject(format!("orders/{order_id}")),
             )?;
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })?;
     }
     if let Some(since) = down_since {
@@ -200,7 +200,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let elapsed = started.elapsed();
     let stats = relay.stats();
-    relay.shutdown();
+    let _ = relay.shutdown();
     if let Some(r) = receiver {
         r.stop();
     }

@@ -31,7 +31,7 @@ async fn place_order(outbox: Outbox, id: i64, total: i64) -> Result<String, sqli
             )?;
             let event = Event::new("order.placed", json!({"id": id, "total": total}))
                 .partition_key(format!("customer-{}", id % 7));
-            Ok(outbox.enqueue(tx, event)?.event_id().to_owned())
+            Ok::<_, sqlite_outbox::Error>(outbox.enqueue(tx, event)?.event_id().to_owned())
         })?;
         // Wakes this process's relay at once instead of at its next poll.
         outbox.notify();

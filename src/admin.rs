@@ -263,6 +263,8 @@ pub struct Stats {
 
 /// Which dead letters to retry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "a DeadFilter does nothing until `Outbox::retry_dead`"]
 pub struct DeadFilter {
     /// Only types matching this pattern (exact, `prefix*`, `*`).
     pub event_type: Option<String>,
@@ -270,6 +272,31 @@ pub struct DeadFilter {
     pub since_ms: Option<i64>,
     /// Only events committed before this time (unix ms).
     pub until_ms: Option<i64>,
+}
+
+impl DeadFilter {
+    /// Every dead letter: no filter. The same as `DeadFilter::default()`.
+    pub fn all() -> DeadFilter {
+        DeadFilter::default()
+    }
+
+    /// Only types matching `pattern` (exact, `prefix*`, `*`). Defaults to every type.
+    pub fn event_type(mut self, pattern: impl Into<String>) -> DeadFilter {
+        self.event_type = Some(pattern.into());
+        self
+    }
+
+    /// Only events committed at or after `unix_ms`. Defaults to no lower bound.
+    pub fn since_ms(mut self, unix_ms: i64) -> DeadFilter {
+        self.since_ms = Some(unix_ms);
+        self
+    }
+
+    /// Only events committed before `unix_ms`. Defaults to no upper bound.
+    pub fn until_ms(mut self, unix_ms: i64) -> DeadFilter {
+        self.until_ms = Some(unix_ms);
+        self
+    }
 }
 
 /// Whether the outbox needs attention.
@@ -284,9 +311,19 @@ pub struct Health {
 
 /// When [`Outbox::health`] calls the outbox degraded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "HealthThresholds do nothing until `Outbox::health`"]
 pub struct HealthThresholds {
     /// The oldest pending event may be at most this old. Defaults to 1 hour.
     pub max_pending_age: Duration,
+}
+
+impl HealthThresholds {
+    /// The oldest pending event may be at most `age` old. Defaults to 1 hour.
+    pub fn max_pending_age(mut self, age: Duration) -> HealthThresholds {
+        self.max_pending_age = age;
+        self
+    }
 }
 
 impl Default for HealthThresholds {
@@ -422,11 +459,7 @@ impl Outbox {
             *attempts.entry(spent).or_default() += n;
         }
         let attempts_histogram: Vec<(i64, i64)> = attempts.into_iter().collect();
-        let (page_count, page_size): (i64, i64) = tx.query_row(
-            "SELECT * FROM pragma_page_count(), pragma_page_size()",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
+        let database_bytes = crate::database::database_bytes(&tx)?;
         drop(tx);
         let mut wal = self.path().as_os_str().to_owned();
         wal.push("-wal");
@@ -442,7 +475,7 @@ impl Outbox {
                 .max(),
             destinations,
             attempts_histogram,
-            database_bytes: page_count * page_size,
+            database_bytes,
             wal_bytes: file_size(std::path::Path::new(&wal)),
             dropped,
             coalesced,

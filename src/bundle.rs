@@ -200,6 +200,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A verified bundle: its event lines, in order.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Bundle {
     /// The destination the events were exported for.
     pub destination: String,
@@ -282,6 +283,8 @@ pub struct ImportReport {
 
 /// How `import` retries.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
+#[must_use = "ImportOptions do nothing until `bundle::import`"]
 pub struct ImportOptions {
     /// Attempts per event before it is given up on.
     pub max_attempts: u32,
@@ -291,6 +294,28 @@ pub struct ImportOptions {
     pub max_backoff: Duration,
     /// How long one request may take.
     pub request_timeout: Duration,
+}
+
+impl ImportOptions {
+    /// Attempts per event before it is given up on. Defaults to 25.
+    pub fn max_attempts(mut self, attempts: u32) -> ImportOptions {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The first pause after a failed attempt and the longest pause. Defaults to 500 ms and
+    /// 60 s.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> ImportOptions {
+        self.first_backoff = first;
+        self.max_backoff = max;
+        self
+    }
+
+    /// How long one request may take. Defaults to 15 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> ImportOptions {
+        self.request_timeout = timeout;
+        self
+    }
 }
 
 impl Default for ImportOptions {

@@ -28,6 +28,8 @@ pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
 pub const CLOUDEVENTS_BATCH_JSON: &str = "application/cloudevents-batch+json";
 
 /// A received event's data.
+///
+/// Exhaustive: CloudEvents 1.0 carries data in exactly these forms.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Data {
     /// No `data` member.

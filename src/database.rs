@@ -55,6 +55,7 @@ impl fmt::Debug for PooledConnection {
 /// Both settings keep every committed event when the *process* crashes or is killed: the WAL
 /// is in the operating system's hands once `COMMIT` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Synchronous {
     /// `synchronous=NORMAL`: the WAL is synced at checkpoints only. Fast; after a power loss
     /// or OS crash the last commits before it may be rolled back, each transaction whole
@@ -140,8 +141,12 @@ impl Drop for NotWaiting<'_> {
     }
 }
 
+/// The app's per-connection setup: run first on every connection the outbox opens.
+pub(crate) type OnConnect =
+    std::sync::Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
+
 /// Settings applied to every connection the outbox opens.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct ConnectionSettings {
     pub synchronous: Synchronous,
     pub busy_timeout: Duration,
@@ -149,9 +154,31 @@ pub(crate) struct ConnectionSettings {
     /// running relay (which checkpoints in the background) keeps checkpoints off the app's
     /// commits; still bounded, so the WAL cannot grow without limit when no relay runs.
     pub wal_autocheckpoint: u32,
+    /// The app's setup (`OutboxBuilder::on_connect`): SQLCipher's key, its own PRAGMAs.
+    pub on_connect: Option<OnConnect>,
+}
+
+impl fmt::Debug for ConnectionSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionSettings")
+            .field("synchronous", &self.synchronous)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("wal_autocheckpoint", &self.wal_autocheckpoint)
+            .field("on_connect", &self.on_connect.is_some())
+            .finish()
+    }
 }
 
 impl ConnectionSettings {
+    /// Runs the app's setup on `conn`, before anything reads the file (SQLCipher's key must
+    /// be the first statement).
+    pub fn prepare(&self, conn: &Connection) -> Result<()> {
+        match &self.on_connect {
+            Some(setup) => setup(conn).map_err(Error::OnConnect),
+            None => Ok(()),
+        }
+    }
+
     /// Applies the outbox's PRAGMAs to `conn`.
     pub fn apply(&self, conn: &Connection) -> rusqlite::Result<()> {
         conn.busy_handler(Some(busy_handler))?;
@@ -163,6 +190,50 @@ impl ConnectionSettings {
             self.wal_autocheckpoint
         ))
     }
+
+    /// Opens a connection to `path` with `flags`, the app's setup run on it first.
+    fn open(&self, path: &Path, flags: OpenFlags) -> Result<Connection> {
+        let conn = Connection::open_with_flags(path, flags)?;
+        self.prepare(&conn)?;
+        Ok(conn)
+    }
+}
+
+/// Refuses a path every connection would see a database of its own at, and makes a relative
+/// path absolute once, against the working directory at open: SQLite resolves a relative
+/// path each time a connection opens, so after the app changed its working directory the
+/// pool's renewed connections and a relay's would open another, empty file.
+///
+/// # Errors
+///
+/// [`Error::InvalidPath`] for `:memory:`, `""` and `file:` URIs; [`Error::Io`] if the
+/// working directory cannot be read.
+pub(crate) fn resolve_path(path: &Path) -> Result<PathBuf> {
+    let text = path.to_string_lossy();
+    let refused = |reason| {
+        Err(Error::InvalidPath {
+            path: text.to_string(),
+            reason,
+        })
+    };
+    if text.is_empty() {
+        return refused(
+            "an empty path is a private temporary database, one per connection; give a file's path",
+        );
+    }
+    if text == ":memory:" {
+        return refused(
+            "an in-memory database is one per connection, so the app, the pool and the relay \
+             would each see their own; give a file's path",
+        );
+    }
+    if text.starts_with("file:") {
+        return refused(
+            "URI filenames are not taken (file::memory: and mode=memory give one database per \
+             connection); give a file's path",
+        );
+    }
+    Ok(std::path::absolute(path)?)
 }
 
 /// The migrations in `schema.sql`, as `(version, sql)` in ascending order.
@@ -351,12 +422,12 @@ pub fn migrate_connection(conn: &mut Connection) -> Result<()> {
 
 /// Checks, on a read-only connection that changes nothing, that `path` exists and holds an
 /// outbox (any schema version): the first step of opening a file that must not be created.
-pub(crate) fn check_existing(path: &Path) -> Result<()> {
+pub(crate) fn check_existing(path: &Path, settings: &ConnectionSettings) -> Result<()> {
     let shown = || path.display().to_string();
     if !path.exists() {
         return Err(Error::NotFound { path: shown() });
     }
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let conn = settings.open(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     if stored_version(&conn, path)?.version() < 1 {
         return Err(Error::NotAnOutbox { path: shown() });
     }
@@ -382,7 +453,7 @@ pub(crate) fn open_pool(
     }
     BUSY_TIMEOUT_MS.fetch_max(timeout_ms, Ordering::Relaxed);
     {
-        let mut conn = Connection::open_with_flags(
+        let mut conn = settings.open(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
@@ -399,7 +470,14 @@ pub(crate) fn open_pool(
         migrate(&mut conn, path)?;
     }
     let init_settings = settings.clone();
-    let manager = SqliteConnectionManager::file(path).with_init(move |c| init_settings.apply(c));
+    let manager = SqliteConnectionManager::file(path)
+        .with_flags(OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_init(move |c| {
+            if let Some(setup) = &init_settings.on_connect {
+                setup(c)?;
+            }
+            init_settings.apply(c)
+        });
     let pool = r2d2::Pool::builder()
         .max_size(pool_size)
         .min_idle(Some(1))
@@ -411,12 +489,24 @@ pub(crate) fn open_pool(
 /// Opens a connection to an outbox file that [`open_pool`] already opened (and migrated),
 /// outside the pool, with the same settings.
 pub(crate) fn open_unpooled(path: &Path, settings: &ConnectionSettings) -> Result<Connection> {
-    let conn = Connection::open_with_flags(
+    let conn = settings.open(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     settings.apply(&conn)?;
     Ok(conn)
+}
+
+/// The database file's size in bytes (pages times page size, without the WAL).
+///
+/// The casts are for SQLCipher, whose `page_size` pragma answers in text.
+pub(crate) fn database_bytes(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT CAST(c.page_count AS INTEGER) * CAST(s.page_size AS INTEGER)
+           FROM pragma_page_count() AS c, pragma_page_size() AS s",
+        [],
+        |r| r.get(0),
+    )?)
 }
 
 /// Free pages handed back to the file system per step: each step is its own short write

@@ -50,6 +50,7 @@ enum Target {
 /// Setters never fail; [`Relay::start`](crate::Relay::start) checks the whole destination
 /// and names what is wrong.
 #[derive(Clone)]
+#[must_use = "a Destination does nothing until it is added to a RelayConfig"]
 pub struct Destination {
     name: String,
     target: Target,
@@ -118,6 +119,7 @@ impl Destination {
     /// (feature `mqtt`). Settings:
     /// [`mqtt_config`](Self::mqtt_config).
     #[cfg(feature = "mqtt")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
     pub fn mqtt(name: impl Into<String>, url: impl Into<String>) -> Destination {
         Destination::with_target(
             name.into(),
@@ -144,6 +146,7 @@ impl Destination {
 
     /// Sets the MQTT settings of an MQTT destination (ignored by others).
     #[cfg(feature = "mqtt")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
     pub fn mqtt_config(mut self, config: crate::transport::MqttConfig) -> Destination {
         if let Target::Mqtt { config: c, .. } = &mut self.target {
             *c = config;

@@ -8,6 +8,7 @@ use crate::error::Result;
 
 /// A destination that is not delivered to until it is enabled again.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DisabledDestination {
     /// The destination's name.
     pub name: String,

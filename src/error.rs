@@ -111,6 +111,24 @@ pub enum Error {
     },
     /// A configuration value is out of range or malformed.
     InvalidConfig(String),
+    /// [`Outbox::enqueue`](crate::Outbox::enqueue) was given a connection with no
+    /// transaction open: the event would have committed on its own, apart from the business
+    /// change. Nothing was written.
+    NotInTransaction,
+    /// A path that cannot hold an outbox: `:memory:`, `""` (a private temporary database) and
+    /// `file:` URIs of in-memory databases give every connection a database of its own, so
+    /// the app's transactions, the pool and the relay would each see a different one.
+    /// Nothing was created.
+    InvalidPath {
+        /// The path given.
+        path: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// The app's per-connection setup ([`OutboxBuilder::on_connect`](crate::OutboxBuilder::on_connect))
+    /// failed on a connection the outbox opened: a wrong SQLCipher key, say. The connection
+    /// was not used.
+    OnConnect(rusqlite::Error),
     /// The database or the disk is full (`SQLITE_FULL`): nothing of the failed statement
     /// was written, earlier commits are intact; it works again once space is freed.
     DiskFull(rusqlite::Error),
@@ -182,6 +200,14 @@ impl fmt::Display for Error {
             Error::NotFound { path } => write!(f, "{path} does not exist"),
             Error::NotAnOutbox { path } => write!(f, "{path} is not an outbox database"),
             Error::InvalidConfig(msg) => write!(f, "invalid configuration: {msg}"),
+            Error::NotInTransaction => f.write_str(
+                "enqueue needs an open transaction (a rusqlite Transaction or Savepoint); the \
+                 connection is in autocommit mode, so the event was not written",
+            ),
+            Error::InvalidPath { path, reason } => {
+                write!(f, "{path:?} cannot hold an outbox: {reason}")
+            }
+            Error::OnConnect(e) => write!(f, "the app's on_connect setup failed: {e}"),
             Error::DiskFull(e) => write!(
                 f,
                 "the database or disk is full ({e}); nothing was written, earlier commits are \
@@ -198,15 +224,29 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {
+    /// None: every variant that wraps another error already prints that error's message in
+    /// its own `Display` ("SQLite error: database is locked"), and a source would print it a
+    /// second time in a report that walks the chain (anyhow's `{:#}`: "SQLite error:
+    /// database is locked: database is locked"). The wrapped error is in the variant, to
+    /// match on.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        None
+    }
+}
+
+impl Error {
+    /// Whether trying the same call again later can succeed without changing anything: the
+    /// database was locked past the busy timeout (`SQLITE_BUSY`, `SQLITE_LOCKED`), or every
+    /// pooled connection was in use. Input errors, a full disk, a read-only file and the
+    /// rest need something changed first.
+    pub fn is_busy(&self) -> bool {
         match self {
-            Error::InvalidData(e) => Some(e),
-            Error::Sqlite(e) | Error::DiskFull(e) | Error::ReadOnly(e) => Some(e),
-            Error::Pool(e) => Some(e.as_ref()),
-            Error::Io(e) => Some(e),
-            #[cfg(feature = "postgres")]
-            Error::Postgres(e) => Some(e),
-            _ => None,
+            Error::Sqlite(e) | Error::OnConnect(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            Error::Pool(_) => true,
+            _ => false,
         }
     }
 }
@@ -255,6 +295,25 @@ mod tests {
     }
 
     #[test]
+    fn display_does_not_repeat_a_source() {
+        let locked = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            Some("database is locked".into()),
+        );
+        let err = Error::from(locked);
+        assert!(err.is_busy());
+        // What a report that walks the chain prints (anyhow's `{:#}`).
+        let mut report = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            report.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        assert_eq!(report, "SQLite error: database is locked");
+        assert!(!Error::NotInTransaction.is_busy());
+    }
+
+    #[test]
     fn payload_error_names_size_and_limit() {
         let msg = Error::PayloadTooLarge {
             size: 300_000,
@@ -267,6 +326,7 @@ mod tests {
 
 /// Which limit an enqueue ran into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Limit {
     /// The number of pending deliveries.
     PendingEvents,

@@ -16,6 +16,7 @@ use crate::trace_context::{check_tracestate, TraceParent};
 /// # let _ = event;
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "an Event is written only by `Outbox::enqueue`"]
 pub struct Event {
     pub(crate) event_type: String,
     pub(crate) data: serde_json::Value,
@@ -265,6 +266,8 @@ impl Event {
 
 /// What [`Outbox::enqueue`](crate::Outbox::enqueue) did with an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "`Enqueued::Duplicate` means no new event was written (its idempotency key was seen before): check it, or bind it to `_`"]
 pub enum Enqueued {
     /// The event was written; it commits with the caller's transaction.
     New {

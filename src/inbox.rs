@@ -96,6 +96,7 @@ fn unix_ms() -> i64 {
 
 /// Why a request was refused by [`verify_request`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReceiveError {
     /// The signature check failed: answer 400 (or 401).
     Signature(VerifyError),

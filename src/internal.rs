@@ -57,23 +57,9 @@ pub fn without_durability_barrier(mut config: RelayConfig) -> RelayConfig {
 
 /// An outbound event like those the benches enqueue, to build bare request bodies from.
 pub fn sample_event(data: &serde_json::Value) -> OutboundEvent {
-    OutboundEvent {
-        id: 1,
-        event_id: uuid::Uuid::now_v7().to_string(),
-        destination: "default".into(),
-        event_type: "order.created".into(),
-        source: "/sqlite-outbox".into(),
-        subject: None,
-        partition_key: None,
-        idempotency_key: None,
-        payload: data.to_string(),
-        created_at: 1_700_000_000_000,
-        attempts: 0,
-        lease_owner: "bench".into(),
-        lease_expires_at: 0,
-        expires_at: None,
-        traceparent: None,
-        tracestate: None,
-        dataschema: None,
-    }
+    let mut event = OutboundEvent::new("order.created", data);
+    event.created_at = 1_700_000_000_000;
+    event.lease_owner = "bench".into();
+    event.lease_expires_at = 0;
+    event
 }

@@ -1,13 +1,14 @@
 //! Bounded storage: limits on pending events and bytes, and which event types give way when
 //! they are hit (the rows themselves are dropped by [`queue::drop_oldest`]).
 
-use rusqlite::Transaction;
+use rusqlite::Connection;
 
 use crate::error::{Error, Limit, Result};
 use crate::queue::{self, pending, RoomNeeded, PENDING};
 
 /// How events of a type are treated when the outbox is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum StoragePolicy {
     /// Never dropped: when the outbox is full and nothing droppable can make room, enqueue
     /// returns [`Error::OutboxFull`] and the caller decides. The default, for business events.
@@ -164,7 +165,7 @@ impl StorageLimits {
     /// caller's transaction exactly as it was.
     pub fn make_room(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         add_count: i64,
         add_bytes: i64,
         now: i64,

@@ -58,6 +58,45 @@ pub struct DeliveryStatus {
     pub at_ms: Option<i64>,
 }
 
+/// A subscription to delivery notices, from [`Outbox::subscribe`](crate::Outbox::subscribe).
+/// Drop it to unsubscribe.
+///
+/// The crate's own type (not a channel crate's receiver), so the app is tied to no channel
+/// crate's version. Every way to read it is bounded in time: a blocking wait always has a
+/// timeout.
+#[derive(Debug)]
+pub struct Notices {
+    rx: Receiver<DeliveryNotice>,
+}
+
+impl Notices {
+    /// The next notice, waiting up to `timeout`; `None` if none came within it (or the
+    /// outbox is gone).
+    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Option<DeliveryNotice> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// The next notice if one is waiting, without waiting.
+    pub fn try_recv(&self) -> Option<DeliveryNotice> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Every notice waiting now, without waiting for more.
+    pub fn try_iter(&self) -> impl Iterator<Item = DeliveryNotice> + '_ {
+        self.rx.try_iter()
+    }
+
+    /// How many notices are waiting.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether no notice is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
 /// The subscribers of one outbox.
 #[derive(Debug, Default)]
 pub(crate) struct Subscribers {
@@ -66,10 +105,10 @@ pub(crate) struct Subscribers {
 }
 
 impl Subscribers {
-    pub fn subscribe(&self) -> Receiver<DeliveryNotice> {
+    pub fn subscribe(&self) -> Notices {
         let (tx, rx) = crossbeam_channel::bounded(NOTICE_CAPACITY);
         self.lock().push(tx);
-        rx
+        Notices { rx }
     }
 
     pub fn lost(&self) -> u64 {

@@ -43,3 +43,48 @@ pub struct OutboundEvent {
     /// The CloudEvents `dataschema` URI, if set.
     pub dataschema: Option<String>,
 }
+
+impl OutboundEvent {
+    /// An event as the relay would hand it to a transport: for unit tests of a custom
+    /// [`Transport`](crate::transport::Transport), which otherwise only the relay's claim can
+    /// make. A fresh UUIDv7 id, destination `default`, source `/sqlite-outbox`, committed
+    /// now, never attempted, under a made-up lease; every field is public, so a test sets
+    /// what it needs.
+    ///
+    /// ```
+    /// use sqlite_outbox::transport::{Attempt, OutboundEvent, Transport};
+    ///
+    /// let sink = |events: &[OutboundEvent]| Attempt::Answered {
+    ///     status: if events[0].attempts < 3 { 503 } else { 200 },
+    ///     retry_after: None,
+    ///     detail: String::new(),
+    /// };
+    /// let mut event = OutboundEvent::new("order.placed", &serde_json::json!({"id": 7}));
+    /// event.attempts = 3;
+    /// assert!(matches!(sink.send(&[event]), Attempt::Answered { status: 200, .. }));
+    /// ```
+    pub fn new(event_type: impl Into<String>, data: &serde_json::Value) -> OutboundEvent {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        OutboundEvent {
+            id: 1,
+            event_id: uuid::Uuid::now_v7().to_string(),
+            destination: "default".into(),
+            event_type: event_type.into(),
+            source: "/sqlite-outbox".into(),
+            subject: None,
+            partition_key: None,
+            idempotency_key: None,
+            payload: data.to_string(),
+            created_at: now,
+            attempts: 0,
+            lease_owner: "test".into(),
+            lease_expires_at: now.saturating_add(60_000),
+            expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
+        }
+    }
+}

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use rusqlite::{Transaction, TransactionBehavior};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::clock::{Clock, SystemClock};
-use crate::database::{self, ConnectionSettings, Pool, PooledConnection, Synchronous};
+use crate::database::{self, ConnectionSettings, OnConnect, Pool, PooledConnection, Synchronous};
 use crate::destination::{self, destinations_for, Route};
 use crate::disabled::{self, DisabledDestination};
 use crate::error::{Error, Result};
@@ -33,12 +33,12 @@ const RELAY_WRITE_WAIT: Duration = Duration::from_millis(50);
 /// # fn main() -> Result<(), sqlite_outbox::Error> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// let outbox = Outbox::open(dir.path().join("app.db"))?;
-/// outbox.transaction(|tx| {
+/// let enqueued = outbox.transaction(|tx| {
 ///     tx.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)", [])?;
 ///     tx.execute("INSERT INTO orders (id) VALUES (42)", [])?;
-///     outbox.enqueue(tx, Event::new("order.created", serde_json::json!({"id": 42})))?;
-///     Ok(())
+///     outbox.enqueue(tx, Event::new("order.created", serde_json::json!({"id": 42})))
 /// })?;
+/// assert!(!enqueued.event_id().is_empty());
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -72,6 +72,7 @@ impl fmt::Debug for Outbox {
 }
 
 /// Settings for opening an [`Outbox`].
+#[must_use = "an OutboxBuilder does nothing until `.open(path)`"]
 pub struct OutboxBuilder {
     pool_size: u32,
     synchronous: Synchronous,
@@ -84,6 +85,7 @@ pub struct OutboxBuilder {
     expiries: Vec<(String, Duration)>,
     limits: StorageLimits,
     clock: Arc<dyn Clock>,
+    on_connect: Option<OnConnect>,
 }
 
 impl fmt::Debug for OutboxBuilder {
@@ -99,6 +101,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("priorities", &self.priorities)
             .field("expiries", &self.expiries)
             .field("limits", &self.limits)
+            .field("on_connect", &self.on_connect.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -117,6 +120,7 @@ impl Default for OutboxBuilder {
             expiries: Vec::new(),
             limits: StorageLimits::default(),
             clock: Arc::new(SystemClock),
+            on_connect: None,
         }
     }
 }
@@ -243,7 +247,38 @@ impl OutboxBuilder {
         self
     }
 
+    /// Runs `setup` first on every connection the outbox opens to the file (its pool, the
+    /// relay's writer and checkpointer, the settings reader, the check of
+    /// [`open_existing`](Self::open_existing)), before the outbox's own PRAGMAs and before
+    /// anything is read: SQLCipher's `PRAGMA key`, which must come first, or the app's own
+    /// `PRAGMA cache_size` on a device with little memory. Defaults to nothing.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), sqlite_outbox::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let outbox = sqlite_outbox::Outbox::builder()
+    ///     // With SQLCipher linked (see the crate's features): c.pragma_update(None, "key", key)
+    ///     .on_connect(|c| c.execute_batch("PRAGMA cache_size = -512"))
+    ///     .open(dir.path().join("app.db"))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// An error from `setup` fails [`open`](Self::open) (or the relay's start, or the
+    /// connection) with [`Error::OnConnect`]; with SQLCipher, a wrong key shows there, or as
+    /// [`Error::NotADatabase`] at the first read.
+    pub fn on_connect<F>(mut self, setup: F) -> Self
+    where
+        F: Fn(&rusqlite::Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
+    {
+        self.on_connect = Some(Arc::new(setup));
+        self
+    }
+
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    ///
+    /// A relative `path` is made absolute once, here, against the working directory of the
+    /// moment ([`Outbox::path`] returns it): connections opened later, after the app changed
+    /// its working directory, open the same file.
     ///
     /// The settings given to this builder are written into the file's `outbox_settings`
     /// table: a kind of setting the builder sets (any route, say) replaces that kind in the
@@ -254,7 +289,9 @@ impl OutboxBuilder {
     /// # Errors
     ///
     /// [`Error::SchemaTooNew`] if a newer crate wrote the file, [`Error::NotADatabase`] if it
-    /// is not SQLite, [`Error::InvalidConfig`] for a pool size below 1 or a setting out of
+    /// is not SQLite (or SQLCipher's key is wrong), [`Error::InvalidPath`] for `:memory:`,
+    /// `""` and `file:` URIs, [`Error::OnConnect`] if the app's setup failed,
+    /// [`Error::InvalidConfig`] for a pool size below 1 or a setting out of
     /// range ([`Error::InvalidSetting`] for the settings kept in the file), and SQLite errors
     /// (permissions, a full disk). In the first two cases the file is left untouched.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Outbox> {
@@ -278,13 +315,10 @@ impl OutboxBuilder {
         for route in &self.routes {
             destination::validate_name(route.destination())?;
         }
-        let settings = ConnectionSettings {
-            synchronous: self.synchronous,
-            busy_timeout: self.busy_timeout,
-            wal_autocheckpoint: self.wal_autocheckpoint,
-        };
+        let path = database::resolve_path(path.as_ref())?;
+        let settings = self.connection_settings();
         let explicit = self.explicit_settings()?;
-        let (pool, path) = database::open_pool(path.as_ref(), &settings, self.pool_size)?;
+        let (pool, path) = database::open_pool(&path, &settings, self.pool_size)?;
         let rows = {
             let mut conn = pool.get()?;
             let rows = if explicit.rows.is_empty() && explicit.owned.is_empty() {
@@ -311,6 +345,16 @@ impl OutboxBuilder {
                 subscribers: Default::default(),
             }),
         })
+    }
+
+    /// What every connection gets.
+    fn connection_settings(&self) -> ConnectionSettings {
+        ConnectionSettings {
+            synchronous: self.synchronous,
+            busy_timeout: self.busy_timeout,
+            wal_autocheckpoint: self.wal_autocheckpoint,
+            on_connect: self.on_connect.clone(),
+        }
     }
 
     /// The settings this builder was given, as rows of `outbox_settings`.
@@ -365,7 +409,8 @@ impl OutboxBuilder {
     /// or changed: the file is checked on a read-only connection first), then as
     /// [`open`](Self::open).
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Outbox> {
-        database::check_existing(path.as_ref())?;
+        let path = database::resolve_path(path.as_ref())?;
+        database::check_existing(&path, &self.connection_settings())?;
         self.open(path)
     }
 }
@@ -405,25 +450,28 @@ impl Outbox {
         OutboxBuilder::default()
     }
 
-    /// The database file's path.
+    /// The database file's path: absolute, as [`OutboxBuilder::open`] resolved it.
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
 
     /// Writes `event` inside `tx`: it commits with the caller's business writes, or not at all.
     ///
-    /// `tx` may come from any connection to the same database file, including one the
-    /// application opened itself. After committing such a transaction, call
+    /// `tx` is a [`rusqlite::Transaction`] or a [`rusqlite::Savepoint`] (both dereference to
+    /// the connection this takes), on any connection to the same database file, including
+    /// one the application opened itself. After committing such a transaction, call
     /// [`notify`](Self::notify) to wake a relay in this process at once (otherwise it notices
     /// within its poll interval).
     ///
     /// # Errors
     ///
-    /// Input errors ([`Error::InvalidEventType`], [`Error::FieldTooLong`],
+    /// [`Error::NotInTransaction`] for a connection in autocommit mode (no transaction
+    /// open): the event would commit on its own, apart from the business change. Input errors ([`Error::InvalidEventType`], [`Error::FieldTooLong`],
     /// [`Error::PayloadTooLarge`], [`Error::InvalidData`]) are found before anything is
     /// written: `tx` stays usable and can still commit the caller's other writes. A repeated
     /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
-    pub fn enqueue(&self, tx: &Transaction<'_>, mut event: Event) -> Result<Enqueued> {
+    pub fn enqueue(&self, tx: &Connection, mut event: Event) -> Result<Enqueued> {
+        require_transaction(tx)?;
         let settings = self.inner.live.get();
         let payload = event.validate(settings.payload_limit)?;
         let destinations = routed(&settings, &event.event_type)?;
@@ -458,7 +506,8 @@ impl Outbox {
     ///
     /// # Errors
     ///
-    /// The first input error of any event ([`Error::InvalidEventType`],
+    /// [`Error::NotInTransaction`] as [`enqueue`](Self::enqueue). The first input error of
+    /// any event ([`Error::InvalidEventType`],
     /// [`Error::FieldTooLong`], [`Error::PayloadTooLarge`], [`Error::InvalidData`],
     /// [`Error::NoRoute`], …) is found before anything is written: `tx` stays usable. A
     /// repeated idempotency key is not an error: that event's answer is
@@ -467,10 +516,11 @@ impl Outbox {
     /// written: roll `tx` back, as after any failed write. (A savepoint there would cost a
     /// temporary file per call: past 64 KiB of changed pages, SQLite spills a savepoint's
     /// journal to disk.)
-    pub fn enqueue_many<I>(&self, tx: &Transaction<'_>, events: I) -> Result<Vec<Enqueued>>
+    pub fn enqueue_many<I>(&self, tx: &Connection, events: I) -> Result<Vec<Enqueued>>
     where
         I: IntoIterator<Item = Event>,
     {
+        require_transaction(tx)?;
         let settings = self.inner.live.get();
         let mut events: Vec<Event> = events.into_iter().collect();
         let spans: Vec<CreateSpan> = events
@@ -496,7 +546,7 @@ impl Outbox {
     /// `enqueue_many` after trace context is captured: every check, then the writes.
     fn enqueue_checked(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         settings: &Settings,
         events: &[Event],
     ) -> Result<Vec<Enqueued>> {
@@ -546,7 +596,7 @@ impl Outbox {
     /// through [`queue::insert_run`], the others one at a time in between.
     fn write_many(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         settings: &Settings,
         events: &[Event],
         checked: &[Checked],
@@ -587,7 +637,7 @@ impl Outbox {
     }
 
     /// Inserts the plain events gathered so far and empties `run`.
-    fn write_run(&self, tx: &Transaction<'_>, run: &mut Vec<(&str, NewRow<'_>)>) -> Result<()> {
+    fn write_run(&self, tx: &Connection, run: &mut Vec<(&str, NewRow<'_>)>) -> Result<()> {
         queue::insert_run(tx, run)?;
         for (destination, row) in run.drain(..) {
             crate::telemetry::enqueued(row.event_type, destination);
@@ -598,7 +648,7 @@ impl Outbox {
     /// `enqueue` of one checked event, in a savepoint when it [`needs_savepoint`].
     fn write_guarded(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         settings: &Settings,
         ready: &Ready<'_>,
     ) -> Result<Enqueued> {
@@ -618,7 +668,7 @@ impl Outbox {
     /// Enqueue's writes: replacing a coalesced event, making room, inserting.
     fn write_event(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         settings: &Settings,
         ready: &Ready<'_>,
     ) -> Result<Enqueued> {
@@ -679,20 +729,57 @@ impl Outbox {
     /// SQLite's busy handler). Commits through connections of the app's own are not seen,
     /// and take their turn at SQLite's lock.
     ///
+    /// The closure returns the app's own error type, so it can stop the transaction with an
+    /// error of the app's ("out of stock"): any `E` that an [`Error`] converts into
+    /// (`Box<dyn std::error::Error>`, `anyhow::Error`, an app enum with a `From<Error>`).
+    /// Where nothing else fixes `E` (a closure that ends in `Ok(())`), name it:
+    /// `outbox.transaction(|tx| -> Result<(), sqlite_outbox::Error> { .. })`. Add
+    /// `From<rusqlite::Error>` to the app's type too to use `?` on the app's own statements,
+    /// or convert them with `.map_err(sqlite_outbox::Error::from)`.
+    ///
+    /// ```
+    /// use sqlite_outbox::{Event, Outbox};
+    /// #[derive(Debug)]
+    /// enum OrderError {
+    ///     OutOfStock,
+    ///     Outbox(sqlite_outbox::Error),
+    /// }
+    /// impl From<sqlite_outbox::Error> for OrderError {
+    ///     fn from(e: sqlite_outbox::Error) -> Self {
+    ///         OrderError::Outbox(e)
+    ///     }
+    /// }
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
+    /// let stock = 0;
+    /// let placed = outbox.transaction(|tx| {
+    ///     if stock == 0 {
+    ///         return Err(OrderError::OutOfStock); // rolls back
+    ///     }
+    ///     let _ = outbox.enqueue(tx, Event::new("order.placed", serde_json::json!({})))?;
+    ///     Ok(())
+    /// });
+    /// assert!(matches!(placed, Err(OrderError::OutOfStock)));
+    /// ```
+    ///
     /// # Errors
     ///
-    /// Whatever `f` returns, a pool timeout, or the commit's SQLite error.
-    pub fn transaction<T, F>(&self, f: F) -> Result<T>
+    /// Whatever `f` returns, or (converted into `E`) a pool timeout or the commit's SQLite
+    /// error.
+    pub fn transaction<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&Transaction<'_>) -> Result<T>,
+        F: FnOnce(&Transaction<'_>) -> std::result::Result<T, E>,
+        E: From<Error>,
     {
         let mut conn = self.connection()?;
         // Marked before asking for the lock: a relay of this outbox then lets it go first.
         let turn = self.inner.right_of_way.take();
         turn.wait_for_relay_writes(RELAY_WRITE_WAIT);
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(Error::from)?;
         let value = f(&tx)?;
-        tx.commit()?;
+        tx.commit().map_err(Error::from)?;
         drop(turn);
         self.notify();
         Ok(value)
@@ -816,6 +903,16 @@ struct Checked {
 /// itself.
 fn needs_savepoint(settings: &Settings, event: &Event, destinations: &[&str]) -> bool {
     event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1
+}
+
+/// Refuses a connection with no transaction open: an event written there would commit by
+/// itself, and the promise (the event commits with the business change, or not at all)
+/// would silently not hold.
+fn require_transaction(conn: &Connection) -> Result<()> {
+    if conn.is_autocommit() {
+        return Err(Error::NotInTransaction);
+    }
+    Ok(())
 }
 
 /// The destinations `event_type` is routed to; an event no route takes is an input error.

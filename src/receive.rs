@@ -49,6 +49,7 @@ pub use crate::content_encoding::{check_encoding, decode_body, DecodeError, MAX_
 pub use crate::database::migrate_connection as migrate;
 pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::pg::{
     migrate as pg_migrate, pg_connect, pg_connect_config, schema_version as pg_schema_version,
     PgInbox, PgTls,

@@ -20,6 +20,7 @@ const MAX_PAUSE: Duration = Duration::from_millis(100);
 
 /// Which delivered events to send again, and where.
 #[derive(Debug, Clone)]
+#[must_use = "a Redelivery does nothing until `Outbox::redeliver`"]
 pub struct Redelivery {
     destination: String,
     types: Option<String>,
@@ -172,7 +173,7 @@ impl Outbox {
                     })
                     .collect();
                 queue::insert_run(tx, &rows)?;
-                Ok(rows.len() as u64)
+                Ok::<_, crate::Error>(rows.len() as u64)
             })?;
             count += queued;
             after = through;

@@ -130,6 +130,7 @@ const MAX_V1A_ENTRIES: usize = 4;
 /// A key a request may be verified with: a shared secret (`v1`, HMAC-SHA256) or a device's
 /// Ed25519 public key (`v1a`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum VerifyingKey {
     /// A `whsec_` secret.
     Secret(Secret),
@@ -154,6 +155,7 @@ impl VerifyingKey {
 
 /// Checks signed requests against one or more secrets or public keys.
 #[derive(Debug, Clone)]
+#[must_use = "a Verifier checks nothing until it is used"]
 pub struct Verifier {
     secrets: Vec<Secret>,
     public_keys: Vec<PublicKey>,

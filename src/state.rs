@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum State {
     /// Waiting for delivery (including in flight and waiting for a retry).
     Pending,

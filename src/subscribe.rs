@@ -1,10 +1,8 @@
 //! Outcomes back to the app, the [`Outbox`]'s side: subscribing to the relays' notices, and
 //! where an event stands, read from the file.
 
-use crossbeam_channel::Receiver;
-
 use crate::error::Result;
-use crate::notices::{DeliveryNotice, DeliveryStatus};
+use crate::notices::{DeliveryStatus, Notices};
 use crate::outbox::Outbox;
 use crate::state::State;
 
@@ -13,8 +11,8 @@ impl Outbox {
     /// clones): one per event and destination that is delivered or dead-lettered from now
     /// on. Bounded ([`NOTICE_CAPACITY`](crate::notices::NOTICE_CAPACITY)); the relay never waits for it, so a subscriber
     /// that falls behind loses notices, counted in [`lost_notices`](Self::lost_notices).
-    /// Drop the receiver to unsubscribe.
-    pub fn subscribe(&self) -> Receiver<DeliveryNotice> {
+    /// Drop the [`Notices`] to unsubscribe.
+    pub fn subscribe(&self) -> Notices {
         self.subscribers().subscribe()
     }
 

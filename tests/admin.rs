@@ -214,15 +214,12 @@ fn retrying_dead_letters_delivers_them() {
     flaky.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(outbox.retry(&[a[0].as_str()]).unwrap(), 1);
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
-    let by_type = DeadFilter {
-        event_type: Some("order.*".into()),
-        ..DeadFilter::default()
-    };
+    let by_type = DeadFilter::all().event_type("order.*");
     assert_eq!(outbox.retry_dead(&by_type).unwrap(), 2);
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 3));
     assert_eq!(outbox.retry_dead(&DeadFilter::default()).unwrap(), 2);
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 5));
-    relay.shutdown();
+    let _ = relay.shutdown();
     for row in rows(&outbox) {
         assert!(row.delivered && row.attempts == 1, "{row:?}");
     }
@@ -274,7 +271,7 @@ fn prune_pages_its_deletes_and_leaves_pending_and_dead_rows_alone() {
         let mut conn = outbox.connection().unwrap();
         let tx = conn.transaction().unwrap();
         for _ in 0..total + 20 {
-            outbox.enqueue(&tx, Event::new("t", json!(1))).unwrap();
+            let _ = outbox.enqueue(&tx, Event::new("t", json!(1))).unwrap();
         }
         tx.commit().unwrap();
     }
@@ -320,7 +317,7 @@ fn the_relay_prunes_by_itself() {
     assert!(wait_until(PATIENCE, || outbox.stats().unwrap().delivered
         == 100
         && outbox.stats().unwrap().pending == 0));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(receiver.count(), 100);
 }
 
@@ -332,9 +329,7 @@ fn health_turns_degraded_and_back() {
         .clock(clock.clone())
         .open(dir.path().join("health.db"))
         .unwrap();
-    let thresholds = HealthThresholds {
-        max_pending_age: Duration::from_secs(600),
-    };
+    let thresholds = HealthThresholds::default().max_pending_age(Duration::from_secs(600));
     assert!(outbox.health(thresholds).unwrap().ok);
     let ids = enqueue(&outbox, "t", 2);
     clock.advance_ms(601_000);
@@ -378,12 +373,9 @@ fn assert_oldest_exact(outbox: &Outbox, now: i64) {
     let Some(age) = stats.oldest_pending_age_ms else {
         return;
     };
-    let just_under = HealthThresholds {
-        max_pending_age: Duration::from_millis(age as u64 - 1),
-    };
-    let at = HealthThresholds {
-        max_pending_age: Duration::from_millis(age as u64),
-    };
+    let just_under =
+        HealthThresholds::default().max_pending_age(Duration::from_millis(age as u64 - 1));
+    let at = HealthThresholds::default().max_pending_age(Duration::from_millis(age as u64));
     let flagged = |t| {
         let h = outbox.health(t).unwrap();
         h.reasons.iter().any(|r| r.contains("oldest pending"))
@@ -432,7 +424,7 @@ fn the_oldest_pending_age_holds_through_retries_unparking_and_operator_retries()
         .filter(|r| r.attempts > 0)
         .count()
         == 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     clock.advance_ms(1_000);
     add(Event::new("u", json!(4)).priority(0));
     assert_oldest_exact(&outbox, T0 + 2_000);
@@ -444,7 +436,7 @@ fn the_oldest_pending_age_holds_through_retries_unparking_and_operator_retries()
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || outbox.stats().unwrap().dead == 4));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_oldest_exact(&outbox, T0 + 62_000);
     // An operator's retries make dead letters pending again, due now.
     clock.advance_ms(1_000);
@@ -535,9 +527,9 @@ fn stats_stay_exact_while_a_relay_drains_beside_them() {
                         1 => Event::new("order.paid", json!({ "i": i })),
                         _ => Event::new("tick", json!({ "i": i })),
                     };
-                    outbox.enqueue(tx, event)?;
+                    let _ = outbox.enqueue(tx, event)?;
                 }
-                Ok(())
+                Ok::<_, sqlite_outbox::Error>(())
             })
             .unwrap()
     };
@@ -570,11 +562,11 @@ fn stats_stay_exact_while_a_relay_drains_beside_them() {
         assert!(busy, "the relay made too few requests");
     });
     // Stopped part way: what it left, leases handed back, counted exactly.
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_stats_match_a_pass(&outbox);
     let relay = outbox.relay(config()).start().unwrap();
     assert!(wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_stats_match_a_pass(&outbox);
     let conn = outbox.connection().unwrap();
     let tallied: i64 = conn
@@ -596,7 +588,7 @@ fn after_stats_the_apps_next_transaction_still_waits_for_the_write_lock() {
         .unwrap();
     let enqueue =
         |name: &str| outbox.transaction(|tx| outbox.enqueue(tx, Event::new(name, json!({}))));
-    enqueue("before").unwrap();
+    let _ = enqueue("before").unwrap();
     // Another program holds the write lock, as a relay's ack does.
     let other = rusqlite::Connection::open(&path).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -618,7 +610,7 @@ fn after_stats_the_apps_next_transaction_still_waits_for_the_write_lock() {
     let after = enqueue("after");
     let waited = started.elapsed();
     release.join().unwrap();
-    after.expect("the transaction waits for the lock instead of failing at once");
+    let _ = after.expect("the transaction waits for the lock instead of failing at once");
     assert!(waited >= held_for / 2, "waited only {waited:?}");
     assert_eq!(outbox.stats().unwrap().pending, 2);
 }
@@ -636,7 +628,7 @@ fn reject_policy_refuses_at_the_limit_and_the_transaction_stays_usable() {
             tx.execute("CREATE TABLE orders (id INTEGER)", [])?;
             let full = outbox.enqueue(tx, Event::new("order.created", json!(4)));
             tx.execute("INSERT INTO orders VALUES (4)", [])?;
-            Ok((full, 1))
+            Ok::<_, sqlite_outbox::Error>((full, 1))
         })
         .unwrap();
     assert!(matches!(
@@ -716,7 +708,7 @@ fn the_byte_limit_counts_payload_bytes() {
         .open(dir.path().join("bytes.db"))
         .unwrap();
     for _ in 0..5 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!("é".repeat(149)))))
             .unwrap();
     }
@@ -740,9 +732,9 @@ fn coalescing_keeps_one_current_value_per_key_while_offline() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("coalesce.db")).unwrap();
     for i in 0..1000 {
-        outbox
+        let _ = outbox
             .transaction(|tx| {
-                outbox.enqueue(
+                let _ = outbox.enqueue(
                     tx,
                     Event::new("device.position", json!({"fix": i})).coalesce_key("gps"),
                 )?;
@@ -801,11 +793,11 @@ fn fill_delivered_history(outbox: &Outbox) {
     outbox
         .transaction(|tx| {
             for _ in 0..5_000 {
-                outbox.enqueue(tx, Event::new("reading", data.clone()))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", data.clone()))?;
             }
             tx.execute("UPDATE outbox_events SET delivered_at = 0", [])?;
             tx.execute_batch(RECOUNT_DELIVERED)?;
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
 }
@@ -836,6 +828,6 @@ fn the_relays_retention_gives_the_space_back_too() {
     let shrunk = common::wait_until(common::PATIENCE, || {
         std::fs::metadata(outbox.path()).unwrap().len() < before / 10
     });
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(shrunk, "{before} bytes, then {}", file_bytes(&outbox));
 }

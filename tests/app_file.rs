@@ -53,7 +53,7 @@ fn place_order(outbox: &Outbox, path: &Path, id: i64) {
         [id],
     )
     .unwrap();
-    outbox
+    let _ = outbox
         .enqueue(&tx, Event::new("order.placed", json!({ "id": id })))
         .unwrap();
     tx.commit().unwrap();
@@ -76,7 +76,11 @@ fn an_app_migrated_by_rusqlite_migration_keeps_its_version_and_runs_its_next_mig
 
     // Failed before with "no such table: outbox_stats": the outbox read 3 as its own version.
     let outbox = Outbox::open(&path).unwrap();
-    assert_eq!(user_version(&path), 3, "the outbox left the app's version alone");
+    assert_eq!(
+        user_version(&path),
+        3,
+        "the outbox left the app's version alone"
+    );
     assert_eq!(
         outbox_schema_version(&path),
         sqlite_outbox::admin::schema_version()
@@ -102,7 +106,7 @@ fn an_app_migrated_by_rusqlite_migration_keeps_its_version_and_runs_its_next_mig
 
     place_order(&outbox, &path, 2);
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     drop(outbox);
 
     // Opened again after the app's migration: nothing of the app's changes.
@@ -143,7 +147,7 @@ fn the_outbox_opens_a_file_whatever_the_apps_user_version_and_leaves_it_as_found
         }
         let outbox = Outbox::open(&path)
             .unwrap_or_else(|e| panic!("user_version {found}: the outbox refused: {e}"));
-        outbox
+        let _ = outbox
             .transaction(|tx| {
                 tx.execute("INSERT INTO notes (body) VALUES ('kept')", [])?;
                 outbox.enqueue(tx, Event::new("note.added", json!({})))
@@ -237,7 +241,7 @@ fn a_file_made_by_release_0_1_is_taken_over_with_every_row_setting_and_total() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 5));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let types: Vec<String> = receiver
         .received()
         .iter()

@@ -42,7 +42,7 @@ impl Clock for JumpingClock {
 
 fn enqueue_n(outbox: &Outbox, n: usize) {
     for i in 0..n {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!(i))))
             .unwrap();
     }
@@ -72,7 +72,7 @@ fn events_committed_while_the_clock_was_a_day_ahead_go_out_once_it_is_set_back()
         .start()
         .unwrap();
     let delivered = wait_until(PATIENCE, || receiver.count() == 3);
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
 }
 
@@ -117,7 +117,7 @@ fn a_retry_scheduled_before_the_clock_jumped_back_a_day_comes_after_its_backoff_
     // The clock jumps back a day while the relay runs.
     clock.set_right();
     let delivered = wait_until(Duration::from_secs(15), || rows(&outbox)[0].delivered);
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -142,7 +142,7 @@ fn a_lease_left_by_a_relay_whose_clock_was_a_day_ahead_is_taken_over() {
         .start()
         .unwrap();
     let delivered = wait_until(PATIENCE, || receiver.count() == 2);
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
 }
 
@@ -177,7 +177,7 @@ fn a_device_ten_minutes_off_the_receivers_clock_corrects_from_its_date_header_an
             .unwrap();
     let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 30);
     let stats = relay.stats();
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
     assert!(rows(&outbox).iter().all(|r| !r.dead));
     let offset = stats.clock_offset_ms.expect("an offset estimate");

@@ -37,7 +37,7 @@ fn send(outbox: &Outbox, events: usize) -> Vec<String> {
                         "reading.taken",
                         json!({"device": "pump-7", "i": i, "celsius": 21.5, "battery": 0.87}),
                     );
-                    Ok(outbox.enqueue(tx, event)?.event_id().to_string())
+                    Ok::<_, sqlite_outbox::Error>(outbox.enqueue(tx, event)?.event_id().to_string())
                 })
                 .collect()
         })

@@ -110,7 +110,7 @@ fn a_500_then_200_is_retried_and_delivered_once() {
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 3));
     let stats = relay.stats();
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!((stats.retried, stats.delivered, stats.dead), (3, 3, 0));
     for id in &ids {
         let attempts: Vec<_> = receiver
@@ -164,7 +164,7 @@ fn a_429_with_retry_after_waits_at_least_that_long_on_the_clock() {
 
     clock.advance_ms(1);
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(receiver.count(), 2);
 }
 
@@ -179,7 +179,7 @@ fn a_400_dead_letters_at_once_with_its_error() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].dead));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let row = rows(&outbox).remove(0);
     assert_eq!(row.attempts, 1);
     assert_eq!(
@@ -200,7 +200,7 @@ fn max_attempts_of_5xx_dead_letters_with_the_last_error() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].dead));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let row = rows(&outbox).remove(0);
     assert_eq!(row.attempts, 3);
     assert_eq!(
@@ -221,7 +221,7 @@ fn a_client_error_can_be_retried_instead_when_configured() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(rows(&outbox)[0].attempts, 3);
 }
 
@@ -251,7 +251,7 @@ fn receiver_down_for_many_backoff_rounds_spends_no_attempt_and_drains_when_back(
     let receiver = TestReceiver::start(port, |_| Reply::Status(200));
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 50));
     let stats = relay.stats();
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(stats.dead, 0);
     assert_eq!(receiver.count(), 50);
     let mut got: Vec<String> = receiver
@@ -338,7 +338,7 @@ fn a_relay_gives_its_connection_back_to_the_pool_as_it_found_it() {
             .unwrap()
     };
     let before = cache_size(&outbox);
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
         .unwrap();
     deliver_the_one_event(&outbox, &receiver);
@@ -352,5 +352,5 @@ fn deliver_the_one_event(outbox: &Outbox, receiver: &TestReceiver) {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
 }

@@ -33,7 +33,7 @@ fn two_way(dir: &tempfile::TempDir) -> Outbox {
 
 fn enqueue(outbox: &Outbox, n: usize) {
     for i in 0..n {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", json!(i))))
             .unwrap();
     }
@@ -55,7 +55,7 @@ fn routes_send_each_event_to_every_matching_destination_and_refuse_unrouted_ones
             let user = outbox.enqueue(tx, Event::new("user.signup", json!(2)))?;
             let none = outbox.enqueue(tx, Event::new("telemetry.tick", json!(3)));
             tx.execute("INSERT INTO audit VALUES (1)", [])?;
-            Ok((order, user, none))
+            Ok::<_, sqlite_outbox::Error>((order, user, none))
         })
         .unwrap();
     assert!(
@@ -114,7 +114,7 @@ fn one_destination_down_for_the_whole_test_never_holds_back_the_other() {
         .unwrap();
     enqueue(&outbox, 200);
     assert!(wait_until(PATIENCE, || up.count() == 200));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(pending_by_destination(&outbox, "billing"), (0, 200, 200));
     let (pending, delivered, attempts) = pending_by_destination(&outbox, "analytics");
     assert_eq!(
@@ -142,7 +142,7 @@ fn a_slow_destination_never_holds_back_the_other() {
     enqueue(&outbox, 100);
     assert!(wait_until(PATIENCE, || fast_receiver.count() == 100));
     assert!(slow.count() <= 4);
-    relay.shutdown();
+    let _ = relay.shutdown();
 }
 
 #[test]
@@ -195,7 +195,7 @@ fn a_410_disables_only_that_destination_until_it_is_enabled_again() {
         "analytics"
     )
     .0 == 0));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(outbox.disabled_destinations().unwrap().is_empty());
 }
 
@@ -217,7 +217,7 @@ fn a_storm_of_429s_pauses_only_that_destination() {
     enqueue(&outbox, 100);
     assert!(wait_until(PATIENCE, || fine.count() == 100));
     std::thread::sleep(Duration::from_millis(300));
-    relay.shutdown();
+    let _ = relay.shutdown();
     // One request met the 429; the destination then waits out the minute.
     assert!(throttled.count() <= 2, "{} requests", throttled.count());
     let (pending, delivered, _) = pending_by_destination(&outbox, "analytics");

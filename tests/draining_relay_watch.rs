@@ -25,9 +25,9 @@ fn the_watch_sleeps_through_a_drain_and_wakes_the_relay_after_it() {
     outbox
         .transaction(|tx| {
             for n in 0..backlog {
-                outbox.enqueue(tx, Event::new("t", serde_json::json!({ "n": n })))?;
+                let _ = outbox.enqueue(tx, Event::new("t", serde_json::json!({ "n": n })))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let receiver = TestReceiver::ok();

@@ -79,7 +79,7 @@ fn a_row_falling_due_while_a_request_is_out_is_sent_without_waiting_for_it() {
         }
     });
     let relay = outbox.relay(config(&receiver)).start().unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("slow", serde_json::json!({}))))
         .unwrap();
     assert!(common::wait_until(Duration::from_secs(10), || receiver

@@ -13,7 +13,7 @@ fn business_table(outbox: &Outbox) {
                 "CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
                 [],
             )?;
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
 }
@@ -54,7 +54,7 @@ fn business_row_and_event_commit_together_and_rollback_delivers_nothing() {
     // Rolled back by an error from the closure: neither the row nor the event exists.
     let failed: Result<(), Error> = outbox.transaction(|tx| {
         tx.execute("INSERT INTO orders (id, total) VALUES (2, 200)", [])?;
-        outbox.enqueue(tx, Event::new("order.created", json!({"id": 2})))?;
+        let _ = outbox.enqueue(tx, Event::new("order.created", json!({"id": 2})))?;
         Err(Error::InvalidConfig("business rule failed".into()))
     });
     assert!(failed.is_err());
@@ -80,7 +80,7 @@ fn business_row_and_event_commit_together_and_rollback_delivers_nothing() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() >= 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let ids: Vec<String> = receiver
         .received()
         .into_iter()
@@ -117,7 +117,7 @@ fn event_enqueued_on_callers_own_connection_is_delivered() {
     outbox.notify();
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
     assert_eq!(receiver.received()[0].event_id, id.event_id());
-    relay.shutdown();
+    let _ = relay.shutdown();
 }
 
 #[test]
@@ -164,7 +164,7 @@ fn each_bad_input_gives_its_error_and_the_transaction_still_commits_the_rest() {
             let first = outbox.enqueue(tx, Event::new("t", json!(1)).idempotency_key("once"))?;
             let dup = outbox.enqueue(tx, Event::new("t", json!(2)).idempotency_key("once"))?;
             tx.execute("INSERT INTO orders (id, total) VALUES (2, 200)", [])?;
-            Ok((first, dup))
+            Ok::<_, sqlite_outbox::Error>((first, dup))
         })
         .unwrap();
     assert!(!first.is_duplicate());
@@ -285,7 +285,7 @@ fn a_writer_waits_for_the_lock_instead_of_failing() {
     let outbox = Outbox::open(dir.path().join("busy.db")).unwrap();
     let holder = hold_write_lock(outbox.path(), 200);
     let started = std::time::Instant::now();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
         .expect("waits for the lock, within the 5 s busy timeout");
     assert!(started.elapsed() >= std::time::Duration::from_millis(150));
@@ -312,13 +312,13 @@ fn a_keyed_backlog_parks_all_but_each_keys_head() {
     let mut conn = outbox.connection().unwrap();
     let tx = conn.transaction().unwrap();
     for i in 0..100 {
-        outbox
+        let _ = outbox
             .enqueue(
                 &tx,
                 Event::new("t", json!(i)).partition_key(format!("k{}", i % 5)),
             )
             .unwrap();
-        outbox.enqueue(&tx, Event::new("t", json!(i))).unwrap();
+        let _ = outbox.enqueue(&tx, Event::new("t", json!(i))).unwrap();
     }
     tx.commit().unwrap();
     let (due_keyed, parked, due_unkeyed): (i64, i64, i64) = conn
@@ -342,11 +342,11 @@ fn a_keyed_backlog_parks_all_but_each_keys_head() {
 fn an_enqueue_opening_a_deferred_transaction_waits_for_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("deferred.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
     in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
-        outbox
+        let _ = outbox
             .enqueue(tx, Event::new("t", json!(1)).partition_key("k"))
             .expect("waits for the writer, then parks behind the first event");
     });
@@ -437,11 +437,11 @@ fn a_full_outbox_leaves_the_replaced_event_and_the_callers_writes_in_place() {
         .open(dir.path().join("savepoint-full.db"))
         .unwrap();
     business_table(&outbox);
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("gps", json!(1)).coalesce_key("gps")))
         .unwrap();
     let before = pending_ids(&outbox);
-    let result = outbox.transaction(|tx| {
+    let result: Result<(), Error> = outbox.transaction(|tx| {
         tx.execute("INSERT INTO orders (id, total) VALUES (7, 1)", [])?;
         // Replacing the small pending fix still leaves this one over the byte limit.
         let huge = Event::new("gps", json!("x".repeat(2_000))).coalesce_key("gps");
@@ -466,7 +466,7 @@ fn an_enqueue_under_a_storage_limit_opening_a_deferred_transaction_waits_for_the
         .open(dir.path().join("deferred-limit.db"))
         .unwrap();
     in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
-        outbox
+        let _ = outbox
             .enqueue(tx, Event::new("t", json!(1)))
             .expect("the limit check writes first, so it waits instead of failing");
     });
@@ -723,10 +723,10 @@ fn a_storage_limit_that_refuses_one_event_of_a_batch_leaves_the_transaction_as_i
         .open(dir.path().join("full-batch.db"))
         .unwrap();
     business_table(&outbox);
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0))))
         .unwrap();
-    let result = outbox.transaction(|tx| {
+    let result: Result<(), Error> = outbox.transaction(|tx| {
         tx.execute("INSERT INTO orders (id, total) VALUES (7, 1)", [])?;
         let err = outbox
             .enqueue_many(tx, (1..=3).map(|n| Event::new("t", json!(n))))
@@ -743,7 +743,7 @@ fn a_storage_limit_that_refuses_one_event_of_a_batch_leaves_the_transaction_as_i
 fn a_batch_opening_a_deferred_transaction_waits_for_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("deferred-batch.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(0)).partition_key("k")))
         .unwrap();
     in_a_deferred_transaction_behind_a_writer(&outbox, |tx| {
@@ -789,7 +789,7 @@ fn batches_of_keyed_events_are_delivered_in_each_keys_order() {
         }
     }
     assert!(wait_until(PATIENCE, || receiver.event_count() >= 400));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let received = receiver.event_ids();
     assert_eq!(received.len(), 400, "each event once");
     for (key, ids) in sent {

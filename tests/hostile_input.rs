@@ -15,7 +15,7 @@ use sqlite_outbox::{Error, Event, Outbox};
 fn enqueue(outbox: &Outbox, data: serde_json::Value) -> Result<(), Error> {
     outbox.transaction(|tx| {
         tx.execute("INSERT INTO readings (v) VALUES (?1)", [data.to_string()])?;
-        outbox.enqueue(tx, Event::new("reading", data))?;
+        let _ = outbox.enqueue(tx, Event::new("reading", data))?;
         Ok(())
     })
 }
@@ -43,7 +43,9 @@ fn a_full_disk_is_a_typed_error_and_the_outbox_recovers_when_space_is_freed() {
         .open(dir.path().join("full.db"))
         .unwrap();
     outbox
-        .transaction(|tx| Ok(tx.execute_batch("CREATE TABLE readings (v TEXT)")?))
+        .transaction(|tx| {
+            Ok::<_, sqlite_outbox::Error>(tx.execute_batch("CREATE TABLE readings (v TEXT)")?)
+        })
         .unwrap();
     for i in 0..10 {
         enqueue(&outbox, json!({"i": i})).unwrap();
@@ -85,7 +87,9 @@ fn a_file_that_cannot_be_written_is_a_typed_error_and_works_again_when_writable(
     {
         let outbox = Outbox::open(&path).unwrap();
         outbox
-            .transaction(|tx| Ok(tx.execute_batch("CREATE TABLE readings (v TEXT)")?))
+            .transaction(|tx| {
+                Ok::<_, sqlite_outbox::Error>(tx.execute_batch("CREATE TABLE readings (v TEXT)")?)
+            })
             .unwrap();
         enqueue(&outbox, json!(1)).unwrap();
         outbox.checkpoint().unwrap();
@@ -121,9 +125,9 @@ fn an_unreadable_row_is_dead_lettered_and_the_rest_of_its_batch_delivered() {
     outbox
         .transaction(|tx| {
             for n in 0..10 {
-                outbox.enqueue(tx, Event::new("reading", json!(n)))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", json!(n)))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // Another program wrote a BLOB where the outbox keeps JSON text.

@@ -323,7 +323,7 @@ fn a_hostile_receiver_loses_nothing_and_dead_letters_nothing() {
                 for seq in 0..n {
                     let key = format!("k{}", seq % 10);
                     let event = Event::new("reading", json!({"seq": seq})).partition_key(key);
-                    outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+                    let _ = outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
                     thread::sleep(Duration::from_millis(4));
                 }
             })

@@ -27,7 +27,7 @@ fn an_idle_relay_wakes_at_most_once_a_second_across_its_threads() {
         .start()
         .unwrap();
     // One delivery first: the relay has worked, and then has nothing to do.
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!({}))))
         .unwrap();
     assert!(common::wait_until(Duration::from_secs(10), || {

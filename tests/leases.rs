@@ -79,8 +79,8 @@ fn an_expired_lease_is_taken_over_and_the_stale_owners_ack_is_rejected() {
     release_tx.send(()).unwrap();
     assert!(wait_until(PATIENCE, || relay_a.stats().lease_lost == 1));
     assert_eq!(relay_a.stats().delivered, 0);
-    relay_a.shutdown();
-    relay_b.shutdown();
+    let _ = relay_a.shutdown();
+    let _ = relay_b.shutdown();
     let row = rows(&outbox_b).remove(0);
     assert_eq!(row.event_id, event_id);
     assert!(row.delivered);
@@ -114,7 +114,7 @@ fn two_relays_on_one_file_deliver_every_event_and_none_twice() {
     for i in 0..400 {
         let outbox = if i % 2 == 0 { &outbox_a } else { &outbox_b };
         let event = Event::new("t", json!(i)).partition_key(format!("k{}", i % 7));
-        outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+        let _ = outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
     }
     assert!(wait_until(PATIENCE, || delivered_count(&outbox_a) == 400));
     let (a, b) = (relay_a.shutdown(), relay_b.shutdown());
@@ -147,7 +147,7 @@ fn two_starts_under_one_relay_name_never_share_a_lease_owner() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("names.db")).unwrap();
     let owner_of_first_claim = || {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
             .unwrap();
         // The transport hands the event's lease owner out and never answers in time.
@@ -166,7 +166,7 @@ fn two_starts_under_one_relay_name_never_share_a_lease_owner() {
             .start()
             .unwrap();
         let owner = rx.recv_timeout(PATIENCE).unwrap();
-        relay.shutdown();
+        let _ = relay.shutdown();
         owner
     };
     let first = owner_of_first_claim();

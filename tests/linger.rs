@@ -22,7 +22,9 @@ fn lingering(receiver: &TestReceiver, linger: Duration) -> RelayConfig {
 
 fn commit(outbox: &Outbox, event: Event) -> String {
     outbox
-        .transaction(|tx| Ok(outbox.enqueue(tx, event)?.event_id().to_string()))
+        .transaction(|tx| {
+            Ok::<_, sqlite_outbox::Error>(outbox.enqueue(tx, event)?.event_id().to_string())
+        })
         .unwrap()
 }
 

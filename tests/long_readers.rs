@@ -29,7 +29,7 @@ fn a_reader_holding_a_snapshot_for_20_s_never_makes_an_app_commit_wait_and_the_w
                 "CREATE TABLE readings (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
                 [],
             )?;
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let receiver = TestReceiver::ok();
@@ -41,7 +41,7 @@ fn a_reader_holding_a_snapshot_for_20_s_never_makes_an_app_commit_wait_and_the_w
     // The reader takes its snapshot in the middle of the WAL (as a backup that starts while
     // the app is busy does), and holds it for 20 s.
     for n in 0..200 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("warm-up", serde_json::json!(n))))
             .unwrap();
     }
@@ -70,11 +70,11 @@ fn a_reader_holding_a_snapshot_for_20_s_never_makes_an_app_commit_wait_and_the_w
             .transaction(|tx| {
                 let v = format!("reading {n} {}", "x".repeat(200));
                 tx.execute("INSERT INTO readings (v) VALUES (?1)", [&v])?;
-                outbox.enqueue(
+                let _ = outbox.enqueue(
                     tx,
                     Event::new("reading", serde_json::json!({"n": n, "v": v})),
                 )?;
-                Ok(())
+                Ok::<_, sqlite_outbox::Error>(())
             })
             .unwrap();
         slowest = slowest.max(t.elapsed());
@@ -97,6 +97,6 @@ fn a_reader_holding_a_snapshot_for_20_s_never_makes_an_app_commit_wait_and_the_w
     assert!(wait_until(PATIENCE, || delivered_count(&outbox)
         == COMMITS as i64 + 200));
     let shrunk = wait_until(Duration::from_secs(15), || wal_bytes(&db) < 4 << 20);
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(shrunk, "the WAL stayed at {} bytes", wal_bytes(&db));
 }

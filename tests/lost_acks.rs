@@ -25,7 +25,7 @@ fn acks_that_cannot_be_written_behind_a_long_app_transaction_are_kept_not_resent
         .open(&db)
         .unwrap();
     for n in 0..EVENTS {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!(n))))
             .unwrap();
     }
@@ -68,7 +68,7 @@ fn acks_that_cannot_be_written_behind_a_long_app_transaction_are_kept_not_resent
     let all = wait_until(PATIENCE, || delivered_count(&outbox) == EVENTS as i64);
     // Past the leases, to see any resend.
     std::thread::sleep(Duration::from_secs(4));
-    relay.shutdown();
+    let _ = relay.shutdown();
     drop(locked_tx);
     holder.join().unwrap();
     assert!(all, "{:?}", rows(&outbox));

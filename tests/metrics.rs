@@ -147,12 +147,12 @@ fn counters_gauges_and_latency_with_bounded_labels() {
         );
     }
     for i in 0..2 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("pos", json!(i)).coalesce_key("gps")))
             .unwrap();
     }
     for i in 0..9 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("tick", json!(i))))
             .unwrap();
     }
@@ -170,7 +170,7 @@ fn counters_gauges_and_latency_with_bounded_labels() {
     assert!(wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0));
     // Gauges refresh on the relay's first idle turn.
     assert!(wait_until(PATIENCE, || value("outbox_database_bytes") > 0.0));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     let d = "destination=default";
     assert_eq!(

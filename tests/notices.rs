@@ -34,7 +34,7 @@ fn delivered_and_dead_events_are_announced_and_status_agrees() {
                 .enqueue(tx, Event::new("t", json!({"poison": true})))?
                 .event_id()
                 .to_string();
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // The receiver refuses the poison event for good (400: dead at once).
@@ -63,7 +63,7 @@ fn delivered_and_dead_events_are_announced_and_status_agrees() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(delivered, ids.iter().cloned().collect::<HashSet<_>>());
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].0, poison);
@@ -85,9 +85,9 @@ fn a_subscriber_that_never_reads_loses_notices_and_never_slows_the_relay() {
     outbox
         .transaction(|tx| {
             for i in 0..n {
-                outbox.enqueue(tx, Event::new("t", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("t", json!({"i": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let unread = outbox.subscribe();
@@ -103,13 +103,13 @@ fn a_subscriber_that_never_reads_loses_notices_and_never_slows_the_relay() {
         &outbox,
         Duration::from_secs(60)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(unread.len(), NOTICE_CAPACITY);
     assert_eq!(outbox.lost_notices(), 500);
     // A dropped receiver is forgotten: nothing more is counted as lost for it.
     drop(unread);
     let next = outbox.subscribe();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({}))))
         .unwrap();
     let relay = outbox
@@ -118,6 +118,6 @@ fn a_subscriber_that_never_reads_loses_notices_and_never_slows_the_relay() {
         .unwrap();
     let notice = next.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(notice.outcome, DeliveryOutcome::Delivered);
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(outbox.lost_notices(), 500);
 }

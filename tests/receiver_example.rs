@@ -84,7 +84,7 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
 
     let outbox = Outbox::open(dir.path().join("app.db")).unwrap();
     for i in 0..20 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", json!({"n": i}))))
             .unwrap();
     }
@@ -111,7 +111,7 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
             .iter()
             .take(3)
             .all(|r| r.attempts == 2)));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     assert_eq!(
         count(&received_db, "SELECT COUNT(*) FROM received_events"),
@@ -189,7 +189,7 @@ fn the_receiver_example_logs_each_event_in_the_trace_it_was_written_in() {
         .unwrap()
         .event_id()
         .to_string();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("order.untraced", json!({"n": 2}))))
         .unwrap();
     let relay = outbox
@@ -199,7 +199,7 @@ fn the_receiver_example_logs_each_event_in_the_trace_it_was_written_in() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let mut lines = Vec::new();
     assert!(wait_until(PATIENCE, || {
         lines = std::fs::read_to_string(&log_path)
@@ -230,9 +230,9 @@ fn the_receiver_example_takes_gzip_batches_and_refuses_a_zip_bomb_with_413() {
     outbox
         .transaction(|tx| {
             for i in 0..120 {
-                outbox.enqueue(tx, Event::new("reading.taken", json!({"n": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("reading.taken", json!({"n": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let relay = outbox
@@ -247,7 +247,7 @@ fn the_receiver_example_takes_gzip_batches_and_refuses_a_zip_bomb_with_413() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 120));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(
         count(
             &received_db,

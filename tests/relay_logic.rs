@@ -13,7 +13,7 @@ use sqlite_outbox::transport::{Attempt, OutboundEvent};
 use sqlite_outbox::{Event, Outbox, RelayConfig};
 
 fn one_event(outbox: &Outbox) {
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
         .unwrap();
 }
@@ -47,7 +47,7 @@ fn a_panicking_transport_spends_an_attempt_and_the_event_is_retried() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].delivered));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let row = rows(&outbox).remove(0);
     assert_eq!(row.attempts, 2);
     assert_eq!(
@@ -70,7 +70,7 @@ fn an_unsendable_event_is_dead_lettered_with_the_reason() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].dead));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(
         rows(&outbox)[0].last_error.as_deref(),
         Some("stored data is not valid JSON")
@@ -100,7 +100,7 @@ fn an_enormous_retry_after_is_capped() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let row = rows(&outbox).remove(0);
     assert_eq!(row.available_at, start + 60_000);
     assert!(!row.dead);
@@ -160,7 +160,7 @@ fn an_unreachable_destination_never_dead_letters_however_long_it_lasts() {
             probed_steps += 1;
         }
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(
         probed_steps >= 50,
         "probed in only {probed_steps} of 60 steps"

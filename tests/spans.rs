@@ -117,7 +117,7 @@ fn one_enqueue_one_failed_attempt_and_one_good_one_make_one_trace() {
         .count()
         == 2
         && receiver.received().iter().any(|r| r.event_id == untraced)));
-    relay.shutdown();
+    let _ = relay.shutdown();
     provider.force_flush().unwrap();
 
     let spans = exporter.get_finished_spans().unwrap();

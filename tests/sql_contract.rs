@@ -125,7 +125,7 @@ fn events_inserted_in_sql_commit_with_the_business_write_and_are_delivered() {
     assert!(wait_until(Duration::from_secs(20), || receiver
         .event_count()
         >= 3));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let received = receiver.received();
     let bodies: Vec<&serde_json::Value> = received.iter().map(|r| &r.body).collect();
     let created = bodies
@@ -367,7 +367,7 @@ fn ids_and_times_never_go_back_whatever_was_deleted_or_written_ahead() {
         ))
         .open(&path)
         .unwrap();
-    ahead
+    let _ = ahead
         .transaction(|tx| ahead.enqueue(tx, Event::new("t", json!("ahead"))))
         .unwrap();
     enqueue_sql(&conn, "t", "\"after\"", None);
@@ -507,7 +507,7 @@ fn after_a_row_written_an_hour_ahead_an_sql_insert_is_delivered_at_once() {
         ))
         .open(&path)
         .unwrap();
-    ahead
+    let _ = ahead
         .transaction(|tx| ahead.enqueue(tx, Event::new("t", json!("ahead"))))
         .unwrap();
     let relay = outbox
@@ -519,7 +519,7 @@ fn after_a_row_written_an_hour_ahead_an_sql_insert_is_delivered_at_once() {
     let conn = app_connection(&outbox);
     enqueue_sql(&conn, "t", "\"after\"", None);
     let delivered = wait_until(Duration::from_secs(5), || receiver.count() == 2);
-    relay.shutdown();
+    let _ = relay.shutdown();
     let rows = stored(&outbox);
     assert!(
         delivered,
@@ -567,7 +567,7 @@ fn a_lifetime_of_i64_max_through_the_sql_contract_never_expires_and_is_delivered
         .start()
         .unwrap();
     let delivered = wait_until(Duration::from_secs(10), || receiver.count() == 2);
-    relay.shutdown();
+    let _ = relay.shutdown();
     let stats = outbox.stats().unwrap();
     assert!(delivered, "{stats:?}");
     assert_eq!(stats.dead, 0);

@@ -32,7 +32,7 @@ fn a_relay_names_every_thread_and_joins_them_all_on_shutdown() {
     let receiver = TestReceiver::ok();
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("threads.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!({"n": 1}))))
         .unwrap();
     assert!(relay_threads().is_empty());

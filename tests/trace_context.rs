@@ -109,7 +109,7 @@ fn trace_context_written_with_the_event_reaches_receivers_structured_and_batched
         .unwrap();
     assert!(wait_until(PATIENCE, || single.event_count() == 4
         && batched.event_count() == 4));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     // What each event carries, as the official SDK parses it, in both shapes.
     // Per event id: its traceparent, tracestate and dataschema.
@@ -267,7 +267,7 @@ fn binary_mode_carries_every_attribute_as_ce_headers_the_sdk_reads() {
             .start()
             .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let parsed: HashMap<String, (SdkEvent, HashMap<String, String>)> = receiver
         .received()
         .into_iter()

@@ -62,7 +62,7 @@ fn relay_sends_signed_cloudevents_that_the_receiving_side_accepts() {
         .collect();
     let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || receiver.count() == 3));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     let verifier = Verifier::new([Secret::parse(SECRET).unwrap()]);
     let mut sequences = Vec::new();
@@ -95,7 +95,7 @@ fn rotation_signs_with_both_secrets_and_a_receiver_knowing_only_the_new_one_acce
     let outbox = Outbox::open(dir.path().join("rotate.db")).unwrap();
     let receiver = TestReceiver::ok();
     let (new_secret, new_text) = Secret::generate().unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
         .unwrap();
     let relay = outbox
@@ -109,7 +109,7 @@ fn rotation_signs_with_both_secrets_and_a_receiver_knowing_only_the_new_one_acce
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let r = &receiver.received()[0];
     assert_eq!(r.headers["webhook-signature"].split(' ').count(), 2);
     let only_new = Verifier::new([new_secret]);
@@ -129,12 +129,12 @@ fn a_retry_is_signed_afresh_with_its_own_timestamp() {
             Reply::Status(204)
         }
     });
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(1))))
         .unwrap();
     let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let got = receiver.received();
     assert_eq!(got.len(), 2);
     let ts = |r: &Received| r.headers["webhook-timestamp"].parse::<i64>().unwrap();
@@ -178,7 +178,7 @@ fn a_batch_of_100_parses_back_to_the_same_ids_in_order() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 100));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let got = receiver.received();
     assert_eq!(got.len(), 1, "one request");
     let r = &got[0];
@@ -199,7 +199,7 @@ fn batches_respect_the_byte_limit() {
     let outbox = Outbox::open(dir.path().join("bytes.db")).unwrap();
     let receiver = TestReceiver::ok();
     for i in 0..50 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("blob", json!("x".repeat(1000 + i)))))
             .unwrap();
     }
@@ -211,7 +211,7 @@ fn batches_respect_the_byte_limit() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 50));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let got = receiver.received();
     assert!(got.len() > 1);
     assert!(
@@ -232,7 +232,7 @@ fn a_failed_batch_is_retried_as_a_whole() {
     let receiver =
         TestReceiver::start(0, |r| Reply::Status(if r.earlier == 0 { 500 } else { 200 }));
     for i in 0..10 {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(i))))
             .unwrap();
     }
@@ -243,7 +243,7 @@ fn a_failed_batch_is_retried_as_a_whole() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || delivered_count(&outbox) == 10));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let got = receiver.received();
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].ids, got[1].ids);
@@ -261,7 +261,7 @@ fn captured_request_for_the_notes() {
         .open(dir.path().join("capture.db"))
         .unwrap();
     let receiver = TestReceiver::ok();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
             outbox.enqueue(
                 tx,
@@ -276,7 +276,7 @@ fn captured_request_for_the_notes() {
         .unwrap();
     let relay = signed_relay(&outbox, receiver.url());
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let r = &receiver.received()[0];
     let mut names: Vec<_> = r.headers.keys().cloned().collect();
     names.sort();
@@ -338,7 +338,7 @@ fn the_official_cloudevents_sdk_accepts_every_request_the_relay_sends() {
         .unwrap();
     assert!(wait_until(PATIENCE, || single.event_count() == 30
         && batched.event_count() == 30));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     let mut from_single: Vec<SdkEvent> = single
         .received()
@@ -377,7 +377,8 @@ fn the_source_is_fixed_at_enqueue_whichever_relay_delivers() {
         .default_source("/shop/eu-1")
         .open(&path)
         .unwrap();
-    app.transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
+    let _ = app
+        .transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
         .unwrap();
     // Another process (the CLI, say) relays with its own default source.
     let other = Outbox::builder()
@@ -390,7 +391,7 @@ fn the_source_is_fixed_at_enqueue_whichever_relay_delivers() {
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(receiver.received()[0].body["source"], "/shop/eu-1");
 }
 
@@ -404,7 +405,7 @@ fn the_sequence_keeps_growing_after_every_row_is_pruned() {
         .start()
         .unwrap();
     let keyed = |n: i32| {
-        outbox
+        let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(n)).partition_key("k")))
             .unwrap();
     };
@@ -417,7 +418,7 @@ fn the_sequence_keeps_growing_after_every_row_is_pruned() {
     assert_eq!(pruned.deleted, 1);
     keyed(2);
     assert!(wait_until(PATIENCE, || receiver.count() == 2));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let sequences: Vec<String> = receiver
         .received()
         .iter()

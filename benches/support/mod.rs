@@ -388,7 +388,7 @@ pub fn outbox_enqueue_tx(
     in_immediate_transaction(conn, |tx| {
         for i in 0..events {
             insert_order(tx, n + i);
-            outbox.enqueue(tx, order_event(n + i)).unwrap();
+            let _ = outbox.enqueue(tx, order_event(n + i)).unwrap();
         }
     });
 }
@@ -437,7 +437,7 @@ pub fn fill_pending_with(
     while done < n {
         let tx = conn.transaction().unwrap();
         for i in done..(done + 10_000).min(n) {
-            outbox.enqueue(&tx, event(i as i64)).unwrap();
+            let _ = outbox.enqueue(&tx, event(i as i64)).unwrap();
         }
         tx.commit().unwrap();
         done = (done + 10_000).min(n);
@@ -707,7 +707,7 @@ pub fn time_drain_to<T>(
     assert!(receiver.wait_for(start_count + n as u64, Duration::from_secs(120)));
     let took = start.elapsed();
     let seen = before_shutdown();
-    relay.shutdown();
+    let _ = relay.shutdown();
     (took, seen)
 }
 

@@ -41,12 +41,9 @@ fn verifying_receiver() -> TestReceiver {
 }
 
 fn fast_import() -> ImportOptions {
-    ImportOptions {
-        max_attempts: 3,
-        first_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(50),
-        ..ImportOptions::default()
-    }
+    ImportOptions::default()
+        .max_attempts(3)
+        .backoff(Duration::from_millis(20), Duration::from_millis(50))
 }
 
 fn site_with_events(dir: &std::path::Path, n: usize) -> (Outbox, Vec<String>) {
@@ -61,7 +58,7 @@ fn site_with_events(dir: &std::path::Path, n: usize) -> (Outbox, Vec<String>) {
                 }
                 ids.push(outbox.enqueue(tx, event)?.event_id().to_string());
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     (outbox, ids)
@@ -182,9 +179,9 @@ fn an_export_that_cannot_be_written_changes_nothing() {
     outbox
         .transaction(|tx| {
             for _ in 0..10 {
-                outbox.enqueue(tx, Event::new("blob", json!({"x": "y".repeat(4000)})))?;
+                let _ = outbox.enqueue(tx, Event::new("blob", json!({"x": "y".repeat(4000)})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let before = rows(&outbox);
@@ -322,7 +319,7 @@ fn export_while_a_keys_head_is_in_flight_leaves_the_whole_key_behind() {
             }
             let event = Event::new("note", json!({}));
             free.push(outbox.enqueue(tx, event)?.event_id().to_string());
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // A receiver that holds its answer: the relay's request for the key's head stays in
@@ -346,7 +343,7 @@ fn export_while_a_keys_head_is_in_flight_leaves_the_whole_key_behind() {
         .contains(&keyed[0])));
     let file = dir.path().join("site.bundle");
     let report = outbox.export(&file, &secret(), "default", 100).unwrap();
-    relay.shutdown();
+    let _ = relay.shutdown();
     let bundle = read_bundle(&file, &secret()).unwrap();
     let exported: Vec<String> = bundle
         .events

@@ -46,7 +46,7 @@ fn events_past_their_deadline_expire_unsent_and_unpark_their_key() {
                 .enqueue(tx, Event::new("telemetry.temp", json!({"c": 21})))?
                 .event_id()
                 .to_string();
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // The receiver is down past the deadlines, then comes up.
@@ -68,7 +68,7 @@ fn events_past_their_deadline_expire_unsent_and_unpark_their_key() {
         .event_count()
         >= 1));
     std::thread::sleep(Duration::from_millis(300));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(
         receiver.event_ids(),
         vec![next.clone()],
@@ -100,7 +100,7 @@ fn events_past_their_deadline_expire_unsent_and_unpark_their_key() {
 fn a_delivery_in_flight_is_never_expired_under_it() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("f.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
             outbox.enqueue(
                 tx,
@@ -119,7 +119,7 @@ fn a_delivery_in_flight_is_never_expired_under_it() {
         .unwrap()
         .delivered
         == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(outbox.stats().unwrap().expired, 0);
     assert_eq!(receiver.event_count(), 1);
 }
@@ -132,7 +132,7 @@ fn a_claim_never_takes_an_event_past_its_deadline() {
         .clock(clock.clone())
         .open(dir.path().join("c.db"))
         .unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
             outbox.enqueue(
                 tx,
@@ -151,7 +151,7 @@ fn a_claim_never_takes_an_event_past_its_deadline() {
         .unwrap()
         .expired
         == 1));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(receiver.event_count(), 0);
 }
 
@@ -218,7 +218,7 @@ fn retry_leaves_expired_and_exported_events_alone() {
         .transaction(|tx| {
             let short = Event::new("t", json!(1)).expires_in(Duration::from_millis(200));
             ids.push(outbox.enqueue(tx, short)?.event_id().to_string());
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // Expired by a relay's sweep while its receiver is down.
@@ -233,7 +233,7 @@ fn retry_leaves_expired_and_exported_events_alone() {
     assert!(wait_until(Duration::from_secs(10), || outbox
         .stats()
         .is_ok_and(|s| s.expired == 1)));
-    relay.shutdown();
+    let _ = relay.shutdown();
     outbox
         .transaction(|tx| {
             ids.push(
@@ -242,7 +242,7 @@ fn retry_leaves_expired_and_exported_events_alone() {
                     .event_id()
                     .to_string(),
             );
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let secret =

@@ -125,7 +125,7 @@ fn device_events_are_stored_once_each_and_read_back_in_key_order() {
         &device,
         Duration::from_secs(60)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let stored = stored_ids(&postgres);
     assert_eq!(
         stored.len(),
@@ -311,7 +311,7 @@ fn a_post_to_healthz_is_refused_and_a_relay_pointed_at_it_delivers_nothing() {
     while device.stats().unwrap().pending > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     let stats = device.stats().unwrap();
     assert_eq!(stats.delivered, 0, "{stats:?}");
     assert_eq!(stats.pending, 0, "{stats:?}");
@@ -381,7 +381,7 @@ fn an_event_postgres_cannot_hold_is_refused_by_id_and_the_rest_of_its_batch_is_s
                     poison = id.event_id().to_string();
                 }
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let relay = relay_batches(&device, addr, 10);
@@ -389,7 +389,7 @@ fn an_event_postgres_cannot_hold_is_refused_by_id_and_the_rest_of_its_batch_is_s
     while device.stats().unwrap().pending > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     let stats = device.stats().unwrap();
     assert_eq!((stats.delivered, stats.dead), (9, 1), "{stats:?}");
     let dead = device.dead_letters(10).unwrap();
@@ -494,9 +494,9 @@ fn postgres_stopped_for_30_s_under_a_relay_dead_letters_nothing_and_spends_no_at
         device
             .transaction(|tx| {
                 for i in from..to {
-                    device.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
+                    let _ = device.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
                 }
-                Ok(())
+                Ok::<_, sqlite_outbox::Error>(())
             })
             .unwrap()
     };
@@ -531,7 +531,7 @@ fn postgres_stopped_for_30_s_under_a_relay_dead_letters_nothing_and_spends_no_at
         "delivered once the store is back: {:?}",
         rows(&device)
     );
-    relay.shutdown();
+    let _ = relay.shutdown();
     let rows = rows(&device);
     assert!(rows.iter().all(|r| r.delivered && !r.dead));
     // Each delivery is an attempt; the outage's 503s (with Retry-After) spent at most the
@@ -579,7 +579,7 @@ fn each_event_is_stored_with_its_trace_context_and_data_schema() {
         &device,
         Duration::from_secs(30)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let mut client = postgres.client();
     let mut row = |id: &str| -> (Option<String>, Option<String>, Option<String>) {
         let r = client

@@ -260,7 +260,7 @@ fn three_ingest_processes_killed_mid_run_store_every_committed_event_exactly_onc
         );
     }
     for relay in relays {
-        relay.shutdown();
+        let _ = relay.shutdown();
     }
 
     let mut client = postgres.client();

@@ -58,9 +58,9 @@ fn deliver_from_device(dir: &Path, source: &str, key: &str, url: &str, n: usize)
     device
         .transaction(|tx| {
             for i in 0..n {
-                device.enqueue(tx, Event::new("reading", json!({"i": i})))?;
+                let _ = device.enqueue(tx, Event::new("reading", json!({"i": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let relay = device
@@ -79,7 +79,7 @@ fn deliver_from_device(dir: &Path, source: &str, key: &str, url: &str, n: usize)
         &device,
         Duration::from_secs(30)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     device
 }
 
@@ -503,9 +503,10 @@ fn a_key_from_outbox_keygen_signs_the_cli_relay_whose_batches_never_mix_sources(
         .transaction(|tx| {
             for i in 0..60 {
                 let source = format!("/site/gw-1/sensor-{}", i % 3);
-                outbox.enqueue(tx, Event::new("reading", json!({"i": i})).source(source))?;
+                let _ =
+                    outbox.enqueue(tx, Event::new("reading", json!({"i": i})).source(source))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     drop(outbox);

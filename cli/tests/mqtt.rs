@@ -21,13 +21,13 @@ fn enqueue_keyed(outbox: &Outbox, n: usize, keys: usize) {
         outbox
             .transaction(|tx| {
                 for &i in chunk {
-                    outbox.enqueue(
+                    let _ = outbox.enqueue(
                         tx,
                         Event::new("reading.taken", json!({"i": i}))
                             .partition_key(format!("k{}", i % keys)),
                     )?;
                 }
-                Ok(())
+                Ok::<_, sqlite_outbox::Error>(())
             })
             .unwrap();
     }
@@ -57,7 +57,7 @@ fn ten_thousand_events_over_eight_keys_arrive_in_per_key_order() {
     assert!(wait_until(Duration::from_secs(120), || {
         subscriber.count() >= n
     }));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let messages = subscriber.messages();
     // Per key, first receipts in commit order (`sequence` grows with the commit).
     let mut last: HashMap<String, i64> = HashMap::new();
@@ -102,7 +102,7 @@ fn a_broker_killed_and_restarted_mid_run_loses_nothing_and_spends_no_attempt() {
         &outbox,
         Duration::from_secs(120)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     // Every event was acknowledged once and only its delivery counted as an attempt.
     for row in rows(&outbox) {
         assert_eq!(row.attempts, 1, "event {} spent attempts", row.event_id);
@@ -152,7 +152,7 @@ fn refused_credentials_hold_events_as_offline_without_dead_letters() {
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || subscriber.count() >= 20));
-    relay.shutdown();
+    let _ = relay.shutdown();
 }
 
 #[test]
@@ -160,9 +160,9 @@ fn an_event_too_large_for_the_packet_limit_is_dead_lettered_alone_even_in_a_batc
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("mqtt.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
-            outbox.enqueue(tx, Event::new("big", json!({"blob": "x".repeat(4000)})))?;
+            let _ = outbox.enqueue(tx, Event::new("big", json!({"blob": "x".repeat(4000)})))?;
             outbox.enqueue(tx, Event::new("small", json!({"n": 1})))
         })
         .unwrap();
@@ -182,7 +182,7 @@ fn an_event_too_large_for_the_packet_limit_is_dead_lettered_alone_even_in_a_batc
     assert!(wait_until(Duration::from_secs(30), || {
         rows(&outbox).iter().all(|r| r.delivered || r.dead)
     }));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let rows = rows(&outbox);
     let big = rows.iter().find(|r| r.dead).expect("the big event is dead");
     assert!(

@@ -33,7 +33,7 @@ fn structured_and_binary_messages_carry_the_cloudevents_attributes() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("v5.db")).unwrap();
     let enqueue_one = || {
-        outbox
+        let _ = outbox
             .transaction(|tx| {
                 outbox.enqueue(
                     tx,
@@ -53,7 +53,7 @@ fn structured_and_binary_messages_carry_the_cloudevents_attributes() {
         .messages()
         .len()
         == 1));
-    structured.shutdown();
+    let _ = structured.shutdown();
     let event_id = rows(&outbox)[0].event_id.clone();
     let m = &subscriber.messages()[0];
     assert_eq!(m.topic, "structured/reading.taken");
@@ -79,7 +79,7 @@ fn structured_and_binary_messages_carry_the_cloudevents_attributes() {
         .messages()
         .len()
         == 2));
-    binary.shutdown();
+    let _ = binary.shutdown();
     let event_id = rows(&outbox)[1].event_id.clone();
     let m = &subscriber.messages()[1];
     eprintln!(
@@ -119,9 +119,9 @@ fn an_acl_denied_topic_is_dead_lettered_with_the_reason_and_the_rest_delivered()
         .transaction(|tx| {
             for i in 0..10 {
                 let kind = if i % 2 == 0 { "allowed" } else { "denied" };
-                outbox.enqueue(tx, Event::new(kind, json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new(kind, json!({"i": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let relay = outbox
@@ -134,7 +134,7 @@ fn an_acl_denied_topic_is_dead_lettered_with_the_reason_and_the_rest_delivered()
     assert!(wait_until(Duration::from_secs(30), || {
         rows(&outbox).iter().all(|r| r.delivered || r.dead)
     }));
-    relay.shutdown();
+    let _ = relay.shutdown();
     for row in rows(&outbox) {
         if row.event_type == "allowed" {
             assert!(row.delivered, "{row:?}");
@@ -158,10 +158,10 @@ fn an_event_over_the_brokers_maximum_packet_size_is_dead_lettered_the_rest_deliv
     });
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("size.db")).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
-            outbox.enqueue(tx, Event::new("small", json!({"n": 1})))?;
-            outbox.enqueue(tx, Event::new("big", json!({"blob": "x".repeat(4000)})))?;
+            let _ = outbox.enqueue(tx, Event::new("small", json!({"n": 1})))?;
+            let _ = outbox.enqueue(tx, Event::new("big", json!({"blob": "x".repeat(4000)})))?;
             outbox.enqueue(tx, Event::new("small", json!({"n": 2})))
         })
         .unwrap();
@@ -172,7 +172,7 @@ fn an_event_over_the_brokers_maximum_packet_size_is_dead_lettered_the_rest_deliv
     assert!(wait_until(Duration::from_secs(30), || {
         rows(&outbox).iter().all(|r| r.delivered || r.dead)
     }));
-    relay.shutdown();
+    let _ = relay.shutdown();
     for row in rows(&outbox) {
         if row.event_type == "big" {
             let error = row.last_error.as_deref().unwrap_or("");
@@ -199,12 +199,12 @@ fn a_receive_maximum_of_two_bounds_the_window_and_loses_nothing() {
     outbox
         .transaction(|tx| {
             for i in 0..n {
-                outbox.enqueue(
+                let _ = outbox.enqueue(
                     tx,
                     Event::new("reading", json!({"i": i})).partition_key(format!("k{}", i % 4)),
                 )?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // 4 workers with batches of 25 offer up to 100 publishes at once; the broker takes 2.
@@ -225,7 +225,7 @@ fn a_receive_maximum_of_two_bounds_the_window_and_loses_nothing() {
         &outbox,
         Duration::from_secs(120)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(rows(&outbox).iter().all(|r| r.attempts == 1));
     assert!(wait_until(Duration::from_secs(10), || subscriber
         .messages()
@@ -252,7 +252,7 @@ fn the_cli_speaks_mqtt_5_binary_and_refuses_flags_that_do_not_fit() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cli.db");
     let outbox = Outbox::open(&db).unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("ping", json!({"n": 1}))))
         .unwrap();
     let url = broker.url();
@@ -314,7 +314,7 @@ fn trace_context_travels_as_user_properties_in_binary_mode_and_in_the_envelope_o
             .dataschema(SCHEMA),
         Event::new("reading.untraced", json!({"celsius": 3.0})),
     ] {
-        outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+        let _ = outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
     }
     let mqtt = |name: &str, config: MqttConfig| {
         Destination::mqtt(name, broker.url()).mqtt_config(config.topic(format!("{name}/{{type}}")))
@@ -333,7 +333,7 @@ fn trace_context_travels_as_user_properties_in_binary_mode_and_in_the_envelope_o
         .messages()
         .len()
         == 6));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let messages = subscriber.messages();
     let find = |topic: &str| messages.iter().find(|m| m.topic == topic).unwrap();
 

@@ -38,9 +38,9 @@ fn enqueue(outbox: &Outbox, n: usize) {
     outbox
         .transaction(|tx| {
             for i in 0..n {
-                outbox.enqueue(tx, Event::new("reading", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", json!({"i": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
 }
@@ -79,7 +79,7 @@ fn mutual_tls_delivers_and_a_wrong_ca_or_a_missing_client_certificate_holds_even
             .start()
             .unwrap();
         std::thread::sleep(Duration::from_secs(2));
-        relay.shutdown();
+        let _ = relay.shutdown();
         for row in rows(&outbox) {
             assert!(!row.delivered && !row.dead, "{row:?}");
             assert_eq!(row.attempts, 0, "a failed handshake spends no attempt");
@@ -98,7 +98,7 @@ fn mutual_tls_delivers_and_a_wrong_ca_or_a_missing_client_certificate_holds_even
         &outbox,
         Duration::from_secs(30)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(rows(&outbox).iter().all(|r| r.attempts == 1));
     assert!(wait_until(Duration::from_secs(10), || subscriber.count() >= 20));
 }

@@ -14,9 +14,9 @@ fn backlog(outbox: &Outbox, n: usize, data: serde_json::Value) {
     outbox
         .transaction(|tx| {
             for _ in 0..n {
-                outbox.enqueue(tx, Event::new("reading", data.clone()))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", data.clone()))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
 }
@@ -50,7 +50,7 @@ fn a_rate_limit_lets_one_seconds_worth_through_then_paces_the_rest() {
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 30));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let arrivals: Vec<Instant> = receiver.received().iter().map(|r| r.at).collect();
     let spread = *arrivals.last().unwrap() - arrivals[0];
     // 10 at once, then 20 more at 10 a second: about two seconds, never a burst of 30.
@@ -83,7 +83,7 @@ fn a_bandwidth_limit_paces_request_bodies() {
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 12));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let received = receiver.received();
     let bytes: usize = received.iter().map(|r| r.raw.len()).sum();
     let spread = received.last().unwrap().at - received[0].at;
@@ -157,7 +157,7 @@ fn a_429_retry_after_still_wins_over_the_rate() {
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || receiver.count() >= 4));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let arrivals: Vec<Instant> = receiver.received().iter().map(|r| r.at).collect();
     let waited = arrivals[1] - arrivals[0];
     assert!(
@@ -200,7 +200,7 @@ fn a_paced_backlog_larger_than_a_lease_goes_out_at_its_rate_none_twice() {
         outbox.stats().map(|s| s.pending == 0).unwrap_or(false)
     });
     let took = started.elapsed();
-    relay.shutdown();
+    let _ = relay.shutdown();
     let stats = outbox.stats().unwrap();
     assert!(all_in, "not all delivered in 120 s: {stats:?}");
     let ids = receiver.event_ids();

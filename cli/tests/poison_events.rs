@@ -55,7 +55,7 @@ fn run_with_poison(poison: Reply) -> Vec<Row> {
         let rows = rows(&outbox);
         rows.iter().all(|r| r.delivered || r.dead)
     });
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(settled, "not settled: {:?}", rows(&outbox));
     rows(&outbox)
 }
@@ -104,7 +104,7 @@ fn a_refused_batch_is_bisected_so_only_the_bad_event_is_dead_lettered() {
                     bad_id = id;
                 }
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let receiver = TestReceiver::start(0, |r| {

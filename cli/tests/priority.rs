@@ -31,13 +31,13 @@ fn the_most_urgent_go_first_and_a_keys_events_keep_commit_order() {
     // Committed while offline: telemetry first, alarms last, a keyed sequence whose later
     // events claim a higher priority than its head.
     let mut keyed = Vec::new();
-    outbox
+    let _ = outbox
         .transaction(|tx| {
             for i in 0..20 {
-                outbox.enqueue(tx, Event::new("telemetry.reading", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("telemetry.reading", json!({"i": i})))?;
             }
             for i in 0..5 {
-                outbox.enqueue(tx, Event::new("order.updated", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("order.updated", json!({"i": i})))?;
             }
             for (i, p) in [1u8, 9, 9].into_iter().enumerate() {
                 let e = outbox.enqueue(
@@ -49,7 +49,7 @@ fn the_most_urgent_go_first_and_a_keys_events_keep_commit_order() {
                 keyed.push(e.event_id().to_string());
             }
             for i in 0..3 {
-                outbox.enqueue(tx, Event::new("alarm.smoke", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("alarm.smoke", json!({"i": i})))?;
             }
             // An explicit priority beats the type's default.
             outbox.enqueue(tx, Event::new("telemetry.urgent", json!({})).priority(8))
@@ -72,7 +72,7 @@ fn the_most_urgent_go_first_and_a_keys_events_keep_commit_order() {
     assert!(wait_until(Duration::from_secs(30), || receiver
         .event_count()
         >= rows.len()));
-    relay.shutdown();
+    let _ = relay.shutdown();
     let received = receiver.event_ids();
     // Unkeyed events: by priority, most urgent first, then in commit order.
     let unkeyed: Vec<&String> = received.iter().filter(|id| !keyed.contains(id)).collect();

@@ -26,9 +26,9 @@ fn a_destination_added_later_gets_the_delivered_events_with_their_ids_in_key_ord
                     Event::new("order.placed", json!({"i": i})).partition_key("customer-1"),
                 )?;
                 orders.push(e.event_id().to_string());
-                outbox.enqueue(tx, Event::new("telemetry", json!({"i": i})))?;
+                let _ = outbox.enqueue(tx, Event::new("telemetry", json!({"i": i})))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let a = TestReceiver::ok();
@@ -40,7 +40,7 @@ fn a_destination_added_later_gets_the_delivered_events_with_their_ids_in_key_ord
         &outbox,
         Duration::from_secs(30)
     ));
-    relay.shutdown();
+    let _ = relay.shutdown();
 
     // Nothing delivered in the future, nothing before the dawn of time.
     let future = SystemTime::now() + Duration::from_secs(3600);
@@ -62,7 +62,7 @@ fn a_destination_added_later_gets_the_delivered_events_with_their_ids_in_key_ord
         .start()
         .unwrap();
     assert!(wait_until(Duration::from_secs(30), || b.event_count() >= 5));
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert_eq!(
         b.event_ids(),
         orders,
@@ -158,9 +158,9 @@ fn a_long_history_is_replayed_in_pages_each_event_once() {
     outbox
         .transaction(|tx| {
             for i in 0..1_300 {
-                outbox.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     // Delivered to both, as a relay would have marked them.

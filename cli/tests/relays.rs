@@ -36,7 +36,7 @@ fn enqueue(outbox: &Outbox, n: usize) {
     let mut conn = outbox.connection().unwrap();
     let tx = conn.transaction().unwrap();
     for i in 0..n {
-        outbox
+        let _ = outbox
             .enqueue(
                 &tx,
                 Event::new("t", json!(i)).partition_key(format!("k{}", i % 20)),

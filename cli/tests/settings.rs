@@ -71,7 +71,7 @@ fn the_builder_writes_its_settings_and_warns_of_what_it_overrides() {
 
     // An opener that sets nothing follows the file.
     let plain = Outbox::open(&db).unwrap();
-    plain
+    let _ = plain
         .transaction(|tx| plain.enqueue(tx, Event::new("order.created", json!({}))))
         .unwrap();
     assert_eq!(destinations(&plain), ["billing", "audit"]);
@@ -105,7 +105,8 @@ fn a_running_app_follows_settings_changed_by_the_cli() {
     let db = dir.path().join("live.db");
     let app = Outbox::open(&db).unwrap();
     let enqueue = || {
-        app.transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
+        let _ = app
+            .transaction(|tx| app.enqueue(tx, Event::new("order.created", json!({}))))
             .unwrap();
     };
     enqueue();

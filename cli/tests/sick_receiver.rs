@@ -23,9 +23,9 @@ fn a_receiver_answering_503_for_30_s_dead_letters_nothing_and_gets_everything_af
     outbox
         .transaction(|tx| {
             for i in 0..EVENTS {
-                outbox.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
+                let _ = outbox.enqueue(tx, Event::new("reading", json!({ "i": i })))?;
             }
-            Ok(())
+            Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
     let outage_ends = Instant::now() + Duration::from_secs(30);

@@ -79,7 +79,7 @@ fn idle(dir: &Path) -> Vec<Line> {
         .relay(RelayConfig::http(&receiver.url).retention(Some(Duration::from_secs(3600))))
         .start()
         .unwrap();
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, order_event(1)))
         .unwrap();
     assert!(receiver.wait_for(1, Duration::from_secs(10)));
@@ -97,7 +97,7 @@ fn idle(dir: &Path) -> Vec<Line> {
         theirs.push(spent(&before, &after, honker_thread));
         before = after;
     }
-    relay.shutdown();
+    let _ = relay.shutdown();
     assert!(
         theirs.iter().any(|(w, _)| *w > 0),
         "honker's watcher thread not found"
@@ -215,7 +215,7 @@ fn receipts(dir: &Path, round: usize, from_another_process: bool) -> Vec<Duratio
         paced_orders(&outbox, CROSS_COMMITS as i64, CROSS_PACE)
     };
     assert!(receiver.wait_for(CROSS_COMMITS, Duration::from_secs(30)));
-    relay.shutdown();
+    let _ = relay.shutdown();
     committed
         .iter()
         .map(|(n, at)| receiver.arrived(*n).unwrap().saturating_duration_since(*at))
@@ -418,7 +418,7 @@ fn trickle(dir: &Path) -> Vec<Line> {
             .map(|t| t.join().unwrap())
     });
     for (_, _, relay, _) in [lingering, direct] {
-        relay.shutdown();
+        let _ = relay.shutdown();
     }
     let (mut lingered, mut sent) = (lingered, sent);
     let (requests, low, high) = median_spread(lingered.requests_per_1000.clone());
@@ -468,7 +468,7 @@ fn paced_orders(outbox: &Outbox, count: i64, pace: Duration) -> Vec<(i64, Instan
             if let Some(wait) = (start + pace * n as u32).checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            outbox
+            let _ = outbox
                 .transaction(|tx| outbox.enqueue(tx, Event::new("order.created", order_data(n))))
                 .unwrap();
             (n, Instant::now())

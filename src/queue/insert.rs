@@ -38,7 +38,7 @@ pub(crate) struct NewRow<'a> {
 /// only read so far into a writer while another connection writes (`SQLITE_BUSY`), but a
 /// first write simply waits for the lock. So the parking check is part of the `INSERT`.
 pub(crate) fn insert(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     row: &NewRow<'_>,
     destinations: &[&str],
     mut inserted: impl FnMut(&str),
@@ -159,7 +159,7 @@ pub(super) const KEY_PENDING_SQL: &str = concat!("SELECT ", key_pending!("?1", "
 /// The checks are not written into the `INSERT` itself: a statement that reads the table
 /// it inserts into makes SQLite compute every row before writing the first, so a row
 /// would not see the rows listed before it.
-pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> Result<()> {
+pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result<()> {
     use rusqlite::OptionalExtension;
     if rows.is_empty() {
         return Ok(());
@@ -230,7 +230,7 @@ pub(crate) fn insert_run(tx: &Transaction<'_>, rows: &[(&str, NewRow<'_>)]) -> R
 
 /// The id of the event that holds idempotency `key` for `destination`, if any.
 pub(crate) fn idempotency_holder(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     destination: &str,
     key: &str,
 ) -> Result<Option<String>> {
@@ -246,7 +246,7 @@ pub(crate) fn idempotency_holder(
 /// Deletes the pending, unleased rows of `event_type` with coalescing `key` for each of
 /// `destinations`: a new event replaces them. Returns how many; counted in `outbox_stats`.
 pub(crate) fn coalesce(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     event_type: &str,
     key: &str,
     destinations: &[&str],
@@ -305,7 +305,7 @@ pub(super) const DROPPABLE_OLDEST_SQL: &str = concat!(
 
 /// Deletes the oldest pending, unleased droppable rows until `need` is met; returns how many,
 /// or `None` (and deletes nothing) if all of them together are not enough.
-pub(crate) fn drop_oldest(tx: &Transaction<'_>, need: &RoomNeeded) -> Result<Option<usize>> {
+pub(crate) fn drop_oldest(tx: &Connection, need: &RoomNeeded) -> Result<Option<usize>> {
     // A walk of the droppable index in id order that stops once there is room: its cost is
     // the rows it drops (plus any leased ones it steps over), not the backlog.
     let mut victims = Vec::new();

@@ -507,9 +507,9 @@ mod tests {
         outbox
             .transaction(|tx| {
                 for i in 0..(FOLD_IDS * 2 + 500) {
-                    outbox.enqueue(tx, crate::Event::new("t", serde_json::json!(i)))?;
+                    let _ = outbox.enqueue(tx, crate::Event::new("t", serde_json::json!(i)))?;
                 }
-                Ok(())
+                Ok::<_, crate::Error>(())
             })
             .unwrap();
         in_tx(&outbox, |c| {

@@ -339,7 +339,9 @@ mod tests {
             while !done.load(Ordering::Relaxed) {
                 outbox
                     .transaction(|tx| {
-                        Ok(tx.execute("INSERT INTO filler VALUES (randomblob(100))", [])?)
+                        Ok::<_, crate::Error>(
+                            tx.execute("INSERT INTO filler VALUES (randomblob(100))", [])?,
+                        )
                     })
                     .unwrap();
                 std::thread::sleep(Duration::from_micros(500));
@@ -372,7 +374,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let outbox = Outbox::open(dir.path().join("catch-up.db")).unwrap();
         outbox
-            .transaction(|tx| Ok(tx.execute_batch("CREATE TABLE filler (b BLOB)")?))
+            .transaction(|tx| {
+                Ok::<_, crate::Error>(tx.execute_batch("CREATE TABLE filler (b BLOB)")?)
+            })
             .unwrap();
         let (_stop, stop) = crossbeam_channel::bounded::<()>(0);
         let conn = outbox.unpooled_connection().unwrap();

@@ -14,6 +14,7 @@ use crate::transport::{HttpConfig, Transport};
 /// [`destination`](RelayConfig::destination) for several, and change what you need; every
 /// setter documents its default.
 #[derive(Clone)]
+#[must_use = "a RelayConfig does nothing until `Outbox::relay(config).start()`"]
 pub struct RelayConfig {
     pub(crate) destinations: Vec<Destination>,
     pub(crate) name: Option<String>,

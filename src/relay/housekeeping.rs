@@ -185,12 +185,8 @@ fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
         .map(|p| p.rows)
         .sum();
     let oldest = crate::oldest::oldest_pending_anywhere(&snapshot)?;
-    let (pages, page_size): (i64, i64) = snapshot.query_row(
-        "SELECT * FROM pragma_page_count(), pragma_page_size()",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let database_bytes = crate::database::database_bytes(&snapshot)?;
     drop(snapshot);
-    crate::telemetry::gauges(pending, oldest.map(|t| now_ms - t), pages * page_size);
+    crate::telemetry::gauges(pending, oldest.map(|t| now_ms - t), database_bytes);
     Ok(())
 }

@@ -33,7 +33,7 @@ mod worker;
 mod writer;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,7 @@ use writer::Writer;
 
 /// A relay, configured but not yet running. Made by [`Outbox::relay`].
 #[derive(Debug)]
+#[must_use = "a Relay does nothing until `.start()`"]
 pub struct Relay {
     outbox: Outbox,
     config: RelayConfig,
@@ -169,10 +170,12 @@ impl Relay {
         log::info!("relay {relay_id}: started");
         Ok(RelayHandle {
             relay_id,
-            stop_tx: Some(stop_tx),
-            writer: Some(writer),
-            checkpointer: Some((checkpoint_stop_tx, checkpointer)),
-            workers,
+            threads: Mutex::new(Threads {
+                stop_tx: Some(stop_tx),
+                writer: Some(writer),
+                checkpointer: Some((checkpoint_stop_tx, checkpointer)),
+                workers,
+            }),
             shutdown_timeout,
             counters,
             transports: clocks,
@@ -181,17 +184,25 @@ impl Relay {
 }
 
 /// A running relay. [`shutdown`](Self::shutdown) stops it; dropping the handle does the same.
+#[must_use = "dropping the RelayHandle stops the relay at once; keep it for as long as the relay should run"]
 pub struct RelayHandle {
     relay_id: String,
+    /// Behind a lock, so that [`shutdown`](Self::shutdown) takes `&self`: the handle can sit
+    /// in the app's shared state (an `Arc`, a `static`) and be stopped from there.
+    threads: Mutex<Threads>,
+    shutdown_timeout: Duration,
+    counters: Arc<Counters>,
+    /// The destinations' transports, for their clock offset estimates.
+    transports: Vec<Arc<dyn Transport>>,
+}
+
+/// The threads a running relay owns, taken (and joined) once by the first shutdown.
+struct Threads {
     stop_tx: Option<Sender<()>>,
     writer: Option<Watched<ShutdownReport>>,
     /// The checkpointer thread and the sender whose drop stops it.
     checkpointer: Option<(Sender<()>, Watched<()>)>,
     workers: Vec<Watched<()>>,
-    shutdown_timeout: Duration,
-    counters: Arc<Counters>,
-    /// The destinations' transports, for their clock offset estimates.
-    transports: Vec<Arc<dyn Transport>>,
 }
 
 impl fmt::Debug for RelayHandle {
@@ -212,9 +223,18 @@ impl RelayHandle {
     /// Whether the relay's writer thread is running (it ends only at shutdown: a panic in it
     /// is caught and the writer started again, counted in [`RelayStats::writer_restarts`]).
     pub fn is_running(&self) -> bool {
-        self.writer
+        self.threads()
+            .writer
             .as_ref()
             .is_some_and(|w| !w.handle.is_finished())
+    }
+
+    /// The relay's threads; a panic while they were locked left nothing half-changed that
+    /// matters here (each field is taken whole), so a poisoned lock is used as it is.
+    fn threads(&self) -> std::sync::MutexGuard<'_, Threads> {
+        self.threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// What the relay has done so far.
@@ -227,12 +247,13 @@ impl RelayHandle {
     /// for in-flight deliveries, and joins every thread that has ended by then.
     ///
     /// Returns within the shutdown timeout plus a small margin, even when the receiver hangs.
-    pub fn shutdown(mut self) -> ShutdownReport {
-        self.stop()
-    }
-
-    fn stop(&mut self) -> ShutdownReport {
-        let Some(stop_tx) = self.stop_tx.take() else {
+    /// Takes `&self`, so a handle kept in shared state (`Arc<RelayHandle>`, a `static
+    /// OnceLock`) can be shut down from wherever the app exits; the first call stops the
+    /// relay and reports, later calls (and the drop) find it stopped and return an empty
+    /// report.
+    pub fn shutdown(&self) -> ShutdownReport {
+        let mut threads = self.threads();
+        let Some(stop_tx) = threads.stop_tx.take() else {
             return ShutdownReport::default();
         };
         // Dropping the sender disconnects the channel: the writer sees it on its next wait.
@@ -240,7 +261,7 @@ impl RelayHandle {
         // The writer spends at most the shutdown timeout waiting for in-flight work, plus one
         // SQLite write; give it that and a margin.
         let deadline = Instant::now() + self.shutdown_timeout + Duration::from_secs(2);
-        let mut report = match self.writer.take().map(|w| w.join_by(deadline)) {
+        let mut report = match threads.writer.take().map(|w| w.join_by(deadline)) {
             Some(Some(Ok(report))) => report,
             Some(Some(Err(_))) => {
                 log::error!("relay {}: writer thread panicked", self.relay_id);
@@ -250,14 +271,14 @@ impl RelayHandle {
         };
         // Workers stuck in a request get until the same deadline, then are left to time out.
         let worker_deadline = Instant::now().min(deadline) + Duration::from_millis(200);
-        for worker in self.workers.drain(..) {
+        for worker in threads.workers.drain(..) {
             if worker.join_by(worker_deadline).is_none() {
                 report.detached_threads += 1;
             }
         }
         // The checkpointer stops between checkpoints; one under way copies at most the
         // WAL's bounded size.
-        if let Some((stop, checkpointer)) = self.checkpointer.take() {
+        if let Some((stop, checkpointer)) = threads.checkpointer.take() {
             drop(stop);
             if checkpointer.join_by(worker_deadline).is_none() {
                 report.detached_threads += 1;
@@ -270,6 +291,6 @@ impl RelayHandle {
 
 impl Drop for RelayHandle {
     fn drop(&mut self) {
-        self.stop();
+        let _ = self.shutdown();
     }
 }

@@ -82,6 +82,7 @@ pub struct RelayStats {
 /// How a relay's shutdown went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
+#[must_use = "the report says which events were abandoned in flight"]
 pub struct ShutdownReport {
     /// Claimed events no worker had started, handed back at once.
     pub released: usize,

@@ -38,6 +38,7 @@ const DETAIL_LIMIT: usize = 256;
 /// # let _ = http;
 /// ```
 #[derive(Clone)]
+#[must_use = "an HttpConfig does nothing until it is given to a RelayConfig or a transport"]
 pub struct HttpConfig {
     connect_timeout: Duration,
     request_timeout: Duration,

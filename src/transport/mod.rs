@@ -34,6 +34,7 @@ use std::time::Duration;
 pub(crate) use http::agent_config;
 pub use http::{HttpConfig, HttpTransport};
 #[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
 pub use sending::Sending;
 
@@ -41,6 +42,7 @@ pub use crate::outbound::OutboundEvent;
 
 /// What one delivery attempt came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Attempt {
     /// The receiver answered with an HTTP status (any status: the relay classifies it).
     Answered {

@@ -536,6 +536,7 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
         Err(ReceiveError::Body(e)) => {
             return text(StatusCode::BAD_REQUEST, &format!("not CloudEvents: {e}"))
         }
+        Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     if let (Some(rate), Some(source)) = (&state.rate, &source) {
         rate.take(source, std::time::Instant::now());

@@ -51,6 +51,7 @@ pub(crate) const IN_FLIGHT_LIMIT: u16 = 1024;
 /// Settings of an MQTT destination. Setters never fail; [`Relay::start`](crate::Relay::start)
 /// checks them.
 #[derive(Clone)]
+#[must_use = "an MqttConfig does nothing until it is given to a Destination"]
 pub struct MqttConfig {
     pub(crate) topic: String,
     pub(crate) client_id: Option<String>,

@@ -95,10 +95,7 @@ pub fn run_import(args: ImportArgs) -> Outcome {
             args.url
         )));
     }
-    let options = ImportOptions {
-        max_attempts: args.max_attempts.max(1),
-        ..ImportOptions::default()
-    };
+    let options = ImportOptions::default().max_attempts(args.max_attempts.max(1));
     let report = import(&args.file, &secret, &args.url, &options)?;
     println!(
         "delivered {} events, {} given up",

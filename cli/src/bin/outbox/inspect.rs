@@ -195,9 +195,7 @@ pub fn show(outbox: &Outbox, args: ShowArgs) -> Outcome {
 }
 
 pub fn health(outbox: &Outbox, args: HealthArgs) -> Outcome {
-    let h = outbox.health(HealthThresholds {
-        max_pending_age: args.max_pending_age,
-    })?;
+    let h = outbox.health(HealthThresholds::default().max_pending_age(args.max_pending_age))?;
     if args.json {
         println!("{}", serde_json::to_string(&h).unwrap_or_default());
     } else if h.ok {

@@ -45,10 +45,9 @@ pub struct EnableArgs {
 
 pub fn retry(outbox: &Outbox, args: RetryArgs) -> Outcome {
     let reset = if args.all_dead {
-        outbox.retry_dead(&DeadFilter {
-            event_type: args.event_type,
-            ..DeadFilter::default()
-        })?
+        let mut filter = DeadFilter::all();
+        filter.event_type = args.event_type;
+        outbox.retry_dead(&filter)?
     } else {
         let refs: Vec<&str> = args.event_ids.iter().map(String::as_str).collect();
         outbox.retry(&refs)?

@@ -1,0 +1,81 @@
+//! How the relay behaves: every answer and failure, wrong clocks, and its threads.
+//!
+//! # How the relay behaves
+//!
+//! | situation | what happens |
+//! |---|---|
+//! | 2xx | delivered; many acks are written in one transaction |
+//! | 5xx, 408, 429 | retried with exponential backoff and full jitter (1 s base, 5 min cap), or at `Retry-After` (seconds or HTTP date, capped at 1 h) if later; dead-lettered after 25 answered attempts |
+//! | 429 | also pauses that destination (only) for its `Retry-After`, or the retry base without one |
+//! | a rate or bandwidth limit with a backlog far larger than a lease's worth | the destination claims only what its limits let out within a quarter of the lease; the backlog goes out at the rate, each event once, none handed back unsent for ever |
+//! | 410 | the destination is disabled (persisted; its events stay pending, attempts untouched) until [`Outbox::enable_destination`](crate::Outbox::enable_destination) |
+//! | 400, 413 or 422 to a batch | the batch is split in halves and sent again at once, halves of halves as long as they are refused, spending no attempt on a split: only an event refused alone is dead-lettered, with the receiver's reason; the rest are delivered |
+//! | other 4xx | dead-lettered at once with status and body start kept ([`RelayConfig::dead_letter_client_errors`](crate::RelayConfig::dead_letter_client_errors)`(false)` retries them instead) |
+//! | DNS failure, connection refused, connect timeout, TLS handshake failure (the request never left) | the **destination** backs off as a whole (250 ms doubling to 30 s, jittered), then one probe event is sent; no event spends an attempt, so a device offline for a week dead-letters nothing; the first answer lifts the backoff and the backlog drains at full speed. A released probe moves behind the other due events, so the next probe is another event |
+//! | 502, 503 or 504 (or 503/429 with `Retry-After`) to three requests in a row for three different events: the receiver's own backend is down (its store restarting, a load balancer with no healthy upstream) | the answers that made the judgement spent an attempt each; from then on the **destination** is treated as unreachable: no event spends an attempt (requests still in flight included), the destination backs off as a whole for at least the `Retry-After`, single probes, and the first other answer lifts it and the backlog drains at full speed. An hour's outage dead-letters nothing. One event answered so while others succeed (a poison event) never makes three in a row and spends its attempts |
+//! | the request was written but no valid answer came (read timeout, reset or close mid-response, malformed answer) | that **event** spends an attempt and backs off on its own, like a 5xx; the destination stays open, so a poison event that hangs or crashes the receiver is dead-lettered at `max_attempts` while every other event keeps flowing |
+//! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
+//! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
+//! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
+//! | an ack cannot be written (an app transaction holds the write lock past the busy timeout, a full disk) | the outcomes are kept and written again every 100 ms while their leases hold, so a delivered event is not sent again |
+//! | the writer thread panics (a bug) | caught and logged; the writer starts again after a pause doubling up to 30 s; counted in [`RelayStats::writer_restarts`](crate::RelayStats::writer_restarts) and [`ShutdownReport::writer_restarts`](crate::ShutdownReport::writer_restarts) |
+//! | a setting is out of range (a lease of centuries, a zero poll interval or backoff, a header with a newline, a malformed secret) | [`Relay::start`](crate::Relay::start) refuses it with [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting; nothing is ever dead-lettered for it |
+//! | the power fails | nothing was sent before its commit reached the disk; after the reboot, events whose ack was lost are sent again (duplicates), the rest wait as before; see [Durability](crate::guide::durability) |
+//! | a relay crashes | its leases (60 s) expire and any relay, in this or another process, claims the events again; every start adds a random id to its lease owners, so two relays given one name never share an owner |
+//! | a stale relay comes back | every write-back is fenced by the claim's lease owner: an outcome for a lease that was taken over is discarded ([`RelayStats::lease_lost`](crate::RelayStats::lease_lost)) |
+//! | `shutdown()` or drop | stops claiming, hands back claimed events no worker started, waits up to `shutdown_timeout` (10 s) for in-flight requests, joins every thread that ended; returns even if the receiver hangs |
+//!
+//! Each row is decided by one pure function (`src/relay/decide.rs`), with a unit test per
+//! row. One writer thread owns every SQLite write of the relay (claims and acks); delivery
+//! workers (4 by default, per destination) only do HTTP, so a slow receiver never holds the
+//! write lock. The claim is one `UPDATE … RETURNING` over a partial index, so its cost does
+//! not grow with delivered history (a test pins the query plan), and events queued behind an
+//! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
+//! costs the claim nothing either (`src/queue/mod.rs` draws the row's state machine). Acks are
+//! gathered (up to 200 per transaction, waiting at most 1 ms for more) and written a hundred
+//! rows a statement, each row still fenced by its lease, claims wait until a
+//! whole batch fits, and a thread of the relay's own checkpoints the WAL in the background
+//! on its own connection (PASSIVE, which takes no lock a writer needs, so neither claims nor
+//! the app's commits wait for the copy; and past 16 MiB a RESTART, or a TRUNCATE once the
+//! file passed 64 MiB, that never busy-waits: while another process holds a read
+//! transaction, a backup or a report query, the reset is skipped and retried after a growing
+//! pause, so the app's commits never wait behind it), so the app's own commits do not pay for
+//! checkpoints. A writer waiting for
+//! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
+//!
+//! # Clocks
+//!
+//! Devices without a real-time clock boot in 1970 or wherever their last shutdown left them,
+//! and NTP, a user or a phone app sets them later. The wall clock is therefore used only as
+//! data (commit times, due times, lease ends, signatures); every wait runs on `Instant`.
+//!
+//! - **Skew against the receiver.** Standard Webhooks receivers refuse a signature whose
+//!   timestamp is more than 5 minutes from their own clock. The HTTP transport estimates the
+//!   offset from every answer's `Date` header (the median of the last 5 samples) and, once it
+//!   reaches 30 s, signs with the corrected time; the correction is logged once and shown in
+//!   [`RelayStats::clock_offset_ms`](crate::RelayStats::clock_offset_ms). A 4xx answered to a request signed 30 s or more away
+//!   from the receiver's clock is not a verdict on the event: it is retried with the
+//!   corrected time (spending an attempt), never dead-lettered with the backlog after it.
+//! - **Jumps.** A destination's offline backoff and 429 pause run on `Instant`, so a jump
+//!   neither stretches nor cuts them. A lease taken more than 5 s later than now was taken
+//!   while the clock was ahead: it counts as expired. A due time written while
+//!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
+//!   now, keeping the wait it was given; the relay does this when it starts and whenever it
+//!   sees the wall clock move more than 2 s away from `Instant` between two polls.
+//!
+//! `tests/clocks.rs` covers these with an injected clock; `cli/tests/clocks_cli.rs` runs the
+//! `outbox relay` CLI under `faketime` 10 minutes behind, 10 minutes ahead and a day ahead.
+//!
+//! # About threads
+//!
+//! [`Outbox`](crate::Outbox) is `Send + Sync` and cheap to clone. A relay runs one writer thread
+//! (`outbox-relay`, the only one that writes rows), one checkpointer (`outbox-checkpoint`,
+//! which only copies the WAL back into the file, on a connection outside the pool) and, per
+//! destination, a configurable number of delivery threads (`outbox-<destination>-<n>`) that
+//! only do HTTP; all are joined by [`RelayHandle::shutdown`](crate::RelayHandle::shutdown) or on drop, within a bounded
+//! time (`tests/threads.rs`). An MQTT destination adds its connection thread
+//! (`outbox-mqtt-<destination>`); an `outbox_cli::ingest::IngestServer` runs two I/O threads
+//! (`outbox-ingest-io`) and its database threads (`outbox-ingest-db-<n>`), joined by its
+//! `shutdown`. Every blocking call has a
+//! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
+//! timeout).
