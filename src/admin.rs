@@ -379,10 +379,10 @@ impl Outbox {
     /// its own short transaction with a pause between, for at most 250 ms a call (a first
     /// call with at most 20,000 pending rows folds them all at once through the pending
     /// index, however long the history). On a file migrated with a large backlog the first
-    /// calls count the rows not folded yet one by one (exact all the same, but slower: 0.87 s
-    /// beside 1M pending in the bench, while an app's commit from another process waits at
-    /// most 9 ms, scripts/app_commit_wait.py). Rows edited by hand in `outbox_events`, outside this crate
-    /// and the `outbox_enqueue` view, bypass the totals.
+    /// calls count the rows not folded yet one by one (exact all the same, but slower, and
+    /// never holding the write lock long; docs/PERFORMANCE.md has the figures). Rows edited
+    /// by hand in `outbox_events`, outside this crate and the `outbox_enqueue` view, bypass
+    /// the totals.
     ///
     /// # Errors
     ///

@@ -380,19 +380,19 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let now = stored_version(&tx, path)?;
         check_not_too_new(now)?;
-        let needs_record = !matches!(now, StoredVersion::Own(_));
         if now.version() < version {
             tx.execute_batch(sql)?;
             record_version(&tx, version)?;
-        } else if needs_record {
+        } else if let StoredVersion::Legacy(legacy) = now {
             // The take-over of an earlier release's file: its version, now in our table.
-            record_version(&tx, now.version())?;
+            record_version(&tx, legacy)?;
         }
         tx.commit()?;
         Ok(())
     };
-    if let StoredVersion::Legacy(_) = found {
-        step(conn, 0, "")?;
+    if let StoredVersion::Legacy(legacy) = found {
+        // Records the version the file is at (no migration runs for it).
+        step(conn, legacy, "")?;
     }
     for (version, sql) in migrations() {
         if version > found.version() {
@@ -546,6 +546,17 @@ pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A file as release 0.1 left it at schema `version`: the outbox's version in
+    /// `user_version`.
+    fn legacy_file(path: &Path, version: i64) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        for (v, sql) in migrations().into_iter().filter(|(v, _)| *v <= version) {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", v).unwrap();
+        }
+        conn
+    }
+
     #[test]
     fn schema_splits_into_ascending_migrations() {
         let m = migrations();
@@ -572,12 +583,7 @@ mod tests {
     fn a_version_3_file_starts_its_high_water_at_its_highest_id() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v3.db");
-        let mut conn = Connection::open(&path).unwrap();
-        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 3) {
-            conn.execute_batch(sql).unwrap();
-            // Files of 0.1 kept the outbox's version in user_version.
-            conn.pragma_update(None, "user_version", version).unwrap();
-        }
+        let mut conn = legacy_file(&path, 3);
         for id in [5, 9] {
             conn.execute(
                 "INSERT INTO outbox_events (id, event_id, event_type, payload, created_at,
@@ -598,12 +604,7 @@ mod tests {
     fn a_version_12_file_keeps_its_pending_event_and_takes_trace_context_after_migrating() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v12.db");
-        let mut conn = Connection::open(&path).unwrap();
-        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 12) {
-            conn.execute_batch(sql).unwrap();
-            // Files of 0.1 kept the outbox's version in user_version.
-            conn.pragma_update(None, "user_version", version).unwrap();
-        }
+        let mut conn = legacy_file(&path, 12);
         conn.execute_batch("INSERT INTO outbox_enqueue (type, data) VALUES ('old', '1')")
             .unwrap();
         // The version-12 view has no trace columns.
@@ -652,11 +653,7 @@ mod tests {
     fn a_legacy_file_whose_user_version_the_app_moved_on_is_taken_over_at_13() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("moved.db");
-        let mut conn = Connection::open(&path).unwrap();
-        for (version, sql) in migrations().into_iter().filter(|(v, _)| *v <= 13) {
-            conn.execute_batch(sql).unwrap();
-            conn.pragma_update(None, "user_version", version).unwrap();
-        }
+        let mut conn = legacy_file(&path, 13);
         // The app's migration tool believed 13 of its migrations had run, and ran 14 to 20.
         conn.pragma_update(None, "user_version", 20).unwrap();
         migrate(&mut conn, &path).unwrap();

@@ -71,8 +71,8 @@
 //! - **On its own connections only**: `synchronous` ([`Synchronous`]), `foreign_keys=ON`,
 //!   `wal_autocheckpoint` (8192 pages) and a busy handler (5 s). The app's connections keep
 //!   theirs. A running relay checkpoints the WAL from a thread of its own (PASSIVE, and past
-//!   16 MiB a RESTART that never waits on the app's readers) and prunes delivered rows
-//!   older than its retention, a page per transaction.
+//!   16 MiB a RESTART that never waits on the app's readers), prunes delivered rows older
+//!   than its retention, a page per transaction, and hands the freed pages back.
 //! - **Never**: `PRAGMA user_version` and `application_id` (the app's), the app's tables,
 //!   the app's connections, the process's working directory. A relative path is resolved
 //!   once at [`OutboxBuilder::open`], so the outbox keeps to its file after the app changes

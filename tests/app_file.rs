@@ -161,6 +161,33 @@ fn the_outbox_opens_a_file_whatever_the_apps_user_version_and_leaves_it_as_found
     }
 }
 
+/// Each row's id, type, attempts, lease holder, and whether it is delivered or dead.
+type RowState = (String, String, i64, Option<String>, bool, bool);
+
+fn row_states(conn: &Connection) -> Vec<RowState> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT event_id, event_type, attempts, lease_owner, delivered_at IS NOT NULL,
+                    dead_at IS NOT NULL FROM outbox_events ORDER BY id",
+        )
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    rows
+}
+
 #[test]
 fn a_file_made_by_release_0_1_is_taken_over_with_every_row_setting_and_total() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,30 +201,7 @@ fn a_file_made_by_release_0_1_is_taken_over_with_every_row_setting_and_total() {
     )
     .unwrap();
     assert_eq!(user_version(&path), 13);
-    let before: Vec<(String, String, i64, Option<String>, bool, bool)> = {
-        let conn = Connection::open(&path).unwrap();
-        let mut stmt = conn
-            .prepare(
-                "SELECT event_id, event_type, attempts, lease_owner, delivered_at IS NOT NULL,
-                        dead_at IS NOT NULL FROM outbox_events ORDER BY id",
-            )
-            .unwrap();
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            })
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
-        rows
-    };
+    let before = row_states(&Connection::open(&path).unwrap());
     assert_eq!(before.len(), 6);
 
     let outbox = Outbox::open(&path).unwrap();
@@ -206,21 +210,7 @@ fn a_file_made_by_release_0_1_is_taken_over_with_every_row_setting_and_total() {
         outbox_schema_version(&path),
         sqlite_outbox::admin::schema_version()
     );
-    let after: Vec<(String, String, i64, Option<String>, bool, bool)> = common::query_rows(
-        &outbox,
-        "SELECT event_id, event_type, attempts, lease_owner, delivered_at IS NOT NULL,
-                dead_at IS NOT NULL FROM outbox_events ORDER BY id",
-        |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        },
-    );
+    let after = row_states(&outbox.connection().unwrap());
     assert_eq!(after, before, "every row as it was");
     let stats = outbox.stats().unwrap();
     // Pending: two, and the leased one, whose lease has run out (so not in flight).
