@@ -1,4 +1,4 @@
--- sqlite-outbox schema: the one source of truth, applied by src/database.rs.
+-- sqlite-outbox schema: the one source of truth, applied by src/store/database.rs.
 --
 -- Each `-- version N` line starts migration N. A database records the last
 -- migration it has applied in its table outbox_schema (never in PRAGMA
@@ -91,7 +91,7 @@ CREATE INDEX outbox_events_pending_by_coalesce_key
 
 -- Totals of events dropped by a storage policy and replaced by coalescing,
 -- and, while any opener of the file sets a storage limit, exact pending
--- totals kept by triggers (see src/limits.rs, which creates them: they cost
+-- totals kept by triggers (see src/store/limits.rs, which creates them: they cost
 -- every write a little, so files without limits do without them).
 CREATE TABLE outbox_stats (
     id            INTEGER PRIMARY KEY CHECK (id = 1),
@@ -110,7 +110,7 @@ INSERT INTO outbox_stats (id) VALUES (1);
 -- rows are deleted (pruned, purged, replaced) their ids would be given out again, and after
 -- a quiet week a key's sequence would start again at 1. The queue therefore records the
 -- highest id a delete took when the table keeps nothing as high (and 0 when it does), and
--- an insert continues above it when the table has nothing higher (src/queue.rs,
+-- an insert continues above it when the table has nothing higher (src/store/queue/,
 -- `keep_ids_rising`). AUTOINCREMENT would do the same for every writer but costs one more
 -- page write per commit, 12-15% of a one-event enqueue.
 ALTER TABLE outbox_stats ADD COLUMN high_water INTEGER NOT NULL DEFAULT 0;
@@ -118,7 +118,7 @@ UPDATE outbox_stats SET high_water = (SELECT COALESCE(MAX(id), 0) FROM outbox_ev
 
 -- version 5
 
--- Costs that must not grow with history (src/admin.rs, src/queue.rs):
+-- Costs that must not grow with history (src/ops/admin.rs, src/store/queue/):
 -- `show EVENT_ID` seeks by event id;
 CREATE INDEX outbox_events_event_id ON outbox_events (event_id);
 -- dead letters are found without reading delivered rows (purge, retry, stats, listing);
@@ -142,7 +142,7 @@ ALTER TABLE outbox_events ADD COLUMN droppable INTEGER NOT NULL DEFAULT 0;
 
 -- When the current lease was taken (unix ms, the claiming relay's clock). A lease taken
 -- later than now (by more than a few seconds of skew) was taken while the clock was ahead:
--- it counts as expired, whatever its length (src/queue.rs).
+-- it counts as expired, whatever its length (src/store/queue/).
 ALTER TABLE outbox_events ADD COLUMN leased_at INTEGER;
 CREATE INDEX outbox_events_droppable
     ON outbox_events (id)
@@ -153,7 +153,7 @@ CREATE INDEX outbox_events_droppable
 -- Priority, 0 (least urgent) to 9 (most urgent), default 5: among due events a claim
 -- takes the most urgent first. The pending index leads with (destination, priority), so a
 -- claim is one short range per priority level, each stopping at its first row not yet due
--- (src/queue.rs): its cost stays that of the due rows, as before. A key's events still go
+-- (src/store/queue/): its cost stays that of the due rows, as before. A key's events still go
 -- in commit order whatever their priorities, since only a key's head is ever due.
 ALTER TABLE outbox_events ADD COLUMN priority INTEGER NOT NULL DEFAULT 5
     CHECK (priority BETWEEN 0 AND 9);
@@ -167,7 +167,7 @@ CREATE INDEX outbox_events_pending
 -- Expiry: an event not delivered by `expires_at` (unix ms) leaves the pending set as
 -- expired, a state of its own. It is stored as a dead row with `expired_at` set, so every
 -- pending index and the parking rules treat it like any row that left pending (its key's
--- next event is unparked), while dead-letter queries exclude it (src/queue.rs `dead!`).
+-- next event is unparked), while dead-letter queries exclude it (src/store/queue/ `dead!`).
 -- A claim never takes a row past its deadline; the relay's sweep walks this index.
 ALTER TABLE outbox_events ADD COLUMN expires_at INTEGER;
 ALTER TABLE outbox_events ADD COLUMN expired_at INTEGER;
@@ -187,7 +187,7 @@ ALTER TABLE outbox_events ADD COLUMN exported_at INTEGER;
 
 -- version 9
 
--- Settings every writer follows (src/settings.rs has the keys): routes, storage limits and
+-- Settings every writer follows (src/store/settings.rs has the keys): routes, storage limits and
 -- policies, the default source, priorities, lifetimes, the payload limit. The Rust
 -- builder writes what it was given, `outbox config set` checks and writes one, the
 -- enqueue triggers below read them on every insert.
@@ -393,7 +393,7 @@ END;
 -- version 10
 
 -- The oldest pending event without a pass over pending rows (`stats`, `health`; see
--- src/oldest.rs). An enqueued row is due at its commit time (available_at = created_at)
+-- src/store/oldest.rs). An enqueued row is due at its commit time (available_at = created_at)
 -- or parked, and a parked row is never the oldest (an older event of its key is pending).
 -- Only a later write moves a row's due time elsewhere (a retry's backoff, an unparking, an
 -- operator's retry, a re-anchoring): such rows are listed here by age. So the oldest
@@ -586,7 +586,7 @@ END;
 -- once at creation and sent unchanged on every hop), and the CloudEvents `dataschema` URI.
 -- The SQL contract takes them as columns of the same names; the view is made again with
 -- them (an INSERT that names its columns, as the contract shows, is unchanged), and its
--- trigger checks them with Outbox::enqueue's rules (src/trace_context.rs).
+-- trigger checks them with Outbox::enqueue's rules (src/wire/trace_context.rs).
 ALTER TABLE outbox_events ADD COLUMN traceparent TEXT;
 ALTER TABLE outbox_events ADD COLUMN tracestate TEXT;
 ALTER TABLE outbox_events ADD COLUMN dataschema TEXT;

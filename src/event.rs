@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
-use crate::cloudevents::is_absolute_uri;
 use crate::error::{Error, Result};
-use crate::trace_context::{check_tracestate, TraceParent};
+use crate::wire::cloudevents::is_absolute_uri;
+use crate::wire::trace_context::{check_tracestate, TraceParent};
 
 /// An event to be written to the outbox inside the caller's transaction.
 ///

@@ -4,8 +4,8 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::Result;
 use crate::outbound::OutboundEvent;
-use crate::queue::{self, ClaimRequest, WriteBack};
 use crate::relay::config::RelayConfig;
+use crate::store::queue::{self, ClaimRequest, WriteBack};
 
 /// Claims up to `limit` due events of `destination` as the relay does.
 pub fn claim(

@@ -139,62 +139,51 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod admin;
-mod backoff;
-pub mod bundle;
+// The library by layer, each using only those above it in this list (and the foundation):
+// `python3 scripts/modgraph.py src` checks it.
+//
+// - the foundation, at the root: `error`, `clock`, `outbound` (a claimed event, the one value
+//   the store, the wire and the transport share), `state` (where a delivery stands);
+// - `wire/`: formats and signatures;
+// - `event`: the app's event and its checks;
+// - `observe/`: metrics, spans, delivery notices;
+// - `store/`: the file, its rows and settings;
+// - `transport/`: the seam to the network;
+// - `outbox`: the app's handle;
+// - `relay/`, `ops/`, `receive/`: the relay's threads, what operators run on the file, the
+//   receiving side; none uses another;
+// - `internal` (for the benches) and the `guide` (docs only).
 pub mod clock;
-mod cloudevents;
-mod configure;
-mod content_encoding;
-mod database;
-mod destination;
-mod disabled;
 mod error;
 mod event;
 pub mod guide;
-mod inbox;
 #[doc(hidden)]
 pub mod internal;
-mod key_text;
-mod limits;
-pub mod notices;
-mod oldest;
+mod observe;
+mod ops;
 mod outbound;
 mod outbox;
-#[cfg(feature = "postgres")]
-mod pg;
-mod queue;
 pub mod receive;
-mod redeliver;
 mod relay;
-mod right_of_way;
-pub mod settings;
-mod signature;
-mod signing_key;
-mod source_header;
-mod spans;
 mod state;
-mod subscribe;
-mod telemetry;
-mod trace_context;
+mod store;
 pub mod transport;
-mod type_pattern;
-mod verify_error;
-mod wake;
-mod wal_watch;
 pub mod wire;
 
-pub use content_encoding::Compression;
-pub use database::Synchronous;
-pub use destination::Destination;
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event};
-pub use limits::StoragePolicy;
+pub use observe::notices;
+pub use ops::redeliver::Redelivery;
+pub use ops::{admin, bundle};
 pub use outbox::{Outbox, OutboxBuilder};
-pub use redeliver::Redelivery;
 pub use relay::config::RelayConfig;
+pub use relay::destination::Destination;
 pub use relay::stats::{RelayStats, ShutdownReport};
 pub use relay::{Relay, RelayHandle};
+pub use store::database::Synchronous;
+pub use store::limits::StoragePolicy;
+pub use store::settings;
+pub use wire::content_encoding::Compression;
 
 /// The rusqlite this crate was built with: use it for your own transactions.
 pub use rusqlite;

@@ -9,17 +9,19 @@ use crossbeam_channel::Receiver;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::clock::{Clock, SystemClock};
-use crate::database::{self, ConnectionSettings, OnConnect, Pool, PooledConnection, Synchronous};
-use crate::destination::{self, destinations_for, Route};
-use crate::disabled::{self, DisabledDestination};
 use crate::error::{Error, Result};
 use crate::event::{Enqueued, Event};
-use crate::limits::{StorageLimits, StoragePolicy};
-use crate::queue::{self, NewRow};
-use crate::right_of_way::RightOfWay;
-use crate::settings::{Explicit, LiveSettings, Settings};
-use crate::spans::CreateSpan;
-use crate::wake::Wakers;
+use crate::observe::spans::CreateSpan;
+use crate::store::database::{
+    self, ConnectionSettings, OnConnect, Pool, PooledConnection, Synchronous,
+};
+use crate::store::disabled::{self, DisabledDestination};
+use crate::store::limits::{StorageLimits, StoragePolicy};
+use crate::store::queue::{self, NewRow};
+use crate::store::right_of_way::RightOfWay;
+use crate::store::route::{self, destinations_for, Route};
+use crate::store::settings::{Explicit, LiveSettings, Settings};
+use crate::store::wake::Wakers;
 
 /// The longest an app transaction waits for a relay write transaction under way before it
 /// asks SQLite for the lock (and waits in the busy handler): relay transactions take
@@ -59,7 +61,7 @@ struct Inner {
     /// lets go first.
     right_of_way: RightOfWay,
     /// Who hears of delivered and dead events.
-    subscribers: crate::notices::Subscribers,
+    subscribers: crate::observe::notices::Subscribers,
 }
 
 impl fmt::Debug for Outbox {
@@ -127,7 +129,7 @@ impl Default for OutboxBuilder {
 
 impl OutboxBuilder {
     /// The default limit on an event's serialized data: 256 KiB.
-    pub const DEFAULT_PAYLOAD_LIMIT: usize = crate::settings::DEFAULT_PAYLOAD_LIMIT;
+    pub const DEFAULT_PAYLOAD_LIMIT: usize = crate::store::settings::DEFAULT_PAYLOAD_LIMIT;
 
     /// Sets the number of pooled connections. A running relay keeps one. Defaults to 4.
     pub fn pool_size(mut self, size: u32) -> Self {
@@ -313,7 +315,7 @@ impl OutboxBuilder {
             )));
         }
         for route in &self.routes {
-            destination::validate_name(route.destination())?;
+            route::validate_name(route.destination())?;
         }
         let path = database::resolve_path(path.as_ref())?;
         let settings = self.connection_settings();
@@ -322,13 +324,13 @@ impl OutboxBuilder {
         let rows = {
             let mut conn = pool.get()?;
             let rows = if explicit.rows.is_empty() && explicit.owned.is_empty() {
-                crate::settings::load_rows(&conn)?
+                crate::store::settings::load_rows(&conn)?
             } else {
-                crate::settings::overlay(&mut conn, &explicit)?
+                crate::store::settings::overlay(&mut conn, &explicit)?
             };
-            let limits = crate::settings::Settings::from_rows(&rows).limits;
+            let limits = crate::store::settings::Settings::from_rows(&rows).limits;
             if limits.is_set() {
-                crate::limits::ensure_totals(&mut conn)?;
+                crate::store::limits::ensure_totals(&mut conn)?;
                 limits.mark_pending(&mut conn)?;
             }
             rows
@@ -422,7 +424,7 @@ impl Outbox {
     }
 
     /// The subscribers to delivery notices (see `notices.rs`).
-    pub(crate) fn subscribers(&self) -> &crate::notices::Subscribers {
+    pub(crate) fn subscribers(&self) -> &crate::observe::notices::Subscribers {
         &self.inner.subscribers
     }
 
@@ -640,7 +642,7 @@ impl Outbox {
     fn write_run(&self, tx: &Connection, run: &mut Vec<(&str, NewRow<'_>)>) -> Result<()> {
         queue::insert_run(tx, run)?;
         for (destination, row) in run.drain(..) {
-            crate::telemetry::enqueued(row.event_type, destination);
+            crate::observe::telemetry::enqueued(row.event_type, destination);
         }
         Ok(())
     }
@@ -682,7 +684,7 @@ impl Outbox {
         if let Some(key) = &event.coalesce_key {
             let replaced = queue::coalesce(tx, &event.event_type, key, destinations, now)?;
             if replaced > 0 {
-                crate::telemetry::coalesced(&event.event_type, replaced);
+                crate::observe::telemetry::coalesced(&event.event_type, replaced);
             }
         }
         if settings.limits.is_set() {
@@ -693,7 +695,7 @@ impl Outbox {
         }
         let row = new_row(settings, ready, now);
         let inserted_any = queue::insert(tx, &row, destinations, |destination| {
-            crate::telemetry::enqueued(&event.event_type, destination)
+            crate::observe::telemetry::enqueued(&event.event_type, destination)
         })?;
         if !inserted_any {
             if let Some(key) = &event.idempotency_key {
@@ -785,7 +787,7 @@ impl Outbox {
         Ok(value)
     }
 
-    /// The writes that go before the relay's (see [`crate::right_of_way`]).
+    /// The writes that go before the relay's (see [`crate::store::right_of_way`]).
     pub(crate) fn right_of_way(&self) -> &RightOfWay {
         &self.inner.right_of_way
     }
@@ -830,7 +832,7 @@ impl Outbox {
     ///
     /// SQLite errors, or [`Error::InvalidConfig`] for a malformed name.
     pub fn disable_destination(&self, destination: &str, reason: &str) -> Result<()> {
-        destination::validate_name(destination)?;
+        route::validate_name(destination)?;
         let conn = self.connection()?;
         disabled::disable(&conn, destination, reason, self.now_ms())
     }

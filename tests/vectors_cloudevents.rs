@@ -1,7 +1,7 @@
 //! Every case of the CloudEvents HTTP conformance vectors (`tests/vectors/`), structured and
 //! batched, from the CloudEvents SDKs and conformance suite.
 //!
-//! The parser's choices on `ambiguous` cases are documented in `src/cloudevents.rs`; the
+//! The parser's choices on `ambiguous` cases are documented in `src/wire/cloudevents.rs`; the
 //! list below pins what each ambiguous case yields so a change of behaviour is deliberate.
 
 use base64::Engine;

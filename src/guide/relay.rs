@@ -31,7 +31,7 @@
 //! write lock. The claim is one `UPDATE … RETURNING` over a partial index, so its cost does
 //! not grow with delivered history (a test pins the query plan), and events queued behind an
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
-//! costs the claim nothing either (`src/queue/mod.rs` draws the row's state machine). Acks are
+//! costs the claim nothing either (`src/store/queue/mod.rs` draws the row's state machine). Acks are
 //! gathered (up to 200 per transaction, waiting at most 1 ms for more) and written a hundred
 //! rows a statement, each row still fenced by its lease, claims wait until a
 //! whole batch fits, and a thread of the relay's own checkpoints the WAL in the background

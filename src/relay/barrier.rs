@@ -31,10 +31,10 @@ use std::path::PathBuf;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::database::Synchronous;
 use crate::error::Result;
-use crate::queue::Claimed;
-use crate::right_of_way::RelayWrite;
+use crate::store::database::Synchronous;
+use crate::store::queue::Claimed;
+use crate::store::right_of_way::RelayWrite;
 
 /// What the barrier knows of the WAL's durability.
 pub(crate) struct Barrier {
@@ -124,9 +124,9 @@ fn data_version(conn: &Connection) -> Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::database;
-    use crate::queue::{self, ClaimRequest};
-    use crate::right_of_way::RightOfWay;
+    use crate::store::database;
+    use crate::store::queue::{self, ClaimRequest};
+    use crate::store::right_of_way::RightOfWay;
     use std::time::Duration;
 
     fn claim_all(barrier: &mut Barrier, conn: &mut Connection) -> usize {

@@ -11,7 +11,7 @@
 //! reaches the end of the WAL, so the WAL never starts over by itself. A blocking reset
 //! (RESTART) held every writer back while it copied and synced, 3.5 to 4.5 ms every 0.4 s
 //! of a drain, and the app's commits that met one waited that long. So the checkpointer
-//! catches up instead (`crate::right_of_way`): the relay's writer of this process holds off
+//! catches up instead (`crate::store::right_of_way`): the relay's writer of this process holds off
 //! while PASSIVE passes copy the last frames, each pass starting when no write transaction
 //! seen in this process is under way, until a pass finds nothing appended since the one
 //! before copied everything. The next write, the app's or the relay's, then begins on a

@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backoff::Backoff;
-use crate::destination::Destination;
 use crate::error::{Error, Result};
+use crate::relay::backoff::Backoff;
+use crate::relay::destination::Destination;
 use crate::transport::{HttpConfig, Transport};
 
 /// Settings of a relay. Start from [`RelayConfig::http`] for one URL,

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use crate::backoff::Backoff;
-use crate::queue::WriteBack;
+use crate::relay::backoff::Backoff;
 use crate::relay::config::RelayConfig;
+use crate::store::queue::WriteBack;
 use crate::transport::{Attempt, OutboundEvent};
 
 /// What became of one request, as far as the decision cares.

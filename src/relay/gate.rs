@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::backoff::Backoff;
+use crate::relay::backoff::Backoff;
 use crate::relay::decide::GateChange;
 
 /// The gate of one destination, shared by its lane and its workers.

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use crate::database;
 use crate::error::Result;
-use crate::queue::{self, Finished, DELETE_PAGE_ROWS};
 use crate::relay::config::RelayConfig;
-use crate::right_of_way::RelayWrite;
+use crate::store::database;
+use crate::store::queue::{self, Finished, DELETE_PAGE_ROWS};
+use crate::store::right_of_way::RelayWrite;
 
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -46,7 +46,7 @@ impl Housekeeping {
 
     /// Runs whatever is due: a page of retention or a step of reclaiming; returns whether it
     /// wrote. `relay_write` marks a write of the relay's under way (see
-    /// [`crate::right_of_way`]) for as long as its guard lives: taken only when there is
+    /// [`crate::store::right_of_way`]) for as long as its guard lives: taken only when there is
     /// something to write.
     pub fn tick<'w>(
         &mut self,
@@ -74,7 +74,7 @@ impl Housekeeping {
             Some(t) => t + self.retention_interval,
             None => Instant::now(),
         });
-        let gauges = crate::telemetry::GAUGES_ENABLED.then(|| match self.last_gauges {
+        let gauges = crate::observe::telemetry::GAUGES_ENABLED.then(|| match self.last_gauges {
             Some(t) => t + GAUGE_INTERVAL,
             None => Instant::now(),
         });
@@ -163,7 +163,7 @@ impl Housekeeping {
 
     /// Refreshes the pending, age and size gauges every `GAUGE_INTERVAL` (metrics only).
     pub fn gauges(&mut self, conn: &Connection, now_ms: i64) {
-        if crate::telemetry::GAUGES_ENABLED
+        if crate::observe::telemetry::GAUGES_ENABLED
             && self
                 .last_gauges
                 .is_none_or(|t| t.elapsed() >= GAUGE_INTERVAL)
@@ -180,13 +180,13 @@ fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
     // As `stats` counts them (without folding: the writer leaves that to `stats`), in one
     // read transaction so that the totals and the rows above them are of one moment.
     let snapshot = conn.unchecked_transaction()?;
-    let pending: i64 = crate::queue::tally::read(&snapshot, now_ms)?
+    let pending: i64 = crate::store::queue::tally::read(&snapshot, now_ms)?
         .values()
         .map(|p| p.rows)
         .sum();
-    let oldest = crate::oldest::oldest_pending_anywhere(&snapshot)?;
-    let database_bytes = crate::database::database_bytes(&snapshot)?;
+    let oldest = crate::store::oldest::oldest_pending_anywhere(&snapshot)?;
+    let database_bytes = crate::store::database::database_bytes(&snapshot)?;
     drop(snapshot);
-    crate::telemetry::gauges(pending, oldest.map(|t| now_ms - t), database_bytes);
+    crate::observe::telemetry::gauges(pending, oldest.map(|t| now_ms - t), database_bytes);
     Ok(())
 }

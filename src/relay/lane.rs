@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::destination::{Batching, Destination};
 use crate::outbound::OutboundEvent;
 use crate::relay::config::RelayConfig;
+use crate::relay::destination::{Batching, Destination};
 use crate::relay::gate::Gate;
 use crate::relay::pacer::Pacer;
 use crate::wire::encoded_size_bound;

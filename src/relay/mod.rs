@@ -14,21 +14,31 @@
 //! never touch SQLite and the writer never waits on the network, so a slow receiver cannot
 //! hold the database's write lock and a busy database cannot stall a request.
 //!
+//! The layer: the relay uses the `outbox` handle, the store, the transport, the wire and
+//! `observe`; nothing below it knows it. What only the relay uses lives here too: its
+//! destinations, backoff, the WAL watch, and the report a worker sends the writer
+//! ([`report`]), below both so neither imports the other.
+//!
 //! Stopping: the handle drops the writer's stop sender; the writer closes every lane's job
 //! queue (so the workers exit after their current request), hands back the jobs nobody
 //! started, records what finishes before the deadline, and returns its report. The handle
 //! then joins every thread that has ended by the deadline and counts the rest as detached.
 
 pub(crate) mod backlog;
+pub(crate) mod backoff;
 mod barrier;
 mod checkpointer;
 pub(crate) mod config;
 pub(crate) mod decide;
+pub(crate) mod destination;
 pub(crate) mod gate;
 mod housekeeping;
 pub(crate) mod lane;
 mod pacer;
+mod panic;
+mod report;
 pub(crate) mod stats;
+mod wal_watch;
 mod worker;
 mod writer;
 
@@ -45,8 +55,9 @@ use crate::transport::Transport;
 use checkpointer::Checkpointer;
 use config::RelayConfig;
 use lane::Lane;
+use report::Report;
 use stats::{Counters, RelayStats, ShutdownReport};
-use worker::{Report, Worker};
+use worker::Worker;
 use writer::Writer;
 
 /// A relay, configured but not yet running. Made by [`Outbox::relay`].

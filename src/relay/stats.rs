@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::queue::WriteBack;
+use crate::store::queue::WriteBack;
 
 /// Running totals of one relay, written by its writer thread and read through the handle.
 #[derive(Debug, Default)]

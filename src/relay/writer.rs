@@ -12,21 +12,22 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 use rusqlite::TransactionBehavior;
 
-use crate::database::PooledConnection;
-use crate::disabled;
 use crate::error::Result;
-use crate::notices::{DeliveryNotice, DeliveryOutcome};
+use crate::observe::notices::{DeliveryNotice, DeliveryOutcome};
 use crate::outbound::OutboundEvent;
 use crate::outbox::Outbox;
-use crate::queue::{self, ClaimRequest, WriteBack};
 use crate::relay::barrier::Barrier;
 use crate::relay::config::RelayConfig;
 use crate::relay::decide::{GateChange, Policy};
 use crate::relay::housekeeping::Housekeeping;
 use crate::relay::lane::Lane;
+use crate::relay::panic::panic_message;
+use crate::relay::report::Report;
 use crate::relay::stats::{Counters, ShutdownReport};
-use crate::relay::worker::Report;
-use crate::wal_watch::{self, WalWatch};
+use crate::relay::wal_watch::{self, WalWatch};
+use crate::store::database::PooledConnection;
+use crate::store::disabled;
+use crate::store::queue::{self, ClaimRequest, WriteBack};
 
 /// Outcomes written back in one transaction at most: enough to amortize the commit, few
 /// enough that the write lock is held well under a millisecond, so the app's own commits
@@ -34,7 +35,7 @@ use crate::wal_watch::{self, WalWatch};
 const MAX_ACKS_PER_TX: usize = 200;
 /// The longest the writer lets the app's write transactions of the same `Outbox` (and the
 /// checkpointer's catch-up) go first before a write of its own (see
-/// [`crate::right_of_way`]): an app thread that keeps a transaction open must not stop the
+/// [`crate::store::right_of_way`]): an app thread that keeps a transaction open must not stop the
 /// relay.
 const GIVE_WAY_LIMIT: Duration = Duration::from_millis(5);
 /// How often at most the writer looks for events past their deadline (it sleeps until the
@@ -46,7 +47,7 @@ const EXPIRY_INTERVAL: Duration = Duration::from_millis(100);
 const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// After a notification that the WAL changed, how many more times the writer reads
 /// `data_version`, this far apart: the commit's frames are written before the commit is
-/// published in the wal-index, which no notification reports (see [`crate::wal_watch`]).
+/// published in the wal-index, which no notification reports (see [`crate::relay::wal_watch`]).
 const RECHECKS: u32 = 4;
 const RECHECK_STEP: Duration = Duration::from_millis(1);
 /// How long no request must have been out before the paused WAL watch resumes: past an
@@ -734,7 +735,7 @@ impl Writer {
                     self.next_expiry = Some(Instant::now());
                 }
                 for row in rows {
-                    crate::telemetry::expired(&row.event_type, &row.destination);
+                    crate::observe::telemetry::expired(&row.event_type, &row.destination);
                     log::info!("event {}: expired before delivery", row.event_id);
                     self.outbox.subscribers().publish(|| DeliveryNotice {
                         event_id: row.event_id,
@@ -762,7 +763,7 @@ impl Writer {
     fn booked(&mut self, lane: usize, event: &OutboundEvent, write_back: &WriteBack, now: i64) {
         match write_back {
             WriteBack::Delivered => {
-                crate::telemetry::delivered(
+                crate::observe::telemetry::delivered(
                     &event.event_type,
                     &event.destination,
                     now - event.created_at,
@@ -774,7 +775,7 @@ impl Writer {
                 available_at,
                 error,
             } => {
-                crate::telemetry::retried(&event.event_type, &event.destination);
+                crate::observe::telemetry::retried(&event.event_type, &event.destination);
                 self.lanes[lane].retry_at(*available_at);
                 log::info!(
                     "event {}: attempt {} failed ({error}), retrying in {} ms",
@@ -784,7 +785,7 @@ impl Writer {
                 );
             }
             WriteBack::Dead { error } => {
-                crate::telemetry::dead(&event.event_type, &event.destination);
+                crate::observe::telemetry::dead(&event.event_type, &event.destination);
                 log::warn!("event {}: dead-lettered: {error}", event.event_id);
                 let outcome = DeliveryOutcome::Dead {
                     error: error.clone(),
@@ -898,15 +899,6 @@ fn restore_page_cache(conn: &rusqlite::Connection, size: i64, relay_id: &str) {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The message a panic carried, if it was a string.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 #[cfg(test)]

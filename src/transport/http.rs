@@ -7,17 +7,17 @@ use ureq::Agent;
 
 use super::resolver::CachingResolver;
 
-use crate::backoff::parse_retry_after;
-use crate::cloudevents::CLOUDEVENTS_BATCH_JSON;
-use crate::content_encoding::Compression;
 use crate::error::{Error, Result};
-use crate::signature::{signature_header, Secret};
-use crate::signing_key::SigningKey;
-use crate::source_header::{encode_source_header, SOURCE_HEADER};
-use crate::spans::hop_headers;
+use crate::observe::spans::hop_headers;
 use crate::transport::clock_offset::{unix_ms, ClockOffset, THRESHOLD as SKEW_THRESHOLD};
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
+use crate::wire::cloudevents::CLOUDEVENTS_BATCH_JSON;
+use crate::wire::content_encoding::Compression;
+use crate::wire::retry_after::parse_retry_after;
+use crate::wire::signature::{signature_header, Secret};
+use crate::wire::signing_key::SigningKey;
+use crate::wire::source_header::{encode_source_header, SOURCE_HEADER};
 
 /// How much of a response body is read: enough for an error message, never a flood. Reading it
 /// to the end is what returns the connection to the keep-alive pool.

@@ -20,6 +20,10 @@
 //! ```
 //!
 //! A closure `Fn(&[OutboundEvent]) -> Attempt` is a transport too.
+//!
+//! The layer: the network (HTTP through ureq, MQTT through rumqttc). It uses the wire (to
+//! encode and sign), `observe` (send spans) and the foundation; never the file or the relay,
+//! whose workers call it.
 
 mod clock_offset;
 mod http;

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, Transaction};
 
-use crate::cloudevents::{parse_request, CloudEvent, ParseError};
 use crate::error::Result;
-use crate::signature::{Verifier, VerifyError};
+use crate::wire::cloudevents::{parse_request, CloudEvent, ParseError};
+use crate::wire::signature::{Verifier, VerifyError};
 
 /// Rows deleted per transaction when pruning, so the receiver's writers never wait long.
 const PRUNE_PAGE: i64 = 1_000;
@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn rolled_back_receipt_is_not_remembered() {
         let mut conn = Connection::open_in_memory().unwrap();
-        crate::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        crate::store::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
         {
             let tx = conn.transaction().unwrap();
             assert_eq!(Inbox::receive(&tx, "s", "e").unwrap(), Receipt::New);
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn prune_removes_only_old_rows_in_pages() {
         let mut conn = Connection::open_in_memory().unwrap();
-        crate::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
+        crate::store::database::migrate(&mut conn, std::path::Path::new(":memory:")).unwrap();
         let old = unix_ms() - 10 * 86_400_000;
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::inbox::Receipt;
+use crate::receive::inbox::Receipt;
 
 /// Rows deleted per statement when pruning, so that writers never wait long.
 const PRUNE_PAGE: i64 = 1_000;

@@ -2,7 +2,7 @@
 //! where an event stands, read from the file.
 
 use crate::error::Result;
-use crate::notices::{DeliveryStatus, Notices};
+use crate::observe::notices::{DeliveryStatus, Notices};
 use crate::outbox::Outbox;
 use crate::state::State;
 

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::params;
 
-use crate::destination::validate_name;
 use crate::error::{Error, Result};
-use crate::queue::{self, NewRow};
-use crate::type_pattern::type_matches;
+use crate::store::queue::{self, NewRow};
+use crate::store::route::validate_name;
+use crate::store::type_pattern::type_matches;
 use crate::Outbox;
 
 /// Row ids one page of a replay reads at most (one short transaction each).

@@ -29,19 +29,19 @@ use std::time::Duration;
 use rusqlite::Row;
 use serde::Serialize;
 
-use crate::database;
-use crate::disabled;
 use crate::error::Result;
-use crate::oldest;
 use crate::outbox::Outbox;
-use crate::queue::tally;
-use crate::queue::{self, Finished, DEAD, EXPIRED, EXPORTED, PARKED, PENDING};
-use crate::type_pattern::type_matches;
+use crate::store::database;
+use crate::store::disabled;
+use crate::store::oldest;
+use crate::store::queue::tally;
+use crate::store::queue::{self, Finished, DEAD, EXPIRED, EXPORTED, PARKED, PENDING};
+use crate::store::type_pattern::type_matches;
 
-pub use crate::database::{schema_version, PooledConnection};
-pub use crate::disabled::DisabledDestination;
 pub use crate::error::Limit;
 pub use crate::state::State;
+pub use crate::store::database::{schema_version, PooledConnection};
+pub use crate::store::disabled::DisabledDestination;
 
 /// One delivery of one event to one destination, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -197,17 +197,17 @@ fn destination_slot(
 /// Dead rows per destination (the dead index).
 pub(crate) const DEAD_BY_DESTINATION: &str = concat!(
     "SELECT destination, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
-    crate::queue::dead!(),
+    crate::store::queue::dead!(),
     " GROUP BY destination"
 );
 /// Delivered rows per destination, as the queue keeps them.
 pub(crate) const DELIVERED_BY_DESTINATION: &str =
     "SELECT destination, delivered FROM outbox_delivered_totals WHERE delivered > 0";
 /// Attempts of dead rows (through the dead index); pending rows' attempts come with
-/// the pending totals (src/queue/tally.rs).
+/// the pending totals (src/store/queue/tally.rs).
 pub(crate) const ATTEMPTS_OF_DEAD: &str = concat!(
     "SELECT attempts, COUNT(*) FROM outbox_events INDEXED BY outbox_events_dead WHERE ",
-    crate::queue::dead!(),
+    crate::store::queue::dead!(),
     " GROUP BY attempts"
 );
 
@@ -391,7 +391,7 @@ impl Outbox {
         let mut conn = self.connection()?;
         let now = self.now_ms();
         // Each count comes from where it costs what it returns: pending rows from the totals
-        // the queue keeps (src/queue/tally.rs) and the rows committed since, their oldest through
+        // the queue keeps (src/store/queue/tally.rs) and the rows committed since, their oldest through
         // a few index seeks, dead ones through the dead index, delivered ones from the
         // totals the queue keeps. Nothing here reads delivered history, nor a backlog.
         tally::fold(&mut conn)?;
@@ -459,7 +459,7 @@ impl Outbox {
             *attempts.entry(spent).or_default() += n;
         }
         let attempts_histogram: Vec<(i64, i64)> = attempts.into_iter().collect();
-        let database_bytes = crate::database::database_bytes(&tx)?;
+        let database_bytes = crate::store::database::database_bytes(&tx)?;
         drop(tx);
         let mut wal = self.path().as_os_str().to_owned();
         wal.push("-wal");

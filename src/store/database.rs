@@ -13,7 +13,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The schema, split into migrations by its `-- version N` lines.
-const SCHEMA_SQL: &str = include_str!("../schema.sql");
+const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// A pool of connections to one outbox database file.
 pub(crate) type Pool = r2d2::Pool<SqliteConnectionManager>;

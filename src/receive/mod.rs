@@ -42,20 +42,29 @@
 //!   strings, booleans or 32-bit integers, and `data` with `data_base64`, or object data
 //!   under a non-JSON `datacontenttype`, is refused.
 
-pub use crate::cloudevents::{
-    parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,
-};
-pub use crate::content_encoding::{check_encoding, decode_body, DecodeError, MAX_DECODE_RATIO};
-pub use crate::database::migrate_connection as migrate;
-pub use crate::inbox::{verify_request, Inbox, Receipt, ReceiveError};
+// The layer: the receiving side uses the wire (signatures, CloudEvents, trace context) and
+// the store (the inbox's table migrates with the outbox's schema); never the relay.
+
+pub(crate) mod inbox;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg;
+
+pub use crate::receive::inbox::{verify_request, Inbox, Receipt, ReceiveError};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::pg::{
+pub use crate::receive::pg::{
     migrate as pg_migrate, pg_connect, pg_connect_config, schema_version as pg_schema_version,
     PgInbox, PgTls,
 };
-pub use crate::signature::{
+pub use crate::store::database::migrate_connection as migrate;
+pub use crate::wire::cloudevents::{
+    parse_batch, parse_request, parse_structured, CloudEvent, Data, ParseError,
+};
+pub use crate::wire::content_encoding::{
+    check_encoding, decode_body, DecodeError, MAX_DECODE_RATIO,
+};
+pub use crate::wire::signature::{
     Secret, Verifier, VerifyError, VerifyingKey, MIN_SECRET_BYTES, SECRET_PREFIX,
 };
-pub use crate::signing_key::{PublicKey, SigningKey, PUBLIC_KEY_PREFIX, SIGNING_KEY_PREFIX};
-pub use crate::trace_context::{TraceContextError, TraceParent};
+pub use crate::wire::signing_key::{PublicKey, SigningKey, PUBLIC_KEY_PREFIX, SIGNING_KEY_PREFIX};
+pub use crate::wire::trace_context::{TraceContextError, TraceParent};

@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 
 use crate::error::{Error, Limit, Result};
-use crate::queue::{self, pending, RoomNeeded, PENDING};
+use crate::store::queue::{self, pending, RoomNeeded, PENDING};
 
 /// How events of a type are treated when the outbox is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -122,7 +122,7 @@ impl StorageLimits {
 
     /// Whether events of `event_type` may be dropped to make room.
     pub fn is_droppable(&self, event_type: &str) -> bool {
-        crate::type_pattern::most_specific(&self.policies, event_type)
+        crate::store::type_pattern::most_specific(&self.policies, event_type)
             == Some(&StoragePolicy::DropOldest)
     }
 
@@ -216,7 +216,7 @@ impl StorageLimits {
         let Some(dropped) = queue::drop_oldest(tx, &need)? else {
             return Err(full());
         };
-        crate::telemetry::dropped(dropped);
+        crate::observe::telemetry::dropped(dropped);
         log::warn!(
             "outbox full: dropped the {dropped} oldest pending droppable events to make room"
         );

@@ -269,7 +269,7 @@ pub(crate) fn unpark_next(conn: &Connection, key: &str, destination: &str, now: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::database;
+    use crate::store::database;
 
     fn db() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();

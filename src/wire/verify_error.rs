@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::key_text::MIN_SECRET_BYTES;
+use crate::wire::key_text::MIN_SECRET_BYTES;
 
 /// Why a request failed verification.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! The signed content is `{webhook-id}.{webhook-timestamp}.{body}`, HMAC-SHA256 keyed with
 //! the base64-decoded secret (after its `whsec_` prefix); the header carries one
 //! `v1,<base64>` entry per secret, space-separated, so secrets can be rotated without a gap.
-//! A device may sign with its own Ed25519 key instead (`v1a`, see [`crate::signing_key`]);
+//! A device may sign with its own Ed25519 key instead (`v1a`, see [`crate::wire::signing_key`]);
 //! a [`Verifier`] takes secrets and public keys alike.
 
 use std::fmt;
@@ -15,10 +15,10 @@ use hmac::digest::CtOutput;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::key_text::LENIENT;
-pub use crate::key_text::MIN_SECRET_BYTES;
-use crate::signing_key::{signed_content, PublicKey, PUBLIC_KEY_PREFIX};
-pub use crate::verify_error::VerifyError;
+use crate::wire::key_text::LENIENT;
+pub use crate::wire::key_text::MIN_SECRET_BYTES;
+use crate::wire::signing_key::{signed_content, PublicKey, PUBLIC_KEY_PREFIX};
+pub use crate::wire::verify_error::VerifyError;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn a_v1a_signature_verifies_with_its_public_key_only() {
-        use crate::signing_key::SigningKey;
+        use crate::wire::signing_key::SigningKey;
         let (device, _) = SigningKey::generate().unwrap();
         let (other, _) = SigningKey::generate().unwrap();
         let headers = |signature: String| {

@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection};
 
-use crate::destination::{self, Route};
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::limits::{StorageLimits, StoragePolicy};
-use crate::type_pattern::most_specific;
+use crate::store::limits::{StorageLimits, StoragePolicy};
+use crate::store::route::{self, Route};
+use crate::store::type_pattern::most_specific;
 
 /// The CloudEvents `source` of events that set none, unless the file says otherwise.
 pub(crate) const DEFAULT_SOURCE: &str = "/sqlite-outbox";
@@ -219,7 +219,7 @@ pub(crate) fn canonical_value(key: &str, value: &str) -> std::result::Result<Str
                         return Err("a route needs at least one destination".into());
                     }
                     for name in &names {
-                        destination::validate_name(name).map_err(|e| e.to_string())?;
+                        route::validate_name(name).map_err(|e| e.to_string())?;
                     }
                     let mut unique: Vec<String> = Vec::new();
                     for name in names {
@@ -395,7 +395,7 @@ struct Refresh {
     /// Opened on the first refresh.
     conn: Option<Connection>,
     path: std::path::PathBuf,
-    connection: crate::database::ConnectionSettings,
+    connection: crate::store::database::ConnectionSettings,
     rows: BTreeMap<String, String>,
     checked: Instant,
 }
@@ -405,7 +405,7 @@ impl LiveSettings {
     pub fn new(
         rows: BTreeMap<String, String>,
         path: &std::path::Path,
-        connection: &crate::database::ConnectionSettings,
+        connection: &crate::store::database::ConnectionSettings,
     ) -> LiveSettings {
         LiveSettings {
             current: RwLock::new(Arc::new(Settings::from_rows(&rows))),
@@ -452,7 +452,7 @@ impl Refresh {
     /// New settings if the file's rows changed since the last look.
     fn reload(&mut self) -> Option<Settings> {
         if self.conn.is_none() {
-            match crate::database::open_unpooled(&self.path, &self.connection) {
+            match crate::store::database::open_unpooled(&self.path, &self.connection) {
                 Ok(conn) => self.conn = Some(conn),
                 Err(e) => {
                     log::warn!("outbox settings not read again: {e}");

@@ -16,7 +16,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::error::Result;
-use crate::queue::{parked, pending};
+use crate::store::queue::{parked, pending};
 
 /// The commit time of `?1`'s oldest pending row whose due time was moved.
 const OLDEST_MOVED_SQL: &str = concat!(
@@ -102,7 +102,7 @@ pub(crate) fn destinations_with_pending(conn: &Connection) -> Result<Vec<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::PARKED;
+    use crate::store::queue::PARKED;
 
     fn file() -> (tempfile::TempDir, crate::Outbox) {
         let dir = tempfile::tempdir().unwrap();

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use crate::error::Result;
-use crate::limits;
 use crate::outbox::Outbox;
-use crate::settings::{load_rows, set, unset, Settings};
+use crate::store::limits;
+use crate::store::settings::{load_rows, set, unset, Settings};
 
 impl Outbox {
     /// The settings kept in the file, key → value as stored (see [`settings`](crate::settings)

@@ -18,8 +18,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 
-use crate::key_text::LENIENT;
-use crate::verify_error::VerifyError;
+use crate::wire::key_text::LENIENT;
+use crate::wire::verify_error::VerifyError;
 
 /// The prefix of a Standard Webhooks Ed25519 private key.
 pub const SIGNING_KEY_PREFIX: &str = "whsk_";

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, TransactionBehavior};
 
-use crate::database::NotWaiting;
 use crate::error::Result;
-use crate::queue::{json_ids, LEASE_CLOCK_SKEW_MS};
+use crate::store::database::NotWaiting;
+use crate::store::queue::{json_ids, LEASE_CLOCK_SKEW_MS};
 
 /// The most row ids one fold transaction covers after the first: a fold holds the write
 /// lock for a few milliseconds at most, however long `stats` was not called.
@@ -446,7 +446,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
     use crate::outbound::OutboundEvent;
-    use crate::queue::{self, ClaimRequest, WriteBack};
+    use crate::store::queue::{self, ClaimRequest, WriteBack};
     use crate::{Event, Outbox, StoragePolicy};
 
     /// The pending rows by destination counted the slow way, a pass over every row: what
@@ -684,7 +684,7 @@ mod tests {
                 }
                 9 => {
                     let dead: Vec<String> = outbox
-                        .list(Some(crate::admin::State::Dead), 3)
+                        .list(Some(crate::ops::admin::State::Dead), 3)
                         .unwrap()
                         .into_iter()
                         .map(|r| r.event_id)
@@ -693,7 +693,7 @@ mod tests {
                     outbox.retry(&refs).unwrap();
                     if rng.bool() {
                         outbox
-                            .retry_dead(&crate::admin::DeadFilter::default())
+                            .retry_dead(&crate::ops::admin::DeadFilter::default())
                             .unwrap();
                     }
                 }

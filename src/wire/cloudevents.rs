@@ -19,7 +19,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{Map, Value};
 
-use crate::trace_context::{check_tracestate, TraceParent};
+use crate::wire::trace_context::{check_tracestate, TraceParent};
 
 /// The `content-type` of a structured-mode CloudEvent.
 pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";

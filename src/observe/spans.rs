@@ -13,7 +13,7 @@
 
 use crate::event::Event;
 use crate::outbound::OutboundEvent;
-use crate::trace_context::TraceParent;
+use crate::wire::trace_context::TraceParent;
 
 /// The `messaging.system` of every span.
 #[cfg(feature = "opentelemetry")]
@@ -128,7 +128,7 @@ mod otel {
     use super::{leading, MESSAGING_SYSTEM};
     use crate::event::Event;
     use crate::outbound::OutboundEvent;
-    use crate::trace_context::{check_tracestate, TraceParent};
+    use crate::wire::trace_context::{check_tracestate, TraceParent};
 
     fn tracer() -> BoxedTracer {
         global::tracer_with_scope(

@@ -31,8 +31,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::signature::{Secret, Verifier};
-use crate::{queue, wire, Outbox};
+use crate::store::queue;
+use crate::wire::signature::{Secret, Verifier};
+use crate::{wire, Outbox};
 
 /// The format name in the manifest.
 const FORMAT: &str = "sqlite-outbox/1";

@@ -1,5 +1,20 @@
 //! What goes on the wire: CloudEvents 1.0 bodies, structured (one event) or batched, signed
 //! per Standard Webhooks. For receivers written without this crate, and for tests.
+//!
+//! The layer: the formats and signatures themselves (the envelope here; CloudEvents, content
+//! encoding, the `outbox-source` header, W3C trace context, `Retry-After`, Standard Webhooks
+//! secrets, keys and signatures in their files). It uses the foundation (`error`,
+//! `outbound`) and nothing else of the crate: it knows no storage, no relay, no network.
+
+pub(crate) mod cloudevents;
+pub(crate) mod content_encoding;
+mod key_text;
+pub(crate) mod retry_after;
+pub(crate) mod signature;
+pub(crate) mod signing_key;
+pub(crate) mod source_header;
+pub(crate) mod trace_context;
+pub(crate) mod verify_error;
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -7,13 +22,13 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::outbound::OutboundEvent;
-use crate::source_header::percent_encode_header;
+use crate::wire::source_header::percent_encode_header;
 
-pub use crate::backoff::parse_retry_after;
-pub use crate::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
-pub use crate::signature::signature_header;
-pub use crate::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
-pub use crate::trace_context::{
+pub use crate::wire::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
+pub use crate::wire::retry_after::parse_retry_after;
+pub use crate::wire::signature::signature_header;
+pub use crate::wire::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
+pub use crate::wire::trace_context::{
     check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,
 };
 
