@@ -240,6 +240,30 @@ fn newer_schema_fails_clearly_and_leaves_the_file_untouched() {
 }
 
 #[test]
+fn newer_schema_with_a_wal_left_by_a_crash_is_refused_and_the_file_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.db");
+    drop(Outbox::open(&live).unwrap());
+    let conn = rusqlite::Connection::open(&live).unwrap();
+    conn.execute_batch("PRAGMA wal_autocheckpoint = 0; UPDATE outbox_schema SET version = 99;")
+        .unwrap();
+    // A copy taken while a connection holds the file open: the file and its WAL as a
+    // process that crashed leaves them.
+    let path = dir.path().join("crashed.db");
+    std::fs::copy(&live, &path).unwrap();
+    std::fs::copy(dir.path().join("live.db-wal"), dir.path().join("crashed.db-wal")).unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    let err = Outbox::open(&path).unwrap_err();
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the WAL was checkpointed into the file"
+    );
+}
+
+#[test]
 fn a_file_that_is_not_sqlite_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notes.txt");

@@ -459,6 +459,13 @@ pub(crate) fn open_pool(
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
+        // Closing the last connection to a file checkpoints its WAL into it, even one this
+        // connection could not read (too new, or encrypted with another key): a WAL a crash
+        // left would then be copied into a file that must be left as it was.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
         check_not_too_new(stored_version(&conn, path)?)?;
         // A new file gets incremental auto-vacuum, so pruning can hand space back to the
         // file system; it must be chosen before the first table exists.
