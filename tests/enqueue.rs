@@ -251,11 +251,18 @@ fn newer_schema_with_a_wal_left_by_a_crash_is_refused_and_the_file_left_as_it_wa
     // process that crashed leaves them.
     let path = dir.path().join("crashed.db");
     std::fs::copy(&live, &path).unwrap();
-    std::fs::copy(dir.path().join("live.db-wal"), dir.path().join("crashed.db-wal")).unwrap();
+    std::fs::copy(
+        dir.path().join("live.db-wal"),
+        dir.path().join("crashed.db-wal"),
+    )
+    .unwrap();
     drop(conn);
     let before = std::fs::read(&path).unwrap();
     let err = Outbox::open(&path).unwrap_err();
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, .. }),
+        "{err:?}"
+    );
     assert_eq!(
         std::fs::read(&path).unwrap(),
         before,
