@@ -287,6 +287,18 @@ fn relay_timeout_exits_3_when_events_stay_pending() {
 }
 
 #[test]
+fn relay_timeout_exits_0_when_nothing_is_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = init(&dir);
+    let receiver = TestReceiver::ok();
+    enqueue(&db, "t", &[]);
+    // Without --until-empty: the relay runs to its timeout, having delivered everything.
+    let o = outbox(&db, &["relay", "--url", &receiver.url(), "--timeout", "1s"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stats_json(&db)["delivered"], 1);
+}
+
+#[test]
 fn dead_letters_show_retry_purge_and_health() {
     let dir = tempfile::tempdir().unwrap();
     let db = init(&dir);
