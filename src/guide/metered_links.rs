@@ -29,7 +29,9 @@
 //!
 //! **Fewer bytes.** [`Destination::compress`](crate::Destination::compress)`(`[`Compression::Gzip`](crate::Compression::Gzip)`)` (CLI: `relay
 //! --compress gzip`) sends request bodies of 1 KiB or more gzip-compressed, with
-//! `Content-Encoding: gzip`; smaller ones go as they are. The Standard Webhooks signature is
+//! `Content-Encoding: gzip`; smaller ones go as they are, and so does a body that would shrink
+//! more than 100 times (a long run of one character), which receivers would refuse as a zip
+//! bomb. The Standard Webhooks signature is
 //! over the **uncompressed** body, what the receiver's handler parses after decoding, so a
 //! receiver decodes first ([`receive::decode_body`](crate::receive::decode_body)) and verifies that. `outbox ingest` and
 //! `examples/receiver.rs` accept gzip: their body limit (`--max-body`) applies to the

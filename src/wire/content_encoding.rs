@@ -17,7 +17,8 @@ pub enum Compression {
     #[default]
     None,
     /// Bodies of [`Compression::MIN_BYTES`] or more go gzip-compressed, with
-    /// `Content-Encoding: gzip`. JSON events compress 4 to 10 times.
+    /// `Content-Encoding: gzip`. JSON events compress 4 to 10 times; a body that would
+    /// shrink more than [`MAX_DECODE_RATIO`] times goes plain, since receivers refuse it.
     Gzip,
 }
 
@@ -36,8 +37,12 @@ impl Compression {
                 );
                 // Writing to a Vec cannot fail.
                 match encoder.write_all(&body).and_then(|()| encoder.finish()) {
-                    Ok(gzipped) => (gzipped, Some("gzip")),
-                    Err(_) => (body, None),
+                    // A body that shrinks more than receivers let a body expand (a long run
+                    // of one character) would be refused as a zip bomb (413): it goes plain.
+                    Ok(gzipped) if body.len() <= gzipped.len().saturating_mul(MAX_DECODE_RATIO) => {
+                        (gzipped, Some("gzip"))
+                    }
+                    _ => (body, None),
                 }
             }
             _ => (body, None),
@@ -191,10 +196,33 @@ mod tests {
         assert_eq!(Compression::None.encode(large.clone()), (large, None));
     }
 
+    /// `bytes` gzip-compressed, whatever the ratio.
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_body_that_shrinks_past_the_receivers_ratio_goes_plain() {
+        // A valid event of 200 KB of one character: gzip makes it about 1 KB, which a
+        // receiver decoding with the ratio limit refuses as a bomb (413). Before, it went
+        // gzip'd and was dead at its first attempt.
+        let event = format!(r#"{{"data":"{}"}}"#, "a".repeat(200_000)).into_bytes();
+        assert!(gzip(&event).len() * MAX_DECODE_RATIO < event.len());
+        let (sent, encoding) = Compression::Gzip.encode(event.clone());
+        assert_eq!(encoding, None);
+        assert_eq!(
+            decode_body(encoding, &sent, 1 << 20).unwrap(),
+            &event[..],
+            "what is sent decodes within the receiver's limits"
+        );
+    }
+
     #[test]
     fn a_bomb_stops_at_the_limit_and_other_encodings_are_refused() {
         // 10 MB of zeros: about 10 KB of gzip, a ratio near 1,000.
-        let (bomb, _) = Compression::Gzip.encode(vec![0; 10_000_000]);
+        let bomb = gzip(&vec![0; 10_000_000]);
         assert_eq!(
             decode_body(Some("gzip"), &bomb, 1 << 30),
             Err(DecodeError::TooLarge {
@@ -202,7 +230,7 @@ mod tests {
                 by_ratio: true
             })
         );
-        let (fine, _) = Compression::Gzip.encode(json(200_000));
+        let fine = gzip(&json(200_000));
         assert_eq!(
             decode_body(Some("GZIP"), &fine, 100_000),
             Err(DecodeError::TooLarge {
