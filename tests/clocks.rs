@@ -183,3 +183,38 @@ fn a_device_ten_minutes_off_the_receivers_clock_corrects_from_its_date_header_an
     let offset = stats.clock_offset_ms.expect("an offset estimate");
     assert!((598_000..=602_000).contains(&offset), "{offset}");
 }
+
+#[test]
+fn a_retry_after_date_is_read_on_the_receivers_clock_not_the_devices() {
+    // The receiver's clock is 10 minutes ahead of the device's. Its first answer is 503 with
+    // a Retry-After two seconds after its own now, as an HTTP date; then 200. Read against
+    // the device's clock, that date was 602 s away and held the event as long.
+    let answers = Arc::new(AtomicUsize::new(0));
+    let counted = answers.clone();
+    let server = HttpServer::bind(("127.0.0.1", 0), move |_| {
+        let its_now = std::time::SystemTime::now() + Duration::from_secs(600);
+        let date = httpdate::fmt_http_date(its_now);
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            let retry_at = httpdate::fmt_http_date(its_now + Duration::from_secs(2));
+            Response::status(503)
+                .header("date", date)
+                .header("retry-after", retry_at)
+        } else {
+            Response::status(200).header("date", date)
+        }
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("retry-after.db")).unwrap();
+    enqueue_n(&outbox, 1);
+    let url = format!("http://127.0.0.1:{}/events", server.port());
+    let relay = outbox.relay(quick(RelayConfig::http(url))).start().unwrap();
+    let delivered = wait_until(Duration::from_secs(20), || delivered_count(&outbox) == 1);
+    let _ = relay.shutdown();
+    server.stop();
+    assert!(
+        delivered,
+        "the retry waited for the device's clock to reach the receiver's date ({} answers)",
+        answers.load(Ordering::SeqCst)
+    );
+}

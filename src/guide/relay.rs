@@ -56,6 +56,9 @@
 //!   [`RelayStats::clock_offset_ms`](crate::RelayStats::clock_offset_ms). A 4xx answered to a request signed 30 s or more away
 //!   from the receiver's clock is not a verdict on the event: it is retried with the
 //!   corrected time (spending an attempt), never dead-lettered with the backlog after it.
+//!   A `Retry-After` given as a date is the receiver's time too: it is read against the
+//!   answer's own `Date` (or this clock corrected by the estimate), so a device ten minutes
+//!   behind waits the seconds the receiver asked for, not ten minutes more.
 //! - **Jumps.** A destination's offline backoff and 429 pause run on `Instant`, so a jump
 //!   neither stretches nor cuts them. A lease taken more than 5 s later than now was taken
 //!   while the clock was ahead: it counts as expired. A due time written while

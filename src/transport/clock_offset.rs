@@ -86,6 +86,17 @@ impl ClockOffset {
         };
         (unix_ms(local) + correction).div_euclid(1000)
     }
+
+    /// The receiver's time at `local`, by the estimate (unchanged while none is known).
+    pub fn receiver_time(&self, local: SystemTime) -> SystemTime {
+        match self.estimate_ms() {
+            Some(ms) if ms >= 0 => local + Duration::from_millis(ms.unsigned_abs()),
+            Some(ms) => local
+                .checked_sub(Duration::from_millis(ms.unsigned_abs()))
+                .unwrap_or(local),
+            None => local,
+        }
+    }
 }
 
 /// Unix milliseconds; a time before 1970 (a broken clock) is negative.

@@ -431,11 +431,14 @@ impl Transport for HttpTransport {
         if let Some(date) = date {
             self.clock_offset.observe(date, received, &self.url);
         }
+        // A Retry-After date is the receiver's clock: read it against this answer's `Date`
+        // (the receiver's now), else against this clock corrected by the offset estimate.
+        let receiver_now = date.unwrap_or_else(|| self.clock_offset.receiver_time(received));
         let retry_after = response
             .headers()
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+            .and_then(|v| parse_retry_after(v, receiver_now));
         // Drain the body so the connection can be reused; keep its start for `last_error`.
         let text = response
             .body_mut()
