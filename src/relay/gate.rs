@@ -40,6 +40,10 @@ pub(crate) struct Gate {
     paused_until: AtomicI64,
     /// Set while the destination is disabled (410, or an operator).
     disabled: AtomicBool,
+    /// Set when the relay stops: a worker waiting on its pace stops waiting (and hands its
+    /// events back) instead of sending once its turn comes, after the writer stopped
+    /// listening.
+    stopping: AtomicBool,
     /// Set while the destination is judged down by its sick answers.
     down: AtomicBool,
     /// The events (row ids) of the sick answers in a row so far, while it is not judged down.
@@ -62,6 +66,7 @@ impl Gate {
             failures: AtomicU32::new(0),
             paused_until: AtomicI64::new(0),
             disabled: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             down: AtomicBool::new(false),
             sick_rows: Mutex::new(Vec::new()),
             sick_seen: AtomicBool::new(false),
@@ -182,6 +187,16 @@ impl Gate {
     /// Marks the destination disabled or enabled.
     pub fn set_disabled(&self, disabled: bool) {
         self.disabled.store(disabled, Ordering::Release);
+    }
+
+    /// Tells the workers the relay is stopping.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Whether the relay is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     /// Whether nothing should be sent now: offline, paused or disabled. Workers check this

@@ -499,6 +499,7 @@ impl Lane {
     /// Closes the lane: takes back the jobs no worker started and lets the workers exit
     /// after their current request.
     pub fn close(&mut self) -> Vec<Job> {
+        self.gate.stop();
         let unstarted = self.jobs_rx.try_iter().collect();
         // Events waiting for a batch to fill are sent, not handed back: the workers take
         // what is queued before they see the queue closed.

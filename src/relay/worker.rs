@@ -176,7 +176,8 @@ impl Worker {
     }
 
     /// Waits for the destination's rate and bandwidth limits to allow this request; false
-    /// if the gate closed meanwhile (the events are then handed back, nothing spent).
+    /// if the gate closed or the relay began to stop meanwhile (the events are then handed
+    /// back, nothing spent).
     fn pace(&self, events: &[OutboundEvent]) -> bool {
         let Some(pacer) = &self.pacer else {
             return true;
@@ -192,7 +193,7 @@ impl Worker {
             if left.is_zero() {
                 break;
             }
-            if self.gate.is_closed() {
+            if self.gate.is_closed() || self.gate.is_stopping() {
                 return false;
             }
             std::thread::sleep(left.min(PACE_SLICE));
