@@ -39,3 +39,67 @@ fn shutdown_wakes_a_worker_waiting_on_its_pace_and_hands_its_events_back() {
     let stats = outbox.stats().unwrap();
     assert_eq!((stats.delivered, stats.pending), (1, 2));
 }
+
+/// Relay settings for a paced destination at `rate` requests a second (and `bandwidth`
+/// bytes a second, if given) delivering to `receiver`, with a lease of `lease`.
+fn paced(
+    receiver: &TestReceiver,
+    rate: Option<f64>,
+    bandwidth: Option<u64>,
+    lease: Duration,
+) -> RelayConfig {
+    let mut destination = Destination::http("default", receiver.url());
+    if let Some(rate) = rate {
+        destination = destination.rate_limit(rate);
+    }
+    if let Some(bandwidth) = bandwidth {
+        destination = destination.bandwidth_limit(bandwidth);
+    }
+    fast(RelayConfig::new().destination(destination)).lease(lease)
+}
+
+#[test]
+fn a_rate_whose_pace_window_holds_less_than_one_request_still_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("slow.db")).unwrap();
+    for n in 0..2 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(n))))
+            .unwrap();
+    }
+    let receiver = TestReceiver::ok();
+    // One request every five seconds, and a pace window of a quarter of a 10 s lease: the
+    // window lets out half a request. Before, nothing was ever claimed (0 of 2 delivered).
+    let relay = outbox
+        .relay(paced(&receiver, Some(0.2), None, Duration::from_secs(10)))
+        .start()
+        .unwrap();
+    let delivered = wait_until(Duration::from_secs(20), || delivered_count(&outbox) == 2);
+    let _ = relay.shutdown();
+    assert!(delivered, "{} of 2 delivered", delivered_count(&outbox));
+    assert_eq!(receiver.event_count(), 2, "each once");
+}
+
+#[test]
+fn one_event_larger_than_the_bandwidths_window_does_not_hold_back_the_ones_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("large.db")).unwrap();
+    let _ = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("big", json!("x".repeat(20_000)))))
+        .unwrap();
+    for n in 0..10 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("small", json!(n))))
+            .unwrap();
+    }
+    let receiver = TestReceiver::ok();
+    // 2,000 bytes a second: the 20 KB event goes (into debt), and then the small ones must,
+    // once the debt is paid (about 9 s). Before, none of them ever did.
+    let relay = outbox
+        .relay(paced(&receiver, None, Some(2_000), Duration::from_secs(30)))
+        .start()
+        .unwrap();
+    let delivered = wait_until(Duration::from_secs(40), || delivered_count(&outbox) == 11);
+    let _ = relay.shutdown();
+    assert!(delivered, "{} of 11 delivered", delivered_count(&outbox));
+}

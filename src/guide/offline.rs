@@ -68,12 +68,14 @@
 //! backlog at once. [`Destination::rate_limit`](crate::Destination::rate_limit)`(requests_per_second)` and
 //! [`Destination::bandwidth_limit`](crate::Destination::bandwidth_limit)`(bytes_per_second)` (CLI: `relay --rate N --bandwidth
 //! BYTES`) pace a destination's requests with a token bucket each, shared by its workers:
-//! after a quiet spell one second's worth goes at once, then the pace holds. Bandwidth counts
+//! after a quiet spell one second's worth (at least one request) goes at once, then the pace
+//! holds, at any positive rate: three requests a minute is one every 20 s. Bandwidth counts
 //! request bodies; a request larger than a second's worth still goes, and the ones after it
-//! wait its excess off. A batch is one request, and so is one MQTT publish. A 429's
+//! wait its excess off, then go (one at a time until their own size is known). A batch is one request, and so is one MQTT publish. A 429's
 //! `Retry-After` still closes the destination for as long as it asks. Waiting uses the
 //! monotonic clock and gives way to shutdown and to an offline destination (the events are
 //! handed back, nothing spent). A paced destination claims only what its limits let out
 //! within a quarter of the lease, so a backlog of any size goes out at its rate, no claimed
-//! event outwaits its lease and none is sent twice. Zero, negative or non-finite limits are
+//! event outwaits its lease and none is sent twice; while the pace holds a lane back the
+//! relay sleeps until it lets the next request out. Zero, negative or non-finite limits are
 //! refused at start (CLI: exit 2). `cli/tests/pacing.rs` checks the pace on the receiver's clock.

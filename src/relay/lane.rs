@@ -217,7 +217,15 @@ impl Lane {
             match self.bytes_per_event {
                 Some(per_event) => {
                     let queued = queued_jobs * per_request * per_event;
-                    room = room.min(((bytes - queued) / per_event).floor());
+                    let mut fits = ((bytes - queued) / per_event).floor();
+                    // The size learnt may be one large event's: once its debt is paid and
+                    // nothing is claimed, one event goes (and teaches its own size), else
+                    // the events after a large one would wait for ever.
+                    let paid = bytes >= pacer.bytes_per_second() * window_secs;
+                    if fits < 1.0 && paid && queued_jobs == 0.0 && self.in_flight.is_empty() {
+                        fits = 1.0;
+                    }
+                    room = room.min(fits);
                     worth_it =
                         worth_it.min(pacer.bytes_per_second() * window_secs / per_event / 2.0);
                 }
@@ -470,7 +478,36 @@ impl Lane {
         if self.wants_claim() {
             return None;
         }
-        Some(self.gate.reopens_in().unwrap_or(poll))
+        Some(
+            self.gate
+                .reopens_in()
+                .or_else(|| self.paced_wait())
+                .unwrap_or(poll)
+                .max(poll),
+        )
+    }
+
+    /// How long until the pacer lets out what the next claim needs, while pacing alone holds
+    /// the lane back: the writer sleeps that long rather than looking on every poll.
+    fn paced_wait(&self) -> Option<Duration> {
+        let pacer = self.pacer.as_ref()?;
+        if self.paced_room().room > 0 {
+            return None;
+        }
+        let window_secs = self.pace_window.as_secs_f64();
+        let queued_jobs = self.jobs_rx.len() as f64;
+        let allowance = pacer.allowance(self.pace_window);
+        let mut wait = 0.0_f64;
+        if let Some(requests) = allowance.requests {
+            let need = queued_jobs + 1.0;
+            wait = wait.max((need - requests) / pacer.requests_per_second());
+        }
+        if let Some(bytes) = allowance.bytes {
+            // Until the debt is paid (see `paced_room`); more only with a claim under way.
+            let paid_at = pacer.bytes_per_second() * window_secs;
+            wait = wait.max((paid_at - bytes) / pacer.bytes_per_second());
+        }
+        (wait.is_finite() && wait > 0.0).then(|| Duration::from_secs_f64(wait.min(3600.0)))
     }
 
     /// Stops claiming until something wakes the lane (after a failed claim, so a broken disk

@@ -1,5 +1,6 @@
 //! Pacing a destination's requests to a rate and its bytes to a bandwidth: a token bucket
-//! per limit, shared by the destination's workers, holding at most one second's worth, so
+//! per limit, shared by the destination's workers, holding at most one second's worth (and
+//! at least one request), so
 //! after a quiet spell a device sends one second's worth at once and then an even pace, not
 //! the whole backlog in a burst. A metered uplink after a reconnect is the case it is for.
 //!
@@ -10,19 +11,25 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// One token bucket: `rate` tokens per second, at most `rate` of them (one second's worth).
+/// One token bucket: `rate` tokens per second, at most one second's worth of them, and never
+/// less than one token: below one request a second, a bucket of one second's worth could
+/// never hold a whole request, and the lane, which claims only what the bucket lets out
+/// within its pace window, would never claim again.
 #[derive(Debug)]
 struct Bucket {
     rate: f64,
+    capacity: f64,
     tokens: f64,
     refilled: Instant,
 }
 
 impl Bucket {
     fn new(rate: f64, now: Instant) -> Bucket {
+        let capacity = rate.max(1.0);
         Bucket {
             rate,
-            tokens: rate,
+            capacity,
+            tokens: capacity,
             refilled: now,
         }
     }
@@ -31,7 +38,7 @@ impl Bucket {
     /// covered.
     fn reserve(&mut self, cost: f64, now: Instant) -> Duration {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.capacity);
         self.refilled = now;
         self.tokens -= cost;
         if self.tokens >= 0.0 {
@@ -45,7 +52,7 @@ impl Bucket {
     /// reserved (a debt counts against it): may be negative.
     fn allows_within(&self, within: Duration, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        let tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        let tokens = (self.tokens + elapsed * self.rate).min(self.capacity);
         tokens + within.as_secs_f64() * self.rate
     }
 }
