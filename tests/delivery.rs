@@ -354,3 +354,44 @@ fn deliver_the_one_event(outbox: &Outbox, receiver: &TestReceiver) {
     assert!(wait_until(PATIENCE, || receiver.count() == 1));
     let _ = relay.shutdown();
 }
+
+#[test]
+fn a_poison_events_503_with_retry_after_holds_back_that_event_not_its_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("poison.db")).unwrap();
+    // The receiver chokes on one event only, and asks for 30 s each time.
+    let receiver = TestReceiver::start(0, |r| {
+        if r.body["type"] == "poison" {
+            Reply::StatusHeader(503, "retry-after", "30".into())
+        } else {
+            Reply::Status(200)
+        }
+    });
+    let _ = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("poison", json!({}))))
+        .unwrap();
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() >= 1));
+    for n in 0..20 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(n))))
+            .unwrap();
+    }
+    // Before, its 503 paused the whole destination for 30 s: 0 of 20 in this time.
+    let delivered = wait_until(Duration::from_secs(10), || delivered_count(&outbox) == 20);
+    let _ = relay.shutdown();
+    assert!(delivered, "{} of 20 delivered", delivered_count(&outbox));
+    let poison = common::query_rows(
+        &outbox,
+        "SELECT attempts FROM outbox_events WHERE event_type = 'poison'",
+        |r| r.get::<_, i64>(0),
+    );
+    assert_eq!(
+        poison,
+        [1],
+        "the poison event waits its 30 s, with its attempt spent"
+    );
+}

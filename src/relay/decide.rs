@@ -67,7 +67,9 @@ pub(crate) enum GateChange {
     Disable { reason: String },
     /// The receiver answered that its own backend is down (see [`is_sick`]) before the
     /// destination was judged down: the gate counts it towards that judgement, and waits
-    /// out a `Retry-After` destination-wide.
+    /// out a `Retry-After` destination-wide only if this answer judged it down. Before
+    /// that the `Retry-After` is the event's alone (its retry waits it out): one poison
+    /// event answered 503 must not hold back every other.
     Sick { retry_after: Option<Duration> },
     /// Such an answer while the destination is judged down: back off the whole destination
     /// as when it cannot be reached, for at least the `Retry-After`.
@@ -202,16 +204,19 @@ pub(crate) fn decide(
         ),
         Tried::Attempted(
             attempt @ Attempt::Answered {
+                status,
                 retry_after,
                 detail,
-                ..
             },
-        ) if is_sick(attempt) => (
-            retry_or_dead(detail.clone(), *retry_after),
-            GateChange::Sick {
-                retry_after: retry_after.map(|d| d.min(policy.retry_after_cap)),
-            },
-        ),
+        ) if is_sick(attempt) => {
+            let asked = retry_after.map(|d| d.min(policy.retry_after_cap));
+            let gate = match (status, asked) {
+                // A throttle is about the sender: the whole destination waits it out.
+                (429, Some(pause)) => GateChange::Pause { pause },
+                _ => GateChange::Sick { retry_after: asked },
+            };
+            (retry_or_dead(detail.clone(), *retry_after), gate)
+        }
         // A batch refused for what it holds: split, nothing spent (see `refuses_content`).
         Tried::Attempted(Attempt::Answered { status, detail, .. })
             if context.batch && refuses_content(*status) =>
@@ -371,9 +376,18 @@ mod tests {
         assert_eq!(d.write_back, retry_at(30_000, 429));
         assert_eq!(
             d.gate,
+            GateChange::Pause {
+                pause: Duration::from_secs(30)
+            },
+            "a throttle pauses the destination"
+        );
+        let d = decide_answer(503, Some(Duration::from_secs(30)), 0);
+        assert_eq!(
+            d.gate,
             GateChange::Sick {
                 retry_after: Some(Duration::from_secs(30))
-            }
+            },
+            "the gate waits it out destination-wide only once the destination is judged down"
         );
     }
 

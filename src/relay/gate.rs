@@ -134,11 +134,12 @@ impl Gate {
             // Counted by `sick_answer` already; reachable, so no offline window unless that
             // judged it down.
             GateChange::Sick { retry_after } => {
-                if !self.is_down() {
+                if self.is_down() {
+                    self.pause_for(*retry_after, now);
+                } else {
                     self.failures.store(0, Ordering::Release);
                     self.offline_until.store(0, Ordering::Release);
                 }
-                self.pause_for(*retry_after, now);
             }
             GateChange::Down { retry_after } => {
                 self.mark_unreachable(now);
