@@ -475,6 +475,13 @@ pub(crate) fn open_pool(
         }
         settings.apply(&conn)?;
         migrate(&mut conn, path)?;
+        // Opened and migrated: closing checkpoints again, as any connection does, so that
+        // the schema just written reaches the file even under synchronous=NORMAL (which
+        // syncs the WAL only at checkpoints) before anything else runs.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            false,
+        )?;
     }
     let init_settings = settings.clone();
     let manager = SqliteConnectionManager::file(path)
