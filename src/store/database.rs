@@ -560,6 +560,17 @@ pub(crate) fn reclaim(conn: &Connection) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The outbox's schema version (its own table) and the app's `user_version`.
+    fn versions(conn: &Connection) -> (i64, i64) {
+        let own = conn
+            .query_row("SELECT version FROM outbox_schema", [], |r| r.get(0))
+            .unwrap();
+        let app = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        (own, app)
+    }
+
     /// A file as release 0.1 left it at schema `version`: the outbox's version in
     /// `user_version`.
     fn legacy_file(path: &Path, version: i64) -> Connection {
@@ -653,14 +664,11 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         migrate(&mut conn, &path).unwrap();
         migrate(&mut conn, &path).unwrap();
-        let own: i64 = conn
-            .query_row("SELECT version FROM outbox_schema", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(own, schema_version());
-        let app: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(app, 0, "user_version is the app's");
+        assert_eq!(
+            versions(&conn),
+            (schema_version(), 0),
+            "user_version is the app's"
+        );
     }
 
     #[test]
@@ -671,13 +679,6 @@ mod tests {
         // The app's migration tool believed 13 of its migrations had run, and ran 14 to 20.
         conn.pragma_update(None, "user_version", 20).unwrap();
         migrate(&mut conn, &path).unwrap();
-        let own: i64 = conn
-            .query_row("SELECT version FROM outbox_schema", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(own, schema_version());
-        let app: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(app, 20);
+        assert_eq!(versions(&conn), (schema_version(), 20));
     }
 }
