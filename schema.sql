@@ -337,8 +337,8 @@ BEGIN
 
 END;
 
--- Coalescing replaces the pending, unleased events of this type and coalescing key; a
--- storage limit drops the oldest pending, unleased events of drop_oldest types until
+-- Coalescing replaces the pending, unleased (lease_owner IS NULL) events of this type and
+-- coalescing key; a storage limit drops the oldest pending, unleased events of drop_oldest types until
 -- NEW.rows rows of NEW.bytes bytes fit, as Outbox::enqueue does, or refuses the event.
 -- Rows leaving are marked dead_at = -1 (replaced) or -2 (dropped): out of pending, into
 -- the dead index, where the statements that count them, unpark their keys' next events and
@@ -760,4 +760,59 @@ BEGIN
      WHERE true
     ON CONFLICT DO NOTHING;
 
+END;
+
+-- version 14
+
+-- Coalescing and the storage limit make way only among rows with no lease at all
+-- (lease_owner IS NULL), never among rows whose lease merely looks expired by this
+-- connection's clock: the wall clock steps, and a row still leased may be in flight right
+-- now (a relay judges its own leases by its monotonic clock). A lease a crashed relay left
+-- keeps its row until a relay takes it over. Same as Outbox::enqueue (src/store/queue/insert.rs).
+DROP TRIGGER outbox_enqueue_make_way_insert;
+
+CREATE TRIGGER outbox_enqueue_make_way_insert INSTEAD OF INSERT ON outbox_enqueue_make_way
+BEGIN
+    UPDATE outbox_events SET dead_at = -1
+     WHERE NEW.coalesce_key IS NOT NULL
+       AND event_type = NEW.type AND coalesce_key = NEW.coalesce_key
+       AND destination IN (SELECT value FROM json_each(NEW.routes))
+       AND delivered_at IS NULL AND dead_at IS NULL AND lease_owner IS NULL;
+    UPDATE outbox_events SET dead_at = -2
+     WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND lease_owner IS NULL
+       AND id <= max(
+           CASE WHEN COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) > 0
+                THEN (SELECT id FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND lease_owner IS NULL
+                       ORDER BY id LIMIT 1 OFFSET COALESCE((SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending'), 0) - 1)
+                ELSE 0 END,
+           CASE WHEN COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) > 0
+                THEN (SELECT id FROM (
+                          SELECT id, SUM(length(CAST(payload AS BLOB))) OVER (ORDER BY id) AS run
+                            FROM outbox_events WHERE droppable = 1 AND delivered_at IS NULL AND dead_at IS NULL AND lease_owner IS NULL)
+                       WHERE run >= COALESCE((SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes - (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes'), 0) ORDER BY id LIMIT 1)
+                ELSE 0 END);
+    UPDATE outbox_stats
+       SET coalesced = coalesced + (SELECT COUNT(*) FROM outbox_events
+                                     WHERE dead_at = -1 AND delivered_at IS NULL),
+           dropped = dropped + (SELECT COUNT(*) FROM outbox_events
+                                 WHERE dead_at = -2 AND delivered_at IS NULL),
+           high_water = max(high_water, (SELECT COALESCE(MAX(id), 0) FROM outbox_events))
+     WHERE id = 1 AND EXISTS (SELECT 1 FROM outbox_events
+                               WHERE dead_at IN (-1, -2) AND delivered_at IS NULL);
+    UPDATE outbox_events SET available_at = NEW.ms
+     WHERE available_at = 9223372036854775807 AND id IN (
+           SELECT (SELECT MIN(k.id) FROM outbox_events AS k
+                    WHERE k.partition_key = v.partition_key AND k.destination = v.destination
+                      AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+             FROM outbox_events AS v
+            WHERE v.dead_at IN (-1, -2) AND v.delivered_at IS NULL
+              AND v.partition_key IS NOT NULL);
+    DELETE FROM outbox_events WHERE dead_at IN (-1, -2) AND delivered_at IS NULL;
+    -- Over a limit with nothing left to drop: the whole statement is undone.
+    SELECT CASE
+           WHEN (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending') < (SELECT pending_count FROM outbox_stats WHERE id = 1) + NEW.rows
+           THEN RAISE(ABORT, 'outbox: full: the max_pending setting is reached and no drop_oldest policy makes room')
+           WHEN (SELECT CAST(value AS INTEGER) FROM outbox_settings WHERE key = 'max_pending_bytes') < (SELECT pending_bytes FROM outbox_stats WHERE id = 1) + NEW.bytes
+           THEN RAISE(ABORT, 'outbox: full: the max_pending_bytes setting is reached and no drop_oldest policy makes room')
+           END;
 END;

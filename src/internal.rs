@@ -21,6 +21,7 @@ pub fn claim(
             destination,
             default_source: "/bench",
             owner,
+            spare_leases: "",
             now,
             lease_ms: 60_000,
             limit,

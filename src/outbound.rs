@@ -42,6 +42,9 @@ pub struct OutboundEvent {
     pub tracestate: Option<String>,
     /// The CloudEvents `dataschema` URI, if set.
     pub dataschema: Option<String>,
+    /// When the claim ends by the claiming relay's monotonic clock (`None` outside a
+    /// relay): the relay judges its own leases by this, since the wall clock steps.
+    pub(crate) lease_ends: Option<std::time::Instant>,
 }
 
 impl OutboundEvent {
@@ -85,6 +88,7 @@ impl OutboundEvent {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            lease_ends: None,
         }
     }
 }

@@ -218,3 +218,97 @@ fn a_retry_after_date_is_read_on_the_receivers_clock_not_the_devices() {
         answers.load(Ordering::SeqCst)
     );
 }
+
+/// Four events held in flight by a receiver that answers after `HOLD`, while the wall clock
+/// is stepped by `step_ms` once all four have arrived: the relay must not take its own
+/// in-flight events for expired leases (or leases taken "in the future") and send them again.
+fn in_flight_events_survive_a_clock_step(step_ms: i64) {
+    const HOLD: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::default();
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("step.db"))
+        .unwrap();
+    enqueue_n(&outbox, 4);
+    let receiver = TestReceiver::start(0, |_| Reply::Hang(HOLD));
+    let relay = outbox
+        .relay(
+            quick(RelayConfig::http(receiver.url()))
+                .workers(8)
+                .max_in_flight(8)
+                .lease(Duration::from_secs(30)),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 4));
+    clock.offset_ms.store(step_ms, Ordering::SeqCst);
+    let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 4);
+    // Time for any second claim to reach the receiver.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+    assert_eq!(
+        receiver.count(),
+        4,
+        "each in-flight event sent once: {:?}",
+        receiver.event_ids()
+    );
+}
+
+#[test]
+fn a_clock_stepped_forward_past_the_lease_does_not_send_in_flight_events_twice() {
+    in_flight_events_survive_a_clock_step(10 * 60_000);
+}
+
+#[test]
+fn a_clock_stepped_back_does_not_send_in_flight_events_twice() {
+    in_flight_events_survive_a_clock_step(-10 * 60_000);
+}
+
+#[test]
+fn a_coalescing_enqueue_after_a_clock_step_does_not_replace_the_event_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::default();
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("coalesce.db"))
+        .unwrap();
+    let step = |n: i64| {
+        Event::new("position", serde_json::json!({ "step": n }))
+            .coalesce_key("robot-1")
+            .partition_key("robot-1")
+    };
+    let _ = outbox
+        .transaction(|tx| outbox.enqueue(tx, step(1)))
+        .unwrap();
+    let receiver = TestReceiver::start(0, |_| Reply::Hang(Duration::from_secs(2)));
+    let relay = outbox
+        .relay(quick(RelayConfig::http(receiver.url())).lease(Duration::from_secs(30)))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 1));
+    clock.offset_ms.store(10 * 60_000, Ordering::SeqCst);
+    let _ = outbox
+        .transaction(|tx| outbox.enqueue(tx, step(2)))
+        .unwrap();
+    let pending: i64 = query_rows(&outbox, "SELECT count(*) FROM outbox_events", |r| r.get(0))
+        .into_iter()
+        .next()
+        .unwrap();
+    assert_eq!(
+        pending,
+        2,
+        "the head in flight was replaced: {:?}",
+        rows(&outbox)
+    );
+    let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 2);
+    let _ = relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+    let steps: Vec<i64> = receiver
+        .received()
+        .iter()
+        .map(|r| r.body["data"]["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2], "in commit order, each once");
+}

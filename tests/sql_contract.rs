@@ -492,6 +492,50 @@ fn a_coalesced_event_makes_its_own_room_before_anything_is_dropped() {
     assert_eq!(data, ["3", "4", "5"]);
 }
 
+/// Issue 55, finding 2: a row whose lease looks expired by this connection's clock may still
+/// be in flight (the wall clock steps; a relay judges its own leases by its monotonic
+/// clock), so neither coalescing nor a storage limit makes way among leased rows, through
+/// the SQL contract as through `Outbox::enqueue`.
+#[test]
+fn sql_inserts_never_replace_or_drop_a_leased_row_whose_lease_looks_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("leased.db")).unwrap();
+    outbox.set_setting("max_pending", "2").unwrap();
+    outbox
+        .set_setting("policy:telemetry.*", "drop_oldest")
+        .unwrap();
+    let conn = app_connection(&outbox);
+    let reading = |sensor: &str, value: i64| {
+        conn.execute(
+            "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('telemetry.temp', ?1, ?2)",
+            params![value.to_string(), sensor],
+        )
+    };
+    reading("a", 1).unwrap();
+    reading("b", 2).unwrap();
+    // Both in flight under leases that ended long ago by the wall clock.
+    conn.execute(
+        "UPDATE outbox_events SET lease_owner = 'relay:1', lease_expires_at = 1, leased_at = 0",
+        [],
+    )
+    .unwrap();
+    // A newer reading of "a" replaces nothing, and a new sensor drops nothing: the outbox
+    // is full of rows in flight.
+    let full = reading("a", 3).unwrap_err().to_string();
+    assert!(full.contains("max_pending"), "{full}");
+    let stats = outbox.stats().unwrap();
+    assert_eq!((stats.coalesced, stats.dropped), (0, 0));
+    let data: Vec<String> = stored(&outbox).into_iter().map(|r| r.4).collect();
+    assert_eq!(data, ["1", "2"]);
+    // The same through Outbox::enqueue.
+    let refused = outbox.transaction(|tx| {
+        outbox.enqueue(tx, Event::new("telemetry.temp", json!(4)).coalesce_key("a"))
+    });
+    assert!(refused.is_err(), "{refused:?}");
+    let data: Vec<String> = stored(&outbox).into_iter().map(|r| r.4).collect();
+    assert_eq!(data, ["1", "2"]);
+}
+
 /// Issue 38, item 3: after a row was written while the clock was an hour ahead (here even
 /// delivered), an event inserted through the SQL contract keeps its id rising but is due at
 /// the real now, and a running relay delivers it at once, not an hour later.

@@ -17,7 +17,7 @@
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
 //! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
 //! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
-//! | an ack cannot be written (an app transaction holds the write lock past the busy timeout, a full disk) | the outcomes are kept and written again every 100 ms while their leases hold, so a delivered event is not sent again |
+//! | an ack cannot be written (an app transaction holds the write lock past the busy timeout, a full disk) | the outcomes are kept and written again every 100 ms until written, so a delivered event is not sent again; each write is fenced by its lease, so an outcome whose lease another relay took over meanwhile is discarded then |
 //! | the writer thread panics (a bug) | caught and logged; the writer starts again after a pause doubling up to 30 s; counted in [`RelayStats::writer_restarts`](crate::RelayStats::writer_restarts) and [`ShutdownReport::writer_restarts`](crate::ShutdownReport::writer_restarts) |
 //! | a setting is out of range (a lease of centuries, a zero poll interval or backoff, a header with a newline, a malformed secret) | [`Relay::start`](crate::Relay::start) refuses it with [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting; nothing is ever dead-lettered for it |
 //! | the power fails | nothing was sent before its commit reached the disk; after the reboot, events whose ack was lost are sent again (duplicates), the rest wait as before; see [Durability](crate::guide::durability) |
@@ -60,8 +60,15 @@
 //!   answer's own `Date` (or this clock corrected by the estimate), so a device ten minutes
 //!   behind waits the seconds the receiver asked for, not ten minutes more.
 //! - **Jumps.** A destination's offline backoff and 429 pause run on `Instant`, so a jump
-//!   neither stretches nor cuts them. A lease taken more than 5 s later than now was taken
-//!   while the clock was ahead: it counts as expired. A due time written while
+//!   neither stretches nor cuts them. A relay judges its own leases on `Instant`: its
+//!   claims and expiry sweeps never take a lease of its own (whatever the wall clock says
+//!   of it), and a worker hands a claimed event back unsent once half the lease is gone by
+//!   either clock, so a step forward past the lease or back by any amount never puts one
+//!   event in flight twice from one relay. The app's coalescing and storage limit replace
+//!   or drop only rows with no lease at all, never one that merely looks expired, so a
+//!   key's head in flight is never replaced. Another relay's lease taken more than 5 s
+//!   later than now was taken while the clock was ahead: it counts as expired (so does one
+//!   past its end: across processes the wall clock is the only one shared). A due time written while
 //!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
 //!   sees the wall clock move more than 2 s away from `Instant` between two polls.

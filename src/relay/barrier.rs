@@ -134,6 +134,7 @@ mod tests {
             destination: "default",
             default_source: "/test",
             owner: "barrier-test",
+            spare_leases: "",
             now: 10,
             lease_ms: 1_000,
             limit: 100,

@@ -151,19 +151,6 @@ impl Report {
         self.events.len()
     }
 
-    /// Drops the outcomes whose lease has ended by `now` (another relay may hold them now,
-    /// so only a new claim can deliver them); returns how many.
-    pub fn drop_expired(&mut self, now: i64) -> usize {
-        let before = self.events.len();
-        let holds = |e: &OutboundEvent| e.lease_expires_at > now;
-        if let Decisions::Each(each) = &mut self.decisions {
-            let mut kept = self.events.iter().map(holds);
-            each.retain(|_| kept.next().unwrap_or(false));
-        }
-        self.events.retain(holds);
-        before - self.events.len()
-    }
-
     /// Takes out the events to be sent again in smaller requests (their batch was refused
     /// for its content), in their order; the rest stay in the report.
     pub fn take_split(&mut self) -> Job {

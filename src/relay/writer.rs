@@ -531,13 +531,16 @@ impl Writer {
             destination: lane.name(),
             default_source: &default_source,
             owner: &owner,
+            spare_leases: &self.lease_prefix,
             now,
             lease_ms: self.lease_ms,
             limit: limit as i64,
         };
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+        // The lease as this relay counts it: from before the claim, on the monotonic clock.
+        let lease_ends = Instant::now() + Duration::from_millis(self.lease_ms.max(0) as u64);
         // Nothing is sent before its commit is on disk (see `barrier`).
-        let claimed = self
+        let mut claimed = self
             .barrier
             .claim(&mut self.conn, write, |conn| queue::claim(conn, &request))?;
         self.last_claim = Instant::now();
@@ -556,6 +559,9 @@ impl Writer {
         let urgent = claimed.urgent;
         if !claimed.events.is_empty() || !claimed.unreadable.is_empty() {
             self.wrote = true;
+        }
+        for event in &mut claimed.events {
+            event.lease_ends = Some(lease_ends);
         }
         let events = claimed.events;
         for event in &events {
@@ -590,26 +596,15 @@ impl Writer {
         }
     }
 
-    /// Adds the outcomes whose write failed before, once their pause is over, dropping those
-    /// whose lease has ended meanwhile.
+    /// Adds the outcomes whose write failed before, once their pause is over. They are kept
+    /// however long that takes: the write is fenced by each event's lease, so an outcome
+    /// whose lease another relay took over meanwhile is discarded then, and one whose lease
+    /// nobody took is still this relay's to record (its claims spare its own leases).
     fn take_unrecorded(&mut self, reports: &mut Vec<Report>) {
         if self.unrecorded.is_empty() || Instant::now() < self.retry_record_at {
             return;
         }
-        let now = self.outbox.now_ms();
-        for mut report in self.unrecorded.drain(..) {
-            let expired = report.drop_expired(now);
-            if expired > 0 {
-                log::warn!(
-                    "relay {}: {expired} outcomes could not be written before their leases \
-                     ended; those events will be delivered again",
-                    self.relay_id
-                );
-            }
-            if report.len() > 0 {
-                reports.push(report);
-            }
-        }
+        reports.append(&mut self.unrecorded);
     }
 
     /// Records a batch of reports in one transaction and books them in their lanes.
@@ -718,7 +713,7 @@ impl Writer {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let rows = queue::expire(&tx, now, MAX_ACKS_PER_TX as i64)?;
+            let rows = queue::expire(&tx, now, MAX_ACKS_PER_TX as i64, &self.lease_prefix)?;
             tx.commit()?;
             Ok(rows)
         })();

@@ -543,6 +543,7 @@ mod tests {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            lease_ends: None,
         };
         assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));
     }

@@ -15,6 +15,8 @@ macro_rules! claim_candidates {
             " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
               AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
             lease_claimable!("e.", "?3", "?7"),
+            " AND ",
+            not_spared!("e.", "?9"),
             " AND (e.partition_key IS NULL OR NOT EXISTS (
                      SELECT 1 FROM outbox_events AS k
                       WHERE k.partition_key = e.partition_key AND k.destination = e.destination
@@ -91,6 +93,9 @@ pub(crate) struct ClaimRequest<'a> {
     pub destination: &'a str,
     pub default_source: &'a str,
     pub owner: &'a str,
+    /// Leases whose owner starts with this are never taken over (`""`: none spared): the
+    /// claiming relay's own, in flight whatever the wall clock says.
+    pub spare_leases: &'a str,
     pub now: i64,
     pub lease_ms: i64,
     pub limit: i64,
@@ -200,6 +205,7 @@ fn claim_level(
         req.default_source,
         req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
         level,
+        req.spare_leases,
     ];
     if takes_over {
         let ids = tallied_candidates(conn, CLAIM_CANDIDATES_SQL, params)?;
@@ -266,6 +272,7 @@ pub(crate) fn decode_event(
         traceparent: r.get(11)?,
         tracestate: r.get(12)?,
         dataschema: r.get(13)?,
+        lease_ends: None,
     })
 }
 

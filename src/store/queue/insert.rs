@@ -245,6 +245,11 @@ pub(crate) fn idempotency_holder(
 
 /// Deletes the pending, unleased rows of `event_type` with coalescing `key` for each of
 /// `destinations`: a new event replaces them. Returns how many; counted in `outbox_stats`.
+///
+/// "Unleased" means no lease at all, not a lease that looks expired: the app's clock is the
+/// wall clock, which steps, and a row still leased may be in flight right now (a relay
+/// answers for its own leases by a monotonic clock). A lease left by a crashed relay keeps
+/// its row until a relay takes it over and sends it; the new event then follows it.
 pub(crate) fn coalesce(
     tx: &Connection,
     event_type: &str,
@@ -258,13 +263,11 @@ pub(crate) fn coalesce(
         "DELETE FROM outbox_events
           WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3 AND ",
         pending!(""),
-        " AND ",
-        lease_free!("", "?4"),
-        " RETURNING id, partition_key"
+        " AND lease_owner IS NULL RETURNING id, partition_key"
     ))?;
     for destination in destinations {
         let gone: Vec<(i64, Option<String>)> = delete
-            .query_map(params![event_type, key, destination, now], |r| {
+            .query_map(params![event_type, key, destination], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })?
             .collect::<rusqlite::Result<_>>()?;
@@ -293,14 +296,13 @@ pub(crate) struct RoomNeeded {
     pub now: i64,
 }
 
-/// The pending, unleased rows a storage limit may drop, oldest first (`?1` is now).
+/// The pending rows with no lease (see [`coalesce`]) a storage limit may drop, oldest
+/// first.
 pub(super) const DROPPABLE_OLDEST_SQL: &str = concat!(
     "SELECT id, octet_length(payload) FROM outbox_events INDEXED BY outbox_events_droppable
       WHERE droppable = 1 AND ",
     pending!(""),
-    " AND ",
-    lease_free!("", "?1"),
-    " ORDER BY id"
+    " AND lease_owner IS NULL ORDER BY id"
 );
 
 /// Deletes the oldest pending, unleased droppable rows until `need` is met; returns how many,
@@ -312,7 +314,7 @@ pub(crate) fn drop_oldest(tx: &Connection, need: &RoomNeeded) -> Result<Option<u
     let (mut rows_freed, mut bytes_freed) = (0i64, 0i64);
     {
         let mut stmt = tx.prepare_cached(DROPPABLE_OLDEST_SQL)?;
-        let mut rows = stmt.query([need.now])?;
+        let mut rows = stmt.query([])?;
         while rows_freed < need.rows || bytes_freed < need.bytes {
             let Some(row) = rows.next()? else { break };
             victims.push(row.get::<_, i64>(0)?);

@@ -186,6 +186,28 @@ macro_rules! lease_claimable {
     };
 }
 
+/// A row not leased by an owner whose name starts with `$prefix` (a relay's own leases:
+/// `''` spares none). A relay answers for its own leases by its monotonic clock, so a step
+/// of the wall clock, which makes them look expired or taken in the future, never lets
+/// it claim or expire one of its own events in flight.
+macro_rules! not_spared {
+    ($t:literal, $prefix:literal) => {
+        concat!(
+            "(",
+            $prefix,
+            " = '' OR ",
+            $t,
+            "lease_owner IS NULL OR substr(",
+            $t,
+            "lease_owner, 1, length(",
+            $prefix,
+            ")) <> ",
+            $prefix,
+            ")"
+        )
+    };
+}
+
 /// How much later than now a lease may have been taken before it counts as taken under a
 /// clock that was ahead: relays that read the clock a moment before another took the
 /// write lock, or processes whose clocks differ by a little, must not steal each other's
@@ -295,6 +317,7 @@ mod tests {
             destination: "default",
             default_source: "/test",
             owner,
+            spare_leases: "",
             now,
             lease_ms: 1_000,
             limit,
@@ -421,6 +444,31 @@ mod tests {
         assert_eq!(got[0].source, "/test");
         // Leased rows are not claimable by anyone else while the lease holds.
         assert!(claim_events(&conn, &req("r2", 500, 10)).is_empty());
+    }
+
+    #[test]
+    fn a_relay_never_takes_over_its_own_leases_whatever_the_wall_clock_says() {
+        let (_d, conn) = db();
+        let mine = insert_raw(&conn, None, 0);
+        let theirs = insert_raw(&conn, None, 0);
+        let _ = claim_events(&conn, &req("me:1", 0, 1));
+        let _ = claim_events(&conn, &req("them:1", 0, 1));
+        // A day later by the wall clock both leases look expired; the relay whose prefix is
+        // "me:" takes only the other relay's.
+        let mut again = req("me:2", 86_400_000, 10);
+        again.spare_leases = "me:";
+        assert_eq!(ids(&claim_events(&conn, &again)), vec![theirs]);
+        // Nor does its expiry sweep take its own lease.
+        conn.execute("UPDATE outbox_events SET expires_at = 1", [])
+            .unwrap();
+        let expired = expire(&conn, 2 * 86_400_000, 10, "me:").unwrap();
+        assert!(expired.is_empty(), "own leases spared");
+        let expired = expire(&conn, 2 * 86_400_000, 10, "other:").unwrap();
+        assert_eq!(
+            expired.len(),
+            2,
+            "{mine} and {theirs} expire for anyone else"
+        );
     }
 
     #[test]
@@ -622,7 +670,7 @@ mod tests {
                 ack(&conn, &owner, &refs, round).unwrap(),
                 vec![true; got.len()]
             );
-            assert_eq!(expire(&conn, round, limit).unwrap().len(), 0);
+            assert_eq!(expire(&conn, round, limit, "").unwrap().len(), 0);
             delete_page(&mut conn, Finished::DeliveredBefore(round)).unwrap();
         }
         let (short, long) = (listed_ack(2), listed_ack(ACK_LIST_LONG));
@@ -832,7 +880,7 @@ mod tests {
         let plan: Vec<String> = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {DROPPABLE_OLDEST_SQL}"))
             .unwrap()
-            .query_map([0], |r| r.get(3))
+            .query_map([], |r| r.get(3))
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
@@ -850,7 +898,7 @@ mod tests {
             let plan: Vec<String> = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .unwrap()
-                .query_map(params![0, 10, 5_000], |r| r.get(3))
+                .query_map(params![0, 10, 5_000, ""], |r| r.get(3))
                 .unwrap()
                 .collect::<rusqlite::Result<_>>()
                 .unwrap();
@@ -889,9 +937,10 @@ mod tests {
             .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM_SQL}"))
             .unwrap();
         let plan: Vec<String> = stmt
-            .query_map(params!["o", 0, 0, "default", 10, "/s", 5_000, 5], |r| {
-                r.get(3)
-            })
+            .query_map(
+                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:"],
+                |r| r.get(3),
+            )
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();

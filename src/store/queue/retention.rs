@@ -27,7 +27,7 @@ pub(crate) struct ExpiredRow {
 }
 
 /// The rows [`EXPIRE_SQL`] takes (`?1` now, `?2` the limit, `?3` the latest lease time that
-/// holds).
+/// holds, `?4` the lease owners spared).
 macro_rules! expire_candidates {
     () => {
         concat!(
@@ -36,6 +36,8 @@ macro_rules! expire_candidates {
             pending!("e."),
             " AND ",
             lease_claimable!("e.", "?1", "?3"),
+            " AND ",
+            not_spared!("e.", "?4"),
             // In index order, so that selected alone it finds the rows the update takes.
             " ORDER BY e.expires_at, e.id LIMIT CAST(?2 AS INTEGER)"
         )
@@ -57,9 +59,21 @@ pub(super) const EXPIRE_SQL: &str = concat!(
 
 /// Marks up to `limit` pending rows whose deadline is past as expired, except rows leased
 /// to a relay right now (a delivery in flight is never expired under it), unparks each
-/// one's key, and counts them. Walks the expiring index only.
-pub(crate) fn expire(conn: &Connection, now: i64, limit: i64) -> Result<Vec<ExpiredRow>> {
-    let params = params![now, limit, now.saturating_add(LEASE_CLOCK_SKEW_MS)];
+/// one's key, and counts them. Leases whose owner starts with `spare_leases` (the expiring
+/// relay's own, `""` for none) are never taken, whatever the wall clock says. Walks the
+/// expiring index only.
+pub(crate) fn expire(
+    conn: &Connection,
+    now: i64,
+    limit: i64,
+    spare_leases: &str,
+) -> Result<Vec<ExpiredRow>> {
+    let params = params![
+        now,
+        limit,
+        now.saturating_add(LEASE_CLOCK_SKEW_MS),
+        spare_leases
+    ];
     let ids = tallied_candidates(conn, expire_candidates!(), params)?;
     let rows = tally::around(conn, &ids, || {
         Ok(conn

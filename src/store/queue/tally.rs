@@ -648,6 +648,7 @@ mod tests {
                         destination,
                         default_source: "/t",
                         owner: &owner,
+                        spare_leases: "",
                         now,
                         lease_ms: rng.i64(1..20_000),
                         limit: rng.i64(1..8),
@@ -680,7 +681,7 @@ mod tests {
                     in_tx(&outbox, |tx| queue::record(tx, &pairs, now));
                 }
                 8 => {
-                    in_tx(&outbox, |tx| queue::expire(tx, now, 50));
+                    in_tx(&outbox, |tx| queue::expire(tx, now, 50, ""));
                 }
                 9 => {
                     let dead: Vec<String> = outbox
