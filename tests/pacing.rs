@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{delivered_count, fast, wait_until, TestReceiver, PATIENCE};
+use common::{delivered_count, fast, wait_until, Reply, TestReceiver, PATIENCE};
 use serde_json::json;
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 
@@ -102,4 +102,42 @@ fn one_event_larger_than_the_bandwidths_window_does_not_hold_back_the_ones_after
     let delivered = wait_until(Duration::from_secs(40), || delivered_count(&outbox) == 11);
     let _ = relay.shutdown();
     assert!(delivered, "{} of 11 delivered", delivered_count(&outbox));
+}
+
+/// Issue 55, finding 3: a receiver that refuses batches of more than 10 events (413) to a
+/// paced destination. The halves of a refused batch wait their turn at the pace; once half
+/// the lease is gone they are handed back unsent. Before, the next claim rebuilt them into
+/// the same refused batch, and delivery crawled (23 of 200 in 60 s, batches of 100); the
+/// bisection must carry on across a hand-back.
+#[test]
+fn bisecting_a_refused_batch_finishes_under_a_rate_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("bisect.db")).unwrap();
+    let _ = outbox
+        .transaction(|tx| {
+            for n in 0..100 {
+                let _ = outbox.enqueue(tx, Event::new("t", json!(n)))?;
+            }
+            Ok::<_, sqlite_outbox::Error>(())
+        })
+        .unwrap();
+    let receiver = TestReceiver::start(0, |r| {
+        if r.ids.len() > 10 {
+            Reply::Status(413)
+        } else {
+            Reply::Status(200)
+        }
+    });
+    let destination = Destination::http("default", receiver.url())
+        .batch(50, 1 << 20)
+        .rate_limit(2.0);
+    let relay = outbox
+        .relay(fast(RelayConfig::new().destination(destination)).lease(Duration::from_secs(10)))
+        .start()
+        .unwrap();
+    let delivered = wait_until(Duration::from_secs(60), || delivered_count(&outbox) == 100);
+    let _ = relay.shutdown();
+    assert!(delivered, "{} of 100 delivered", delivered_count(&outbox));
+    let stats = outbox.stats().unwrap();
+    assert_eq!(stats.dead, 0, "a split spends no attempt");
 }

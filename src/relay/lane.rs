@@ -21,6 +21,12 @@ use crate::wire::encoded_size_bound;
 /// Retry times a lane remembers at most (8 bytes each).
 const MAX_RETRY_TIMES: usize = 100_000;
 
+/// Requests delivered in a row at a lane's learned batch cap before the cap doubles (see
+/// [`Lane::split_again`]): a receiver that refuses batches over some size then costs one
+/// refused request in this many, and one that refused a poison event gets full batches
+/// back after a few rounds.
+const SPLIT_CAP_GROWS_AFTER: u32 = 16;
+
 /// One unit of work for a delivery worker: one request's worth of events.
 pub(crate) type Job = Vec<OutboundEvent>;
 
@@ -79,6 +85,12 @@ pub(crate) struct Lane {
     lingering_bytes: usize,
     /// Why the destination is disabled, if it is (mirrored in the gate for the workers).
     disabled: Option<String>,
+    /// The most events a request holds since the receiver refused a batch for its content:
+    /// the size of the halves that bisection made (see [`Lane::split_again`]). `None` while
+    /// the destination's own batch limit holds.
+    split_cap: Option<usize>,
+    /// Requests at `split_cap` delivered in a row since it was last lowered or raised.
+    delivered_at_cap: u32,
 }
 
 impl Lane {
@@ -129,6 +141,8 @@ impl Lane {
             lingering_until: None,
             lingering_bytes: 0,
             disabled: None,
+            split_cap: None,
+            delivered_at_cap: 0,
         }
     }
 
@@ -202,7 +216,7 @@ impl Lane {
         let Some(pacer) = &self.pacer else {
             return unpaced;
         };
-        let per_request = self.batch.map_or(1, |b| b.max_events) as f64;
+        let per_request = self.max_events_per_request() as f64;
         let queued_jobs = self.jobs_rx.len() as f64;
         let allowance = pacer.allowance(self.pace_window);
         let window_secs = self.pace_window.as_secs_f64();
@@ -333,11 +347,21 @@ impl Lane {
     /// requests (halves, in order), so that only an event refused alone is dead-lettered:
     /// a bisection that spends no attempt. They stay in flight. Hands back the events it
     /// could not queue (the lane closed).
+    ///
+    /// The lane also remembers the halves' size as the most a request holds from now on,
+    /// and doubles it back after [`SPLIT_CAP_GROWS_AFTER`] requests delivered at it. So a
+    /// bisection survives a hand-back (a paced lane's halves wait their turn, and once half
+    /// the lease is gone a worker hands them back unsent: the next claim groups them no
+    /// larger than they had become), and a receiver that refuses batches over some size is
+    /// not sent a refused batch with every claim.
     pub fn split_again(&mut self, mut events: Job) -> Job {
         let Some(jobs_tx) = &self.jobs_tx else {
             return events;
         };
-        let second = events.split_off(events.len().div_ceil(2));
+        let half = events.len().div_ceil(2);
+        self.split_cap = Some(self.split_cap.map_or(half, |cap| cap.min(half)));
+        self.delivered_at_cap = 0;
+        let second = events.split_off(half);
         let mut left = Vec::new();
         for job in [events, second] {
             if job.is_empty() {
@@ -351,12 +375,40 @@ impl Lane {
         left
     }
 
+    /// Counts a request of `len` events that was delivered whole: at the learned cap, it
+    /// brings the cap's doubling nearer (see [`Lane::split_again`]).
+    pub fn delivered_request(&mut self, len: usize) {
+        let (Some(cap), Some(batch)) = (self.split_cap, self.batch) else {
+            return;
+        };
+        if len < cap {
+            return;
+        }
+        self.delivered_at_cap += 1;
+        if self.delivered_at_cap >= SPLIT_CAP_GROWS_AFTER {
+            self.delivered_at_cap = 0;
+            let grown = cap.saturating_mul(2);
+            self.split_cap = (grown < batch.max_events).then_some(grown);
+        }
+    }
+
+    /// The most events one request holds: 1 without batching, else the batch limit or the
+    /// cap a refused batch taught (see [`Lane::split_again`]), whichever is lower.
+    fn max_events_per_request(&self) -> usize {
+        match (self.batch, self.split_cap) {
+            (None, _) => 1,
+            (Some(batch), None) => batch.max_events,
+            (Some(batch), Some(cap)) => cap.min(batch.max_events),
+        }
+    }
+
     /// Splits claimed events into requests: one event each, or batches of one source within
-    /// both limits.
+    /// both limits (and within the cap a refused batch taught, see [`Lane::split_again`]).
     fn group_into_jobs(&self, events: Vec<OutboundEvent>) -> Vec<Job> {
         let Some(batch) = self.batch else {
             return events.into_iter().map(|e| vec![e]).collect();
         };
+        let max_events = self.max_events_per_request();
         let mut jobs: Vec<Job> = Vec::new();
         let mut bytes = 0;
         for event in events {
@@ -365,7 +417,7 @@ impl Lane {
                 // One source a request: a receiver picks the keys of the request's
                 // `outbox-source` before it reads the body.
                 Some(job)
-                    if job.len() < batch.max_events
+                    if job.len() < max_events
                         && bytes + size <= batch.max_bytes
                         && job[0].source == event.source =>
                 {
@@ -572,6 +624,51 @@ mod tests {
         // Never below the configured claim; a smaller configured claim keeps claims small.
         assert_eq!(claim_size(Some(5), 1, 100), 100);
         assert_eq!(claim_size(Some(25), 4, 10), 100);
+    }
+
+    fn events(n: i64) -> Vec<OutboundEvent> {
+        (1..=n)
+            .map(|id| {
+                let mut e = OutboundEvent::new("t", &serde_json::json!(id));
+                e.id = id;
+                e
+            })
+            .collect()
+    }
+
+    fn job_sizes(lane: &Lane, n: i64) -> Vec<usize> {
+        lane.group_into_jobs(events(n))
+            .iter()
+            .map(Vec::len)
+            .collect()
+    }
+
+    #[test]
+    fn a_refused_batch_teaches_the_lane_its_halves_size_until_enough_deliveries_double_it() {
+        let destination = Destination::http("d", "http://127.0.0.1:9/events").batch(100, 1 << 20);
+        let mut lane = Lane::new(&destination, 1, &RelayConfig::new());
+        assert_eq!(job_sizes(&lane, 100), [100]);
+        // A batch of 100 refused, then a half of 50: the next claims group by 25.
+        assert!(lane.split_again(events(100)).is_empty());
+        assert!(lane.split_again(events(50)).is_empty());
+        assert_eq!(job_sizes(&lane, 60), [25, 25, 10]);
+        // Smaller requests delivered do not count; full ones do, and double it.
+        for _ in 0..SPLIT_CAP_GROWS_AFTER {
+            lane.delivered_request(10);
+        }
+        assert_eq!(job_sizes(&lane, 60), [25, 25, 10]);
+        for _ in 0..SPLIT_CAP_GROWS_AFTER {
+            lane.delivered_request(25);
+        }
+        assert_eq!(job_sizes(&lane, 60), [50, 10]);
+        for _ in 0..SPLIT_CAP_GROWS_AFTER {
+            lane.delivered_request(50);
+        }
+        assert_eq!(
+            job_sizes(&lane, 120),
+            [100, 20],
+            "back to the destination's limit"
+        );
     }
 
     #[test]

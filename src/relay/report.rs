@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::relay::decide::{decide, Context, Decision, GateChange, Policy, Tried};
 use crate::relay::lane::Job;
+use crate::store::queue::WriteBack;
 use crate::transport::{Attempt, OutboundEvent};
 
 /// The one message a worker sends back: the decisions of one request, for its lane.
@@ -143,6 +144,15 @@ impl Report {
             events,
             decisions: Decisions::Each(decisions),
             gate,
+        }
+    }
+
+    /// Whether every event of the request was delivered.
+    pub fn all_delivered(&self) -> bool {
+        let delivered = |d: &Decision| matches!(d.write_back, WriteBack::Delivered);
+        match &self.decisions {
+            Decisions::Same(decision) => delivered(decision),
+            Decisions::Each(each) => each.iter().all(delivered),
         }
     }
 

@@ -175,6 +175,19 @@ impl Worker {
         }
     }
 
+    /// Whether half the lease of one of `events` is gone: a request might then outlive it
+    /// and race another relay's claim, so the events go back instead. Gone by either clock:
+    /// the monotonic one cannot step, and other relays judge the lease by the wall clock.
+    fn lease_short(&self, events: &[OutboundEvent]) -> bool {
+        let now = self.clock.now_ms();
+        let half = Duration::from_millis((self.lease_ms / 2).max(0) as u64);
+        events.iter().any(|e| {
+            now + self.lease_ms / 2 > e.lease_expires_at
+                || e.lease_ends
+                    .is_some_and(|ends| Instant::now() + half > ends)
+        })
+    }
+
     /// Waits for the destination's rate and bandwidth limits to allow this request; false
     /// if the gate closed or the relay began to stop meanwhile (the events are then handed
     /// back, nothing spent).
@@ -204,19 +217,11 @@ impl Worker {
     /// Hands `events` to the transport: a report if the outcome is already known (sent and
     /// answered, skipped, panicked), else the request on its way.
     fn start(&self, events: Job, backlog: &Arc<Backlog>) -> Started {
-        // Paced first, so that the lease is judged when the request would really start.
-        let paced = !self.gate.is_closed() && self.pace(&events);
+        // Judged before the pace (a job handed back takes no turn of it) and again after,
+        // when the request would really start.
+        let paced = !self.gate.is_closed() && !self.lease_short(&events) && self.pace(&events);
         let now = self.clock.now_ms();
-        // Once half the lease is gone a request might outlive it and race another relay's
-        // claim; hand the events back instead. Gone by either clock: the monotonic one
-        // cannot step, and other relays judge the lease by the wall clock.
-        let half = Duration::from_millis((self.lease_ms / 2).max(0) as u64);
-        let lease_short = events.iter().any(|e| {
-            now + self.lease_ms / 2 > e.lease_expires_at
-                || e.lease_ends
-                    .is_some_and(|ends| Instant::now() + half > ends)
-        });
-        if !paced || self.gate.is_closed() || lease_short {
+        if !paced || self.gate.is_closed() || self.lease_short(&events) {
             let report =
                 Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now, false);
             return Started::Done(report);

@@ -637,6 +637,9 @@ impl Writer {
         }
         for report in reports.iter() {
             self.lanes[report.lane()].finished(report.events());
+            if report.all_delivered() {
+                self.lanes[report.lane()].delivered_request(report.len());
+            }
             if let Some(GateChange::Disable { reason }) = report.gate_change() {
                 self.disable(report.lane(), reason, now);
             }
