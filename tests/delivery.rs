@@ -395,3 +395,89 @@ fn a_poison_events_503_with_retry_after_holds_back_that_event_not_its_destinatio
         "the poison event waits its 30 s, with its attempt spent"
     );
 }
+
+/// Issue 55, finding 4: in a batch of ten, one poison event the receiver cannot take makes
+/// it fail the whole request (`reply`). Before, every event of the batch spent its attempts
+/// with the poison one and all ten were dead; only the poison event may be.
+fn only_the_poison_event_of_a_batch_is_dead(reply: fn() -> Reply) {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("poison.db")).unwrap();
+    let ids = enqueue_n(&outbox, 10, |_| None);
+    let poison = ids[3].clone();
+    let receiver = {
+        let poison = poison.clone();
+        TestReceiver::start(0, move |r| {
+            if r.ids.contains(&poison) {
+                reply()
+            } else {
+                Reply::Status(200)
+            }
+        })
+    };
+    let destination =
+        sqlite_outbox::Destination::http("default", receiver.url()).batch(10, 1 << 20);
+    let relay = outbox
+        .relay(fast(RelayConfig::new().destination(destination)).max_attempts(3))
+        .start()
+        .unwrap();
+    let settled = wait_until(PATIENCE, || {
+        let stats = outbox.stats().unwrap();
+        stats.pending == 0
+    });
+    let _ = relay.shutdown();
+    assert!(settled, "{:?}", rows(&outbox));
+    let dead: Vec<String> = rows(&outbox)
+        .into_iter()
+        .filter(|r| r.dead)
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(dead, [poison], "{:?}", rows(&outbox));
+    assert_eq!(delivered_count(&outbox), 9);
+}
+
+#[test]
+fn a_poison_event_answered_500_in_a_batch_takes_no_batch_mate_with_it() {
+    only_the_poison_event_of_a_batch_is_dead(|| Reply::Status(500));
+}
+
+#[test]
+fn a_poison_event_that_resets_the_connection_in_a_batch_takes_no_batch_mate_with_it() {
+    only_the_poison_event_of_a_batch_is_dead(|| Reply::Reset);
+}
+
+#[test]
+fn a_poison_event_answered_403_in_a_batch_takes_no_batch_mate_with_it() {
+    only_the_poison_event_of_a_batch_is_dead(|| Reply::Status(403));
+}
+
+#[test]
+fn an_event_whose_stored_data_is_not_json_takes_no_batch_mate_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("not-json.db")).unwrap();
+    let ids = enqueue_n(&outbox, 10, |_| None);
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "UPDATE outbox_events SET payload = '{oops' WHERE event_id = ?1",
+            [&ids[3]],
+        )
+        .unwrap();
+    let receiver = TestReceiver::ok();
+    let destination =
+        sqlite_outbox::Destination::http("default", receiver.url()).batch(10, 1 << 20);
+    let relay = outbox
+        .relay(fast(RelayConfig::new().destination(destination)))
+        .start()
+        .unwrap();
+    let settled = wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0);
+    let _ = relay.shutdown();
+    assert!(settled, "{:?}", rows(&outbox));
+    let dead: Vec<String> = rows(&outbox)
+        .into_iter()
+        .filter(|r| r.dead)
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(dead, [ids[3].clone()], "{:?}", rows(&outbox));
+    assert_eq!(receiver.event_count(), 9);
+}

@@ -262,6 +262,23 @@ pub(crate) fn decide(
             (write_back, gate)
         }
     };
+    // An event is dead-lettered only by an answer about it alone: a batch's failure may be
+    // one poison event's doing (a 5xx, a timeout or a reset it causes, data that cannot
+    // be encoded, a 4xx), so where a batch's answer would leave an event dead it is split
+    // and sent again instead, spending nothing more; its last attempt is a request of its
+    // own (or a half that is delivered).
+    if context.batch {
+        if let WriteBack::Dead { error } = &write_back {
+            return Decision {
+                write_back: WriteBack::Release {
+                    error: Some(format!("{error} (to a batch: split and sent again)")),
+                    available_at: None,
+                },
+                gate,
+                split: true,
+            };
+        }
+    }
     Decision {
         write_back,
         gate,
@@ -531,21 +548,67 @@ mod tests {
                 }
             );
         }
-        // Other answers to a batch are not split.
-        let attempt = answered(401, None);
+    }
+
+    #[test]
+    fn no_answer_to_a_batch_dead_letters_its_events_it_splits_them_instead() {
         let batch = Context {
             down: false,
             batch: true,
         };
+        let timeout = Attempt::Failed {
+            reason: "timed out".into(),
+        };
+        let unencodable = Attempt::Unsendable {
+            reason: "stored data is not valid JSON".into(),
+        };
+        let cases = [
+            (answered(500, None), 24),
+            (answered(401, None), 0),
+            (answered(403, None), 3),
+            (timeout.clone(), 24),
+            (unencodable.clone(), 0),
+        ];
+        for (attempt, attempts) in &cases {
+            let d = decide(
+                &Tried::Attempted(attempt),
+                *attempts,
+                BACKOFF,
+                &policy(),
+                NOW,
+                batch,
+            );
+            assert!(d.split, "{attempt:?} at {attempts}");
+            assert!(
+                matches!(d.write_back, WriteBack::Release { .. }),
+                "{attempt:?}"
+            );
+            // Alone, the same answer is the event's verdict.
+            let d = decide(
+                &Tried::Attempted(attempt),
+                *attempts,
+                BACKOFF,
+                &policy(),
+                NOW,
+                UP,
+            );
+            assert!(!d.split);
+            assert!(
+                matches!(d.write_back, WriteBack::Dead { .. }),
+                "{attempt:?}"
+            );
+        }
+        // Before the last attempt a batch's failure is spent by each event as usual.
         let d = decide(
-            &Tried::Attempted(&attempt),
-            0,
+            &Tried::Attempted(&timeout),
+            3,
             BACKOFF,
             &policy(),
             NOW,
             batch,
         );
         assert!(!d.split);
+        assert!(matches!(d.write_back, WriteBack::Retry { .. }));
     }
 
     #[test]
