@@ -113,7 +113,7 @@ fn one_event_larger_than_the_bandwidths_window_does_not_hold_back_the_ones_after
 fn bisecting_a_refused_batch_finishes_under_a_rate_limit() {
     let dir = tempfile::tempdir().unwrap();
     let outbox = Outbox::open(dir.path().join("bisect.db")).unwrap();
-    let _ = outbox
+    outbox
         .transaction(|tx| {
             for n in 0..100 {
                 let _ = outbox.enqueue(tx, Event::new("t", json!(n)))?;
