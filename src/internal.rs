@@ -24,6 +24,7 @@ pub fn claim(
             spare_leases: "",
             now,
             lease_ms: 60_000,
+            max_bytes: i64::MAX,
             limit,
         },
     )?

@@ -481,3 +481,53 @@ fn an_event_whose_stored_data_is_not_json_takes_no_batch_mate_with_it() {
     assert_eq!(dead, [ids[3].clone()], "{:?}", rows(&outbox));
     assert_eq!(receiver.event_count(), 9);
 }
+
+/// Issue 55, finding 7: claims and the events in flight are bounded in bytes, not only in
+/// count. 150 events of 200 KB to a receiver that holds each request 300 ms: before, one
+/// claim leased 100 of them (20 MB) and up to 400 were in flight; now a claim takes at most
+/// 4 MiB and a destination keeps at most 16 MiB in flight (plus one event).
+#[test]
+fn claims_and_events_in_flight_are_bounded_in_bytes() {
+    const EVENT_BYTES: usize = 200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::open(dir.path().join("large.db")).unwrap();
+    let blob = "x".repeat(EVENT_BYTES - 2);
+    outbox
+        .transaction(|tx| {
+            for _ in 0..150 {
+                let _ = outbox.enqueue(tx, Event::new("t", json!(blob)))?;
+            }
+            Ok::<_, sqlite_outbox::Error>(())
+        })
+        .unwrap();
+    let receiver = TestReceiver::start(0, |_| Reply::Hang(Duration::from_millis(300)));
+    let relay = outbox
+        .relay(fast(RelayConfig::http(receiver.url())).workers(8))
+        .start()
+        .unwrap();
+    let conn = outbox.connection().unwrap();
+    let mut most_leased = 0i64;
+    let done = wait_until(PATIENCE, || {
+        let leased: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM outbox_events
+                  WHERE lease_owner IS NOT NULL AND delivered_at IS NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        most_leased = most_leased.max(leased);
+        delivered_count(&outbox) == 150
+    });
+    let _ = relay.shutdown();
+    assert!(done, "{} of 150 delivered", delivered_count(&outbox));
+    let bound = (16 << 20) / EVENT_BYTES as i64 + 1;
+    assert!(
+        most_leased <= bound,
+        "{most_leased} events of 200 KB leased at once; at most {bound}"
+    );
+    assert!(
+        most_leased >= 8,
+        "the workers were kept busy: {most_leased}"
+    );
+}

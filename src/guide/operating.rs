@@ -28,8 +28,10 @@
 //! pending events, in commit order, to one JSON Lines file: one structured CloudEvent per
 //! line (exactly the body a relay would send), then a manifest (count, first and last
 //! `sequence`, SHA-256 of the event lines), then a Standard Webhooks signature of the
-//! manifest. The events are leased first, the file is synced and renamed into place, and
-//! only then are they marked **exported** (a state of its own: `list --state exported`,
+//! manifest. The events are leased page by page (1,000 events or 4 MiB of data, each page
+//! a short transaction of its own, written to the file before the next is read: neither
+//! memory nor the app's commits pay for the bundle's size), the file is synced and renamed
+//! into place, and only then are they marked **exported**, 500 a transaction (a state of its own: `list --state exported`,
 //! [`admin::State::Exported`](crate::admin::State::Exported); their keys' next events go). A crash before that leaves them
 //! pending, so they are exported again and receivers drop the repeats by id; a write that
 //! fails (a full disk) hands them back unchanged. `outbox import FILE --secret whsec_… --url

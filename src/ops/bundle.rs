@@ -17,9 +17,11 @@
 //! refuse a tampered, truncated or foreign file before it sends anything: it checks the
 //! signature, then the count and the hash.
 //!
-//! `export` leases the events first (relays leave them alone), writes the file next to its
-//! final name, syncs it, renames it into place, syncs the folder, and only then marks the
-//! events **exported** in one transaction. A crash before that leaves them pending (the lease
+//! `export` leases the events page by page (relays leave them alone), each page in a short
+//! transaction of its own and written out before the next is read, so neither memory nor the
+//! app's commits pay for the bundle's size. It writes the file next to its final name,
+//! syncs it, renames it into place, syncs the folder, and only then marks the events
+//! **exported**, again page by page. A crash before that leaves them pending (the lease
 //! runs out): exported again later, they reach the receiver twice, and it drops the repeat
 //! by id.
 
@@ -39,6 +41,10 @@ use crate::{wire, Outbox};
 const FORMAT: &str = "sqlite-outbox/1";
 /// How long an export's lease lasts: writing and syncing a file takes far less.
 const EXPORT_LEASE: Duration = Duration::from_secs(300);
+/// Events one page of an export leases and writes, in one short transaction.
+const EXPORT_PAGE_ROWS: usize = 1_000;
+/// Bytes of event data one page of an export holds at most (past its first event).
+const EXPORT_PAGE_BYTES: i64 = 4 << 20;
 
 /// The manifest line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,29 +105,30 @@ impl Outbox {
             )));
         }
         let owner = format!("export:{}", uuid::Uuid::now_v7());
-        let now = self.now_ms();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let events = self.transaction(|tx| {
-            queue::lease_for_export(
-                tx,
-                destination,
-                &owner,
-                now,
-                EXPORT_LEASE.as_millis() as i64,
-                limit,
-                &self.default_source(),
-            )
-        })?;
-        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        let written = write_bundle(path, secret, destination, &events);
-        if let Err(e) = written {
-            // Nothing was exported: hand them back, as they were.
-            let _ = self.transaction(|tx| queue::release_export(tx, &owner, &ids));
-            return Err(e);
+        let partial = path.with_extension("partial");
+        let mut ids = Vec::new();
+        let written =
+            self.write_bundle(path, &partial, secret, destination, limit, &owner, &mut ids);
+        let sha256 = match written {
+            Ok(sha256) => sha256,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                // Nothing was exported: hand them back, as they were.
+                for page in ids.chunks(queue::DELETE_PAGE_ROWS) {
+                    let _ = self.transaction(|tx| queue::release_export(tx, &owner, page));
+                }
+                return Err(e);
+            }
+        };
+        // Marked page by page, each a short transaction: the app's commits never wait for
+        // a whole bundle. A crash between pages leaves the rest leased to the export until
+        // the lease runs out; they are then delivered (or exported) again, duplicates the
+        // receiver drops by id.
+        let mut marked = 0;
+        for page in ids.chunks(queue::DELETE_PAGE_ROWS) {
+            marked +=
+                self.transaction(|tx| queue::mark_exported(tx, &owner, page, self.now_ms()))?;
         }
-        let sha256 = written.unwrap_or_default();
-        let marked =
-            self.transaction(|tx| queue::mark_exported(tx, &owner, &ids, self.now_ms()))?;
         log::info!("exported {marked} events to {}", path.display());
         Ok(ExportReport {
             path: path.to_path_buf(),
@@ -129,64 +136,92 @@ impl Outbox {
             sha256,
         })
     }
-}
 
-/// Writes the bundle next to `path`, syncs it, renames it into place and syncs the folder;
-/// returns the hash of the event lines.
-fn write_bundle(
-    path: &Path,
-    secret: &Secret,
-    destination: &str,
-    events: &[crate::outbound::OutboundEvent],
-) -> Result<String> {
-    let mut lines = Vec::new();
-    for event in events {
-        lines.extend(wire::structured_body(event).map_err(Error::InvalidData)?);
-        lines.push(b'\n');
-    }
-    let sha256 = hex(&Sha256::digest(&lines));
-    let sequence = |e: &crate::outbound::OutboundEvent| format!("{:020}", e.id);
-    let manifest = serde_json::to_vec(&Manifest {
-        bundle: FORMAT.into(),
-        count: events.len(),
-        destination: destination.into(),
-        first_sequence: events.first().map(sequence),
-        last_sequence: events.last().map(sequence),
-        sha256: sha256.clone(),
-        created: wire::rfc3339_millis(unix_ms()),
-    })
-    .map_err(Error::InvalidData)?;
-    let timestamp = unix_ms() / 1000;
-    let id = format!("bundle_{}", &sha256[..32]);
-    let signature = serde_json::to_vec(&Signature {
-        signature: secret.sign(&id, timestamp, &manifest),
-        id,
-        timestamp: timestamp.to_string(),
-    })
-    .map_err(Error::InvalidData)?;
-    let partial = path.with_extension("partial");
-    let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
+    /// Leases up to `limit` events page by page, writing each page's lines to `partial`
+    /// as it goes (so memory holds one page, not the bundle), then the manifest and the
+    /// signature; syncs the file, renames it to `path` and syncs the folder. The ids of
+    /// the events leased go to `ids` as they are leased, for marking or handing back.
+    /// Returns the hash of the event lines.
+    #[allow(clippy::too_many_arguments)]
+    fn write_bundle(
+        &self,
+        path: &Path,
+        partial: &Path,
+        secret: &Secret,
+        destination: &str,
+        limit: usize,
+        owner: &str,
+        ids: &mut Vec<i64>,
+    ) -> Result<String> {
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&partial)?;
-        file.write_all(&lines)?;
-        file.write_all(&manifest)?;
-        file.write_all(b"\n")?;
-        file.write_all(&signature)?;
-        file.write_all(b"\n")?;
+            .open(partial)?;
+        let mut out = std::io::BufWriter::new(file);
+        let mut hasher = Sha256::new();
+        let default_source = self.default_source();
+        let (mut first, mut last) = (None, None);
+        loop {
+            let left = limit.saturating_sub(ids.len());
+            if left == 0 {
+                break;
+            }
+            let page = queue::ExportPage {
+                destination,
+                owner,
+                now: self.now_ms(),
+                lease_ms: EXPORT_LEASE.as_millis() as i64,
+                limit: left.min(EXPORT_PAGE_ROWS) as i64,
+                max_bytes: EXPORT_PAGE_BYTES,
+                after: ids.last().copied().unwrap_or(0),
+                default_source: &default_source,
+            };
+            let events = self.transaction(|tx| queue::lease_for_export(tx, &page))?;
+            if events.is_empty() {
+                break;
+            }
+            ids.extend(events.iter().map(|e| e.id));
+            for event in &events {
+                let mut line = wire::structured_body(event).map_err(Error::InvalidData)?;
+                line.push(b'\n');
+                hasher.update(&line);
+                out.write_all(&line)?;
+                first.get_or_insert(event.id);
+                last = Some(event.id);
+            }
+        }
+        let sha256 = hex(&hasher.finalize());
+        let sequence = |id: i64| format!("{id:020}");
+        let manifest = serde_json::to_vec(&Manifest {
+            bundle: FORMAT.into(),
+            count: ids.len(),
+            destination: destination.into(),
+            first_sequence: first.map(sequence),
+            last_sequence: last.map(sequence),
+            sha256: sha256.clone(),
+            created: wire::rfc3339_millis(unix_ms()),
+        })
+        .map_err(Error::InvalidData)?;
+        let timestamp = unix_ms() / 1000;
+        let id = format!("bundle_{}", &sha256[..32]);
+        let signature = serde_json::to_vec(&Signature {
+            signature: secret.sign(&id, timestamp, &manifest),
+            id,
+            timestamp: timestamp.to_string(),
+        })
+        .map_err(Error::InvalidData)?;
+        out.write_all(&manifest)?;
+        out.write_all(b"\n")?;
+        out.write_all(&signature)?;
+        out.write_all(b"\n")?;
+        let file = out.into_inner().map_err(|e| Error::Io(e.into_error()))?;
         file.sync_all()?;
-        std::fs::rename(&partial, path)?;
+        std::fs::rename(partial, path)?;
         if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::File::open(folder)?.sync_all()?;
         }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&partial);
+        Ok(sha256)
     }
-    result.map_err(Error::Io)?;
-    Ok(sha256)
 }
 
 fn unix_ms() -> i64 {

@@ -137,6 +137,7 @@ mod tests {
             spare_leases: "",
             now: 10,
             lease_ms: 1_000,
+            max_bytes: i64::MAX,
             limit: 100,
         };
         let way = RightOfWay::default();

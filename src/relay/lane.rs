@@ -5,7 +5,7 @@
 //! slow never holds back another.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,15 @@ use crate::wire::encoded_size_bound;
 
 /// Retry times a lane remembers at most (8 bytes each).
 const MAX_RETRY_TIMES: usize = 100_000;
+
+/// The most bytes of event data one claim takes (past its first event, which goes whatever
+/// its size): with events of 200 KB a claim of a few hundred held tens of megabytes, and
+/// its transaction kept the app's commits waiting.
+const MAX_CLAIM_BYTES: usize = 4 << 20;
+
+/// The most bytes of event data a lane keeps queued or in delivery at once (past one
+/// claim's first event): the relay's memory for large events, whatever the count limits.
+const MAX_IN_FLIGHT_BYTES: usize = 16 << 20;
 
 /// Requests delivered in a row at a lane's learned batch cap before the cap doubles (see
 /// [`Lane::split_again`]): a receiver that refuses batches over some size then costs one
@@ -61,7 +70,10 @@ pub(crate) struct Lane {
     /// `None` once the lane is closed: its workers exit after their current request.
     jobs_tx: Option<Sender<Job>>,
     jobs_rx: Receiver<Job>,
-    in_flight: HashSet<i64>,
+    /// Claimed events queued or in delivery, by row id, with their data's size.
+    in_flight: HashMap<i64, usize>,
+    /// The sum of `in_flight`'s sizes.
+    in_flight_bytes: usize,
     /// Whether a claim may find something: set by commits, answers and timers, cleared by a
     /// claim that came back short.
     claim_due: bool,
@@ -131,7 +143,8 @@ impl Lane {
             bytes_per_event: None,
             jobs_tx: Some(jobs_tx),
             jobs_rx,
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
+            in_flight_bytes: 0,
             claim_due: true,
             retry_times: BinaryHeap::new(),
             due_later: None,
@@ -185,11 +198,36 @@ impl Lane {
             .min(self.max_in_flight / 2)
             .min(paced.worth_it)
             .max(1);
-        let blocked = (room < worth_it && !self.in_flight.is_empty())
+        let full_of_bytes = self.in_flight_bytes >= MAX_IN_FLIGHT_BYTES;
+        let blocked = ((room < worth_it || full_of_bytes) && !self.in_flight.is_empty())
             || room == 0
             || self.gate.is_closed()
             || (self.gate.is_suspect() && !self.in_flight.is_empty());
         self.claim_due && self.jobs_tx.is_some() && !blocked
+    }
+
+    /// How many bytes of event data the next claim takes at most (past its first event):
+    /// what is left of [`MAX_IN_FLIGHT_BYTES`], and no more than [`MAX_CLAIM_BYTES`].
+    pub fn claim_max_bytes(&self) -> usize {
+        MAX_IN_FLIGHT_BYTES
+            .saturating_sub(self.in_flight_bytes)
+            .min(MAX_CLAIM_BYTES)
+    }
+
+    /// Marks `event` queued or in delivery.
+    fn take_in_flight(&mut self, event: &OutboundEvent) {
+        let size = event.payload.len();
+        if let Some(old) = self.in_flight.insert(event.id, size) {
+            self.in_flight_bytes -= old;
+        }
+        self.in_flight_bytes += size;
+    }
+
+    /// Marks the event of row `id` no longer queued nor in delivery.
+    fn drop_in_flight(&mut self, id: i64) {
+        if let Some(size) = self.in_flight.remove(&id) {
+            self.in_flight_bytes -= size;
+        }
     }
 
     /// How many events the next claim takes. After unanswered attempts, a single probe
@@ -305,7 +343,7 @@ impl Lane {
             return;
         }
         for event in &events {
-            self.in_flight.insert(event.id);
+            self.take_in_flight(event);
             self.lingering_bytes += encoded_size_bound(event) + 1;
         }
         self.lingering.extend(events);
@@ -327,13 +365,13 @@ impl Lane {
         }
         for job in self.group_into_jobs(events) {
             for event in &job {
-                self.in_flight.insert(event.id);
+                self.take_in_flight(event);
             }
             let Some(jobs_tx) = &self.jobs_tx else { break };
             // The channel holds max_in_flight jobs, so this never blocks.
             if let Err(e) = jobs_tx.try_send(job) {
                 for event in e.into_inner() {
-                    self.in_flight.remove(&event.id);
+                    self.drop_in_flight(event.id);
                     log::error!(
                         "event {}: work queue full, left to its lease",
                         event.event_id
@@ -436,7 +474,7 @@ impl Lane {
     /// Frees the slots of finished events; their answers may have made room or news.
     pub fn finished<'a>(&mut self, events: impl IntoIterator<Item = &'a OutboundEvent>) {
         for event in events {
-            self.in_flight.remove(&event.id);
+            self.drop_in_flight(event.id);
         }
         self.claim_due = true;
     }

@@ -535,6 +535,7 @@ impl Writer {
             now,
             lease_ms: self.lease_ms,
             limit: limit as i64,
+            max_bytes: lane.claim_max_bytes() as i64,
         };
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // The lease as this relay counts it: from before the claim, on the monotonic clock.

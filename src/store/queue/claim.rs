@@ -5,11 +5,20 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// The inner `SELECT` of [`CLAIM_SQL`]: one priority level's due rows, in due order.
+/// The inner `SELECT` of [`CLAIM_SQL`]: one priority level's due rows, in due order, as
+/// many as fit in `?10` bytes of data (at least one, however large).
+///
+/// The byte bound is a running sum over the rows the `LIMIT` already chose, in their order,
+/// so it costs a pass over at most `?5` lengths (`octet_length` reads no large value), not
+/// a walk of the backlog.
 macro_rules! claim_candidates {
     () => {
         concat!(
-            "SELECT e.id FROM outbox_events AS e
+            "SELECT id FROM (
+               SELECT c.id, SUM(c.len) OVER (ORDER BY c.available_at, c.id
+                                             ROWS UNBOUNDED PRECEDING) - c.len AS before
+                 FROM (SELECT e.id, e.available_at, octet_length(e.payload) AS len
+                         FROM outbox_events AS e
               WHERE ",
             pending!("e."),
             " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
@@ -24,7 +33,8 @@ macro_rules! claim_candidates {
             pending!("k."),
             "))
               ORDER BY e.available_at, e.id
-              LIMIT CAST(?5 AS INTEGER)"
+              LIMIT CAST(?5 AS INTEGER)) AS c)
+             WHERE before < ?10"
         )
     };
 }
@@ -99,6 +109,9 @@ pub(crate) struct ClaimRequest<'a> {
     pub now: i64,
     pub lease_ms: i64,
     pub limit: i64,
+    /// The most bytes of event data one claim takes (past the first event, which goes
+    /// whatever its size): with large events a count alone held hundreds of megabytes.
+    pub max_bytes: i64,
 }
 
 /// A claimed row that could not be read as an event (a BLOB payload, a REAL time, text that
@@ -142,11 +155,17 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         let level: i64 = row.get(0)?;
         let taken = claimed.events.len() + claimed.unreadable.len();
         let left = req.limit - taken as i64;
-        if left <= 0 {
+        let bytes: usize = claimed.events.iter().map(|e| e.payload.len()).sum();
+        let bytes_left = req.max_bytes.saturating_sub(bytes as i64);
+        if left <= 0 || bytes_left <= 0 {
             break;
         }
         let first = claimed.events.len();
-        claim_level(conn, req, level, left, takes_over, &mut claimed)?;
+        let room = Room {
+            events: left,
+            bytes: bytes_left,
+        };
+        claim_level(conn, req, level, room, takes_over, &mut claimed)?;
         if level >= i64::from(crate::Event::URGENT_PRIORITY) && claimed.events.len() > first {
             claimed.urgent = true;
         }
@@ -181,13 +200,19 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
     Ok(claimed)
 }
 
-/// Claims up to `limit` due rows of priority `level` into `claimed`; inside
+/// What is left of a claim's limits.
+struct Room {
+    events: i64,
+    bytes: i64,
+}
+
+/// Claims due rows of priority `level` into `claimed`, within `room`; inside
 /// [`tally::around`] if it `takes_over` tallied leases.
 fn claim_level(
     conn: &Connection,
     req: &ClaimRequest<'_>,
     level: i64,
-    limit: i64,
+    room: Room,
     takes_over: bool,
     claimed: &mut Claimed,
 ) -> Result<()> {
@@ -201,11 +226,12 @@ fn claim_level(
         lease.expires_at,
         req.now,
         req.destination,
-        limit,
+        room.events,
         req.default_source,
         req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
         level,
         req.spare_leases,
+        room.bytes,
     ];
     if takes_over {
         let ids = tallied_candidates(conn, CLAIM_CANDIDATES_SQL, params)?;

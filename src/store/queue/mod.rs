@@ -320,6 +320,7 @@ mod tests {
             spare_leases: "",
             now,
             lease_ms: 1_000,
+            max_bytes: i64::MAX,
             limit,
         }
     }
@@ -444,6 +445,74 @@ mod tests {
         assert_eq!(got[0].source, "/test");
         // Leased rows are not claimable by anyone else while the lease holds.
         assert!(claim_events(&conn, &req("r2", 500, 10)).is_empty());
+    }
+
+    #[test]
+    fn a_claim_takes_rows_in_order_while_their_data_fits_its_bytes_and_always_one() {
+        let (_d, conn) = db();
+        let ids: Vec<i64> = (0..5).map(|_| insert_raw(&conn, None, 0)).collect();
+        // Data of 100 bytes each (`"…"`), one level urgent.
+        conn.execute(
+            "UPDATE outbox_events SET payload = json_quote(printf('%.98c', 'x'))",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE outbox_events SET priority = 9 WHERE id = ?1",
+            [ids[4]],
+        )
+        .unwrap();
+        let mut bounded = req("r1", 100, 10);
+        bounded.max_bytes = 250;
+        // The urgent row first, then two more: 300 bytes, the last started below 250.
+        assert_eq!(ids_of(&conn, &bounded), vec![ids[4], ids[0], ids[1]]);
+        // One row however small the bound.
+        let mut tiny = req("r2", 100, 10);
+        tiny.max_bytes = 1;
+        assert_eq!(ids_of(&conn, &tiny), vec![ids[2]]);
+    }
+
+    fn ids_of(conn: &Connection, req: &ClaimRequest<'_>) -> Vec<i64> {
+        ids(&claim_events(conn, req))
+    }
+
+    #[test]
+    fn an_export_page_never_takes_a_key_s_event_whose_elder_an_earlier_page_passed_over() {
+        let (_d, conn) = db();
+        let head = insert_raw(&conn, Some("k"), 0);
+        let second = insert_raw(&conn, Some("k"), PARKED);
+        let loose = insert_raw(&conn, None, 0);
+        let third = insert_raw(&conn, Some("k"), PARKED);
+        // A relay holds the key's head while the first page is read.
+        let _ = claim_events(&conn, &req("relay", 100, 1));
+        let page = |after: i64| ExportPage {
+            destination: "default",
+            owner: "export",
+            now: 100,
+            lease_ms: 60_000,
+            limit: 2,
+            max_bytes: i64::MAX,
+            after,
+            default_source: "/t",
+        };
+        let first: Vec<i64> = ids(&lease_for_export(&conn, &page(0)).unwrap());
+        assert_eq!(
+            first,
+            vec![loose],
+            "the key waits behind its head in flight"
+        );
+        // The relay hands the head back; the next page starts after the first.
+        conn.execute(
+            "UPDATE outbox_events SET lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
+            [head],
+        )
+        .unwrap();
+        let next: Vec<i64> = ids(&lease_for_export(&conn, &page(loose)).unwrap());
+        assert!(
+            next.is_empty(),
+            "{next:?}: the key's later events would reach the receiver before {head} and {second}"
+        );
+        let _ = third;
     }
 
     #[test]
@@ -938,7 +1007,7 @@ mod tests {
             .unwrap();
         let plan: Vec<String> = stmt
             .query_map(
-                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:"],
+                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:", 1 << 20],
                 |r| r.get(3),
             )
             .unwrap()

@@ -102,40 +102,67 @@ pub(crate) fn expire(
     Ok(rows.into_iter().map(|(row, _)| row).collect())
 }
 
-/// Leases up to `limit` pending rows of `destination`, oldest first (parked ones too: a
-/// bundle keeps a key's order by itself), for an export: the lease keeps relays off them
-/// while the file is written.
+/// One page of an export: which rows [`lease_for_export`] leases.
+pub(crate) struct ExportPage<'a> {
+    pub destination: &'a str,
+    /// The export's lease owner, the same for all its pages.
+    pub owner: &'a str,
+    pub now: i64,
+    pub lease_ms: i64,
+    /// Rows at most.
+    pub limit: i64,
+    /// Bytes of event data at most (past the first row, which goes whatever its size).
+    pub max_bytes: i64,
+    /// The highest row id the export's earlier pages took (0 for the first page).
+    pub after: i64,
+    pub default_source: &'a str,
+}
+
+/// Leases one page of `destination`'s pending rows after `page.after`, oldest first
+/// (parked ones too: a bundle keeps a key's order by itself), for an export: the lease
+/// keeps relays off them while the file is written. An export leases page by page, each in
+/// its own short transaction, so the app's commits never wait for a whole bundle.
 pub(crate) fn lease_for_export(
     conn: &Connection,
-    destination: &str,
-    owner: &str,
-    now: i64,
-    lease_ms: i64,
-    limit: i64,
-    default_source: &str,
+    page: &ExportPage<'_>,
 ) -> Result<Vec<crate::outbound::OutboundEvent>> {
+    let ExportPage {
+        destination,
+        owner,
+        now,
+        lease_ms,
+        limit,
+        max_bytes,
+        after,
+        default_source,
+    } = *page;
     // The rows first, then the lease on them, inside `tally::around`: an export may take
     // over leases that ran out, which the pending totals must see leave.
+    let mut bytes = 0i64;
     let ids: Vec<i64> = conn
         .prepare_cached(concat!(
-            "SELECT e.id FROM outbox_events AS e INDEXED BY outbox_events_pending
+            "SELECT e.id, octet_length(e.payload) FROM outbox_events AS e
+                    INDEXED BY outbox_events_pending
               WHERE ",
             pending!("e."),
-            " AND e.destination = ?1 AND ",
+            " AND e.destination = ?1 AND e.id > ?5 AND ",
             lease_claimable!("e.", "?2", "?3"),
-            // Per-key order: not while an older pending row of its key stays behind (its
-            // lease held by a relay, in flight or left by a crash), else the bundle would
-            // deliver the key's successors before its head. The rows taken are the oldest,
-            // so an older claimable row of the key is in the bundle too.
+            // Per-key order: not while an older pending row of its key stays behind, else
+            // the bundle would deliver the key's successors before its head. Behind means
+            // not this export's: its lease held by a relay (in flight, or left by a crash),
+            // or passed over by an earlier page. The rows a page takes are the oldest after
+            // the last page's, so an older claimable row of the key after it is in the
+            // bundle too.
             " AND (e.partition_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM outbox_events AS k
                  WHERE k.partition_key = e.partition_key AND k.destination = e.destination
                    AND k.id < e.id AND ",
             pending!("k."),
+            " AND k.lease_owner IS NOT ?6
+                   AND (k.id <= ?5 OR NOT COALESCE(",
             // (COALESCE: a lease with no leased_at still holds.)
-            " AND NOT COALESCE(",
             lease_claimable!("k.", "?2", "?3"),
-            ", 0)))",
+            ", 0))))",
             " ORDER BY e.id LIMIT CAST(?4 AS INTEGER)"
         ))?
         .query_map(
@@ -143,11 +170,21 @@ pub(crate) fn lease_for_export(
                 destination,
                 now,
                 now.saturating_add(LEASE_CLOCK_SKEW_MS),
-                limit
+                limit,
+                after,
+                owner
             ],
-            |r| r.get(0),
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
         )?
-        .collect::<rusqlite::Result<_>>()?;
+        .map(|row| row.map_err(crate::error::Error::from))
+        .take_while(|row| {
+            let Ok((_, len)) = row else { return true };
+            let fits = bytes < max_bytes;
+            bytes = bytes.saturating_add(*len);
+            fits
+        })
+        .map(|row| row.map(|(id, _)| id))
+        .collect::<Result<_>>()?;
     let lease = Lease {
         destination,
         owner,

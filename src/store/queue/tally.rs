@@ -651,6 +651,7 @@ mod tests {
                         spare_leases: "",
                         now,
                         lease_ms: rng.i64(1..20_000),
+                        max_bytes: rng.i64(1..2_000),
                         limit: rng.i64(1..8),
                     };
                     let got = in_tx(&outbox, |tx| queue::claim(tx, &request));
@@ -702,9 +703,17 @@ mod tests {
                     let owner = format!("export-{step}");
                     // An export refuses a file with a badly written row (below): nothing
                     // is leased then.
-                    let leased = try_in_tx(&outbox, |tx| {
-                        queue::lease_for_export(tx, "a", &owner, now, 60_000, 4, "/t")
-                    });
+                    let page = queue::ExportPage {
+                        destination: "a",
+                        owner: &owner,
+                        now,
+                        lease_ms: 60_000,
+                        limit: 4,
+                        max_bytes: rng.i64(1..2_000),
+                        after: 0,
+                        default_source: "/t",
+                    };
+                    let leased = try_in_tx(&outbox, |tx| queue::lease_for_export(tx, &page));
                     if let Ok(events) = leased {
                         exports.push((owner, events.iter().map(|e| e.id).collect()));
                     }
