@@ -764,6 +764,10 @@ END;
 
 -- version 14
 
+-- Delivered history deleted, whatever the retention, to make room on a full disk
+-- (src/store/disk_room.rs): counted apart from retention's prunes, as `stats` shows it.
+ALTER TABLE outbox_stats ADD COLUMN pruned_for_room INTEGER NOT NULL DEFAULT 0;
+
 -- Coalescing and the storage limit make way only among rows with no lease at all
 -- (lease_owner IS NULL), never among rows whose lease merely looks expired by this
 -- connection's clock: the wall clock steps, and a row still leased may be in flight right

@@ -251,6 +251,26 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether the disk (or the database) is full: [`Error::DiskFull`], or a SQLite error
+    /// that says so from the app's setup or a failed open (on a full disk SQLite may fail to
+    /// size its `-shm` file with an I/O error instead). It works again once there is room.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::DiskFull(_) => true,
+            Error::Sqlite(e) | Error::OnConnect(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure)
+            ),
+            Error::Pool(e) => {
+                let text = e.to_string();
+                text.contains("disk is full") || text.contains("disk I/O error")
+            }
+            _ => false,
+        }
+    }
+}
+
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         match e.sqlite_error_code() {

@@ -16,6 +16,7 @@ use crate::store::database::{
     self, ConnectionSettings, OnConnect, Pool, PooledConnection, Synchronous,
 };
 use crate::store::disabled::{self, DisabledDestination};
+use crate::store::disk_room::{DiskRoom, DEFAULT_RESERVE_BYTES};
 use crate::store::limits::{StorageLimits, StoragePolicy};
 use crate::store::queue::{self, NewRow};
 use crate::store::right_of_way::RightOfWay;
@@ -62,6 +63,8 @@ struct Inner {
     right_of_way: RightOfWay,
     /// Who hears of delivered and dead events.
     subscribers: crate::observe::notices::Subscribers,
+    /// The reserve kept for a full disk.
+    disk_room: DiskRoom,
 }
 
 impl fmt::Debug for Outbox {
@@ -88,6 +91,7 @@ pub struct OutboxBuilder {
     limits: StorageLimits,
     clock: Arc<dyn Clock>,
     on_connect: Option<OnConnect>,
+    disk_reserve: u64,
 }
 
 impl fmt::Debug for OutboxBuilder {
@@ -104,6 +108,7 @@ impl fmt::Debug for OutboxBuilder {
             .field("expiries", &self.expiries)
             .field("limits", &self.limits)
             .field("on_connect", &self.on_connect.is_some())
+            .field("disk_reserve", &self.disk_reserve)
             .finish_non_exhaustive()
     }
 }
@@ -123,6 +128,7 @@ impl Default for OutboxBuilder {
             limits: StorageLimits::default(),
             clock: Arc::new(SystemClock),
             on_connect: None,
+            disk_reserve: DEFAULT_RESERVE_BYTES,
         }
     }
 }
@@ -276,6 +282,19 @@ impl OutboxBuilder {
         self
     }
 
+    /// Sets the room kept for a full disk: a file of `bytes` beside the database,
+    /// `<database>-outbox-reserve`, taken at open when the file system has room for it twice
+    /// over. When SQLite reports the disk full to a relay, the relay gives it back to the
+    /// file system and so goes on claiming, sending and acknowledging, deletes delivered
+    /// history (whatever the retention) so the app's commits fit in the pages that frees,
+    /// and takes the reserve again once the disk has room (see the guide's
+    /// [full disk](crate::guide::durability#a-full-disk) section). 0 keeps no reserve.
+    /// Defaults to 2 MiB.
+    pub fn disk_reserve(mut self, bytes: u64) -> Self {
+        self.disk_reserve = bytes;
+        self
+    }
+
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     ///
     /// A relative `path` is made absolute once, here, against the working directory of the
@@ -320,7 +339,19 @@ impl OutboxBuilder {
         let path = database::resolve_path(path.as_ref())?;
         let settings = self.connection_settings();
         let explicit = self.explicit_settings()?;
-        let (pool, path) = database::open_pool(&path, &settings, self.pool_size)?;
+        let disk_room = DiskRoom::new(&path, self.disk_reserve);
+        let (pool, path) = match database::open_pool(&path, &settings, self.pool_size) {
+            // A disk too full to open the file on (SQLite's `-wal` and `-shm` files need
+            // room): the reserve goes back to the file system, and the open is tried again.
+            Err(e) if e.is_disk_full() && disk_room.disk_full() > 0 => {
+                log::warn!(
+                    "{}: the disk is full; gave back the outbox's reserve to open the file",
+                    path.display()
+                );
+                database::open_pool(&path, &settings, self.pool_size)?
+            }
+            opened => opened?,
+        };
         let rows = {
             let mut conn = pool.get()?;
             let rows = if explicit.rows.is_empty() && explicit.owned.is_empty() {
@@ -345,6 +376,10 @@ impl OutboxBuilder {
                 wakers: Wakers::default(),
                 right_of_way: RightOfWay::default(),
                 subscribers: Default::default(),
+                disk_room: {
+                    disk_room.take();
+                    disk_room
+                },
             }),
         })
     }
@@ -790,6 +825,11 @@ impl Outbox {
     /// The writes that go before the relay's (see [`crate::store::right_of_way`]).
     pub(crate) fn right_of_way(&self) -> &RightOfWay {
         &self.inner.right_of_way
+    }
+
+    /// The reserve kept for a full disk.
+    pub(crate) fn disk_room(&self) -> &DiskRoom {
+        &self.inner.disk_room
     }
 
     /// Wakes a relay running in this process so it claims newly committed events at once.

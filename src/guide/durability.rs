@@ -1,4 +1,4 @@
-//! Durability: what survives a crash and a power loss, and why no event is sent before its commit is on disk.
+//! Durability: what survives a crash, a power loss and a full disk, and why no event is sent before its commit is on disk.
 //!
 //! [`OutboxBuilder::synchronous`](crate::OutboxBuilder::synchronous) sets [`Synchronous::Normal`](crate::Synchronous::Normal) (the default) or
 //! [`Synchronous::Full`](crate::Synchronous::Full) on every pooled connection, with `journal_mode=WAL`,
@@ -34,3 +34,53 @@
 //! `PRAGMA integrity_check`, business rows and events match one to one, under `Full` no
 //! returned commit is missing, and the receiver holds no event the device lacks; after the
 //! last, every event on the device is delivered.
+//!
+//! # A full disk
+//!
+//! The most common failure of an unattended device: logs, a camera or an update fill the
+//! file system. SQLite then refuses every write (`SQLITE_FULL`): nothing committed is lost
+//! and the file stays sound, but a relay's claims and acknowledgements are writes too, so
+//! without room of its own the one thing on the device that could make room (deliver, then
+//! drop delivered history) would stop and leave the disk full.
+//!
+//! So the outbox keeps room in advance: a file of 2 MiB beside the database,
+//! `<database>-outbox-reserve` ([`OutboxBuilder::disk_reserve`](crate::OutboxBuilder::disk_reserve)
+//! sets its size, 0 keeps none), its blocks allocated (`fallocate`), taken when the outbox
+//! opens or a relay starts if the file system has room for it twice over. It is the only
+//! file the outbox adds beside SQLite's own `-wal` and `-shm`. When SQLite reports the disk
+//! full to a relay:
+//!
+//! 1. it gives the reserve back and at once checkpoints the WAL with `RESTART` on a
+//!    connection of its own (the commits that filled the disk may need the database file to
+//!    grow when copied into it: the reserve's room is for that), which starts the WAL over;
+//!    its claims and acknowledgements are from then on written into the room the WAL file
+//!    already has, which needs no free byte. It takes back whatever is still free, up to
+//!    the reserve's size, so the room it did not need stays the outbox's;
+//! 2. it keeps claiming, sending and acknowledging, and deletes delivered history (then
+//!    expired and exported events) oldest first, a page at a time, **whatever the
+//!    retention**: logged once, counted in [`Stats::pruned_for_room`](crate::admin::Stats::pruned_for_room)
+//!    and the metric `outbox_pruned_for_room_total`. The pages it frees stay in the file (not
+//!    handed back to the file system, where another program could take them), so the app's
+//!    next commits fit in them. Dead letters stay: an operator has yet to see them;
+//! 3. once the file system has room again (twice the reserve), it takes the reserve back and
+//!    retention rules again.
+//!
+//! The app's [`Outbox::enqueue`](crate::Outbox::enqueue) (and an `INSERT` through the SQL
+//! contract) gets [`Error::DiskFull`](crate::Error::DiskFull) ([`Error::is_disk_full`](crate::Error::is_disk_full))
+//! only while pending events alone fill the room; its transaction rolls back whole. A relay
+//! started on a disk that is already full (a device that rebooted full) does the same at
+//! its first write; [`Outbox::open`](crate::Outbox::open) gives the reserve back too if the
+//! file cannot be opened for lack of room. `outbox stats` and
+//! [`Outbox::stats`](crate::Outbox::stats) show the free bytes, the reserve held and
+//! whether the disk is full ([`Stats::disk_full`](crate::admin::Stats::disk_full), read
+//! without writing, so it works on the full disk), [`Outbox::health`](crate::Outbox::health)
+//! reports a full disk, and the gauges `outbox_disk_full` and `outbox_disk_reserve_bytes`
+//! follow it.
+//!
+//! `tests/full_disk.rs` proves it on a 16 MiB file system (a tmpfs the test mounts): a relay
+//! running while an app commits orders and their events until SQLite says the disk is full
+//! and another file takes the last free byte, and a relay started (the outbox opened again)
+//! after that; with the disk still full, every committed event is delivered, the app
+//! commits again, `PRAGMA integrity_check` says `ok`, and stats and health say the disk is
+//! full. Before, nothing was delivered (0 of 11,090 events) and the claims failed every few
+//! seconds until someone freed the disk.

@@ -9,6 +9,9 @@
 //! | `outbox_dead_total` | counter | `type`, `destination` |
 //! | `outbox_dropped_total` | counter | (none) |
 //! | `outbox_coalesced_total` | counter | `type` |
+//! | `outbox_pruned_for_room_total` | counter | (none) |
+//! | `outbox_disk_full` | gauge (1 or 0) | (none) |
+//! | `outbox_disk_reserve_bytes` | gauge | (none) |
 //! | `outbox_pending` | gauge | (none) |
 //! | `outbox_oldest_pending_age_seconds` | gauge | (none) |
 //! | `outbox_database_bytes` | gauge | (none) |
@@ -51,6 +54,15 @@ mod imp {
         counter!("outbox_coalesced_total", "type" => event_type.to_owned()).increment(n as u64);
     }
 
+    pub fn pruned_for_room(n: usize) {
+        counter!("outbox_pruned_for_room_total").increment(n as u64);
+    }
+
+    pub fn disk_room(full: bool, reserve_bytes: u64) {
+        gauge!("outbox_disk_full").set(if full { 1.0 } else { 0.0 });
+        gauge!("outbox_disk_reserve_bytes").set(reserve_bytes as f64);
+    }
+
     pub fn gauges(pending: i64, oldest_pending_age_ms: Option<i64>, database_bytes: i64) {
         gauge!("outbox_pending").set(pending as f64);
         gauge!("outbox_oldest_pending_age_seconds")
@@ -68,6 +80,8 @@ mod imp {
     pub fn dropped(_: usize) {}
     pub fn expired(_: &str, _: &str) {}
     pub fn coalesced(_: &str, _: usize) {}
+    pub fn pruned_for_room(_: usize) {}
+    pub fn disk_room(_: bool, _: u64) {}
     pub fn gauges(_: i64, _: Option<i64>, _: i64) {}
 }
 

@@ -259,6 +259,17 @@ pub struct Stats {
     pub coalesced: i64,
     /// Events that expired before they were delivered, ever.
     pub expired: i64,
+    /// Delivered, expired and exported events deleted to make room on a full disk, whatever
+    /// the retention, ever (see [`OutboxBuilder::disk_reserve`](crate::OutboxBuilder::disk_reserve)).
+    pub pruned_for_room: i64,
+    /// Bytes free on the file system that holds the database (`None` if it cannot be read).
+    pub disk_free_bytes: Option<u64>,
+    /// Bytes the outbox's reserve for a full disk holds now: its size, less once a relay
+    /// gave it back to go on delivering on a full disk; 0 when none is kept.
+    pub disk_reserve_bytes: u64,
+    /// Whether the disk is full: less is free than the reserve's size (1 MiB without a
+    /// reserve).
+    pub disk_full: bool,
 }
 
 /// Which dead letters to retry.
@@ -394,7 +405,12 @@ impl Outbox {
         // the queue keeps (src/store/queue/tally.rs) and the rows committed since, their oldest through
         // a few index seeks, dead ones through the dead index, delivered ones from the
         // totals the queue keeps. Nothing here reads delivered history, nor a backlog.
-        tally::fold(&mut conn)?;
+        match tally::fold(&mut conn) {
+            // The fold only moves counts into the totals; without it they are read from
+            // the rows above them, so a full disk still gets its stats.
+            Err(e) if e.is_disk_full() => {}
+            folded => folded?,
+        }
         let tx = conn.transaction()?;
         let disabled = disabled::reasons(&tx)?;
         let mut by_name = BTreeMap::new();
@@ -446,10 +462,10 @@ impl Outbox {
                 });
             }
         }
-        let (dropped, coalesced, expired): (i64, i64, i64) = tx.query_row(
-            "SELECT dropped, coalesced, expired FROM outbox_stats WHERE id = 1",
+        let (dropped, coalesced, expired, pruned_for_room): (i64, i64, i64, i64) = tx.query_row(
+            "SELECT dropped, coalesced, expired, pruned_for_room FROM outbox_stats WHERE id = 1",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )?;
         let dead_attempts: Vec<(i64, i64)> = tx
             .prepare_cached(ATTEMPTS_OF_DEAD)?
@@ -480,6 +496,10 @@ impl Outbox {
             dropped,
             coalesced,
             expired,
+            pruned_for_room,
+            disk_free_bytes: self.disk_room().available_bytes(),
+            disk_reserve_bytes: self.disk_room().held_bytes(),
+            disk_full: self.disk_room().is_full(),
         })
     }
 
@@ -703,6 +723,15 @@ impl Outbox {
         }
         for d in disabled::list(&conn)? {
             reasons.push(format!("destination {} is disabled: {}", d.name, d.reason));
+        }
+        let room = self.disk_room();
+        if room.is_full() {
+            reasons.push(format!(
+                "the disk is full: {} bytes free; the outbox's reserve holds {} of {} bytes",
+                room.available_bytes().unwrap_or(0),
+                room.held_bytes(),
+                room.reserve_bytes()
+            ));
         }
         Ok(Health {
             ok: reasons.is_empty(),

@@ -9,11 +9,16 @@ use rusqlite::Connection;
 use crate::error::Result;
 use crate::relay::config::RelayConfig;
 use crate::store::database;
+use crate::store::disk_room::DiskRoom;
 use crate::store::queue::{self, Finished, DELETE_PAGE_ROWS};
 use crate::store::right_of_way::RelayWrite;
 
 /// How often the pending, age and size gauges are refreshed (they cost a query).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Under disk pressure, how soon after a page that found the history empty another is tried
+/// (acknowledgements meanwhile make more): a write transaction each time, so not every turn.
+const ROOM_PRUNE_PAUSE: Duration = Duration::from_millis(250);
 
 /// Timers and progress of the writer's housekeeping.
 pub(crate) struct Housekeeping {
@@ -28,6 +33,10 @@ pub(crate) struct Housekeeping {
     reclaiming: bool,
     last_free: Option<i64>,
     last_gauges: Option<Instant>,
+    /// Under disk pressure: delivered rows deleted to make room in this episode, and when
+    /// the next page may run.
+    making_room: Option<usize>,
+    next_room_prune: Option<Instant>,
 }
 
 impl Housekeeping {
@@ -41,6 +50,8 @@ impl Housekeeping {
             reclaiming: false,
             last_free: None,
             last_gauges: None,
+            making_room: None,
+            next_room_prune: None,
         }
     }
 
@@ -52,19 +63,32 @@ impl Housekeeping {
         &mut self,
         conn: &mut Connection,
         now_ms: i64,
+        room: &DiskRoom,
         relay_write: impl FnOnce() -> RelayWrite<'w>,
     ) -> bool {
+        if room.under_pressure() {
+            return self.make_room(conn, room, relay_write);
+        }
+        if let Some(total) = self.making_room.take() {
+            log::info!(
+                "relay {}: the disk has room again; {total} delivered events were deleted to \
+                 make room",
+                self.relay_id
+            );
+        }
         if self.reclaiming {
             self.reclaim_step(conn, relay_write);
             true
         } else {
-            self.retention(conn, now_ms, relay_write)
+            self.retention(conn, now_ms, room, relay_write)
         }
     }
 
     /// Whether a prune or a reclaim is under way: it goes on a step per writer turn.
     pub fn busy(&self) -> bool {
-        self.reclaiming || self.pruning.is_some()
+        self.reclaiming
+            || self.pruning.is_some()
+            || (self.making_room.is_some() && self.next_room_prune.is_none())
     }
 
     /// When the next timer falls due (the next retention run, the next gauges), so that an
@@ -79,6 +103,60 @@ impl Housekeeping {
             None => Instant::now(),
         });
         [retention, gauges].into_iter().flatten().min()
+    }
+
+    /// Under disk pressure: deletes a page of delivered history whatever the retention,
+    /// oldest first, so that the app's next commits fit in the pages it frees inside the
+    /// file (they are not handed back to the file system, where another program could take
+    /// them); once there is none left, tries now and then to take the reserve back, which
+    /// ends the pressure. Returns whether it wrote.
+    fn make_room<'w>(
+        &mut self,
+        conn: &mut Connection,
+        room: &DiskRoom,
+        relay_write: impl FnOnce() -> RelayWrite<'w>,
+    ) -> bool {
+        let total = match self.making_room {
+            Some(total) => total,
+            None => {
+                log::warn!(
+                    "relay {}: the disk is full: deleting delivered history, oldest first and \
+                     whatever the retention, so that the app's commits fit",
+                    self.relay_id
+                );
+                self.reclaiming = false;
+                0
+            }
+        };
+        self.making_room = Some(total);
+        if self.next_room_prune.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let write = relay_write();
+        let page = queue::delete_page_for_room(conn);
+        drop(write);
+        match page {
+            Ok(n) => {
+                self.making_room = Some(total + n);
+                crate::observe::telemetry::pruned_for_room(n);
+                if n < DELETE_PAGE_ROWS {
+                    self.next_room_prune = Some(Instant::now() + ROOM_PRUNE_PAUSE);
+                    room.retake_now_and_then();
+                }
+                n > 0
+            }
+            Err(e) => {
+                if e.is_disk_full() {
+                    room.mark_full();
+                }
+                self.next_room_prune = Some(Instant::now() + ROOM_PRUNE_PAUSE);
+                log::warn!(
+                    "relay {}: making room failed, will retry: {e}",
+                    self.relay_id
+                );
+                false
+            }
+        }
     }
 
     /// Hands a bounded step of free pages back to the file system.
@@ -112,6 +190,7 @@ impl Housekeeping {
         &mut self,
         conn: &mut Connection,
         now_ms: i64,
+        room: &DiskRoom,
         relay_write: impl FnOnce() -> RelayWrite<'w>,
     ) -> bool {
         let Some(keep) = self.retention else {
@@ -155,6 +234,9 @@ impl Housekeeping {
             }
             Err(e) => {
                 self.pruning = None;
+                if e.is_disk_full() {
+                    room.mark_full();
+                }
                 log::warn!("relay {}: pruning failed, will retry: {e}", self.relay_id);
             }
         }
@@ -162,7 +244,7 @@ impl Housekeeping {
     }
 
     /// Refreshes the pending, age and size gauges every `GAUGE_INTERVAL` (metrics only).
-    pub fn gauges(&mut self, conn: &Connection, now_ms: i64) {
+    pub fn gauges(&mut self, conn: &Connection, now_ms: i64, room: &DiskRoom) {
         if crate::observe::telemetry::GAUGES_ENABLED
             && self
                 .last_gauges
@@ -172,6 +254,7 @@ impl Housekeeping {
             if let Err(e) = update_gauges(conn, now_ms) {
                 log::debug!("relay {}: gauges not updated: {e}", self.relay_id);
             }
+            crate::observe::telemetry::disk_room(room.is_full(), room.held_bytes());
         }
     }
 }

@@ -125,6 +125,8 @@ impl Relay {
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let conn = outbox.connection()?;
         let checkpoint_conn = outbox.unpooled_connection()?;
+        // The room for a full disk, if it was given back and the disk has room again.
+        outbox.disk_room().take();
         let (reports_tx, reports_rx) = unbounded::<Report>();
         let counters = Arc::new(Counters::default());
 

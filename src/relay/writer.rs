@@ -66,6 +66,8 @@ const WRITER_RESTART_PAUSE: Duration = Duration::from_millis(100);
 const WRITER_RESTART_PAUSE_CAP: Duration = Duration::from_secs(30);
 /// How long the writer waits before writing again outcomes whose write failed.
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How often at most the writer makes room on a full disk (see `Writer::recover_room`).
+const ROOM_RECOVERY_PAUSE: Duration = Duration::from_millis(500);
 /// The page cache of the writer's connection, in KiB, while the relay runs (SQLite's own
 /// default is 2,000 KiB). The writer reads the head of the pending index and the rows it
 /// has just claimed, a few dozen pages a batch, so a small cache costs it nothing
@@ -116,6 +118,8 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
+    /// When the writer last made room on a full disk.
+    last_room_recovery: Option<Instant>,
     /// When the expiry sweep last ran, and when it is next due (`None`: no pending event
     /// has a deadline, as far as the writer knows).
     last_expiry: Instant,
@@ -179,6 +183,7 @@ impl Writer {
             data_version: 0,
             last_poll: Instant::now(),
             last_claim: Instant::now(),
+            last_room_recovery: None,
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
             last_poll_clock_ms: outbox.now_ms(),
@@ -249,15 +254,21 @@ impl Writer {
             self.expire_due();
             // Pruning and handing pages back write too: a catch-up must see them.
             let outbox = &self.outbox;
-            self.wrote |= self.housekeeping.tick(&mut self.conn, outbox.now_ms(), || {
-                outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
-            });
+            let room = outbox.disk_room();
+            self.wrote |= self
+                .housekeeping
+                .tick(&mut self.conn, outbox.now_ms(), room, || {
+                    outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
+                });
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
-                    // Not at once: a broken disk would otherwise turn this into a hot loop.
-                    // The idle claim at the next poll tries again.
-                    self.lanes[lane].rest();
                     log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
+                    // Not at once: a broken disk would otherwise turn this into a hot loop.
+                    // The idle claim at the next poll tries again; at once only if a full
+                    // disk just got the reserve back.
+                    if !self.gave_room_for(&e) {
+                        self.lanes[lane].rest();
+                    }
                 }
             }
             self.read_due_times();
@@ -453,7 +464,8 @@ impl Writer {
                 self.rechecks = (left > 1).then(|| (Instant::now() + RECHECK_STEP, left - 1));
             }
         }
-        self.housekeeping.gauges(&self.conn, now);
+        self.housekeeping
+            .gauges(&self.conn, now, self.outbox.disk_room());
         let elapsed = self.last_poll.elapsed();
         if elapsed < self.poll_period() {
             return;
@@ -496,6 +508,65 @@ impl Writer {
             lane.forget_retry_times();
             lane.wake();
         }
+    }
+
+    /// If `e` says the disk is full, makes the room the relay's next writes need (see
+    /// [`Writer::recover_room`]); returns whether it did just now, so the write is tried
+    /// again at once.
+    fn gave_room_for(&mut self, e: &crate::Error) -> bool {
+        if !e.is_disk_full() {
+            return false;
+        }
+        self.outbox.disk_room().mark_full();
+        if self
+            .last_room_recovery
+            .is_some_and(|t| t.elapsed() < ROOM_RECOVERY_PAUSE)
+        {
+            return false;
+        }
+        self.last_room_recovery = Some(Instant::now());
+        match self.recover_room() {
+            Ok(recovered) => recovered,
+            Err(e) => {
+                log::warn!(
+                    "relay {}: making room on the full disk failed: {e}",
+                    self.relay_id
+                );
+                false
+            }
+        }
+    }
+
+    /// The disk is full: gives the reserve back to the file system and at once checkpoints
+    /// the WAL with RESTART on a connection of its own, then takes back whatever is still
+    /// free, up to the reserve's size. The commits that filled the disk may need the file to
+    /// grow when they are copied into it (the reserve's room is for that); RESTART then
+    /// waits out the readers and starts the WAL over, so the relay's claims and
+    /// acknowledgements are written into the room the WAL file already has, which needs no
+    /// free byte. It holds the write lock while it copies, so no other writer of the file
+    /// takes the room meanwhile. Returns whether the WAL started over.
+    fn recover_room(&mut self) -> Result<bool> {
+        let room = self.outbox.disk_room();
+        let given = room.disk_full();
+        let restarted: std::result::Result<bool, crate::Error> = (|| {
+            let conn = self.outbox.unpooled_connection()?;
+            let _blocking = self.outbox.right_of_way().blocking_checkpoint();
+            let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0))?;
+            Ok(busy == 0)
+        })();
+        let held = room.refill();
+        log::warn!(
+            "relay {}: the disk is full: gave back the outbox's reserve ({given} bytes, {}); \
+             WAL checkpoint: {}; kept {held} bytes back; delivering on",
+            self.relay_id,
+            room.reserve_path().display(),
+            match &restarted {
+                Ok(true) => "started over".to_owned(),
+                Ok(false) => "busy".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            }
+        );
+        restarted
     }
 
     /// Reads which destinations are disabled (an operator may have changed it).
@@ -661,7 +732,12 @@ impl Writer {
                 );
                 drop(outcomes);
                 self.unrecorded.append(reports);
-                self.retry_record_at = Instant::now() + RECORD_RETRY_PAUSE;
+                // At once if a full disk just got the reserve back.
+                self.retry_record_at = if self.gave_room_for(&e) {
+                    Instant::now()
+                } else {
+                    Instant::now() + RECORD_RETRY_PAUSE
+                };
                 return;
             }
         };
@@ -744,7 +820,10 @@ impl Writer {
                     });
                 }
             }
-            Err(e) => log::warn!("relay {}: expiring events failed: {e}", self.relay_id),
+            Err(e) => {
+                log::warn!("relay {}: expiring events failed: {e}", self.relay_id);
+                self.gave_room_for(&e);
+            }
         }
     }
 

@@ -8,6 +8,7 @@
 
 pub(crate) mod database;
 pub(crate) mod disabled;
+pub(crate) mod disk_room;
 pub(crate) mod limits;
 pub(crate) mod oldest;
 pub(crate) mod queue;

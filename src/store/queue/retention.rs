@@ -349,6 +349,24 @@ pub(crate) enum Finished {
 /// Deletes one page of finished rows in its own transaction; returns how many (fewer than
 /// [`DELETE_PAGE_ROWS`] means there are no more). Never touches pending rows.
 pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usize> {
+    delete_page_counted(conn, which, false)
+}
+
+/// Deletes one page of delivered history, whatever its age, to make room on a full disk:
+/// delivered rows first, then expired and exported ones, oldest first; counted in
+/// `outbox_stats.pruned_for_room`. Returns how many (fewer than [`DELETE_PAGE_ROWS`]: no
+/// more). Dead letters stay: an operator has yet to see them.
+pub(crate) fn delete_page_for_room(conn: &mut Connection) -> Result<usize> {
+    let delivered = delete_page_counted(conn, Finished::DeliveredBefore(i64::MAX), true)?;
+    if delivered == DELETE_PAGE_ROWS {
+        return Ok(delivered);
+    }
+    let settled = delete_page_counted(conn, Finished::SettledBefore(i64::MAX), true)?;
+    Ok(delivered + settled)
+}
+
+/// [`delete_page`], also counting the rows in `outbox_stats.pruned_for_room` if `for_room`.
+fn delete_page_counted(conn: &mut Connection, which: Finished, for_room: bool) -> Result<usize> {
     let (sql, cutoff) = match which {
         Finished::DeliveredBefore(cutoff) => (
             "DELETE FROM outbox_events WHERE id IN (
@@ -393,6 +411,12 @@ pub(crate) fn delete_page(conn: &mut Connection, which: Finished) -> Result<usiz
     }
     for (destination, n) in pruned {
         add_delivered(&tx, destination, -n)?;
+    }
+    if for_room && !gone.is_empty() {
+        tx.prepare_cached(
+            "UPDATE outbox_stats SET pruned_for_room = pruned_for_room + ?1 WHERE id = 1",
+        )?
+        .execute([gone.len() as i64])?;
     }
     tx.commit()?;
     Ok(gone.len())

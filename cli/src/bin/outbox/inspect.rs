@@ -71,6 +71,14 @@ pub fn stats(outbox: &Outbox, args: StatsArgs) -> Outcome {
         output::bytes(s.database_bytes),
         output::bytes(s.wal_bytes)
     );
+    println!(
+        "disk        {:>8}  free{} (reserve held {}; {} delivered events deleted to make room)",
+        s.disk_free_bytes
+            .map_or("?".to_owned(), |b| output::bytes(b as i64)),
+        if s.disk_full { ", FULL" } else { "" },
+        output::bytes(s.disk_reserve_bytes as i64),
+        s.pruned_for_room
+    );
     let histogram: Vec<String> = s
         .attempts_histogram
         .iter()
