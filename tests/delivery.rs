@@ -396,6 +396,15 @@ fn a_poison_events_503_with_retry_after_holds_back_that_event_not_its_destinatio
     );
 }
 
+/// The ids of the dead letters, in commit order.
+fn dead_event_ids(outbox: &Outbox) -> Vec<String> {
+    rows(outbox)
+        .into_iter()
+        .filter(|r| r.dead)
+        .map(|r| r.event_id)
+        .collect()
+}
+
 /// Issue 55, finding 4: in a batch of ten, one poison event the receiver cannot take makes
 /// it fail the whole request (`reply`). Before, every event of the batch spent its attempts
 /// with the poison one and all ten were dead; only the poison event may be.
@@ -426,11 +435,7 @@ fn only_the_poison_event_of_a_batch_is_dead(reply: fn() -> Reply) {
     });
     let _ = relay.shutdown();
     assert!(settled, "{:?}", rows(&outbox));
-    let dead: Vec<String> = rows(&outbox)
-        .into_iter()
-        .filter(|r| r.dead)
-        .map(|r| r.event_id)
-        .collect();
+    let dead = dead_event_ids(&outbox);
     assert_eq!(dead, [poison], "{:?}", rows(&outbox));
     assert_eq!(delivered_count(&outbox), 9);
 }
@@ -473,11 +478,7 @@ fn an_event_whose_stored_data_is_not_json_takes_no_batch_mate_with_it() {
     let settled = wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0);
     let _ = relay.shutdown();
     assert!(settled, "{:?}", rows(&outbox));
-    let dead: Vec<String> = rows(&outbox)
-        .into_iter()
-        .filter(|r| r.dead)
-        .map(|r| r.event_id)
-        .collect();
+    let dead = dead_event_ids(&outbox);
     assert_eq!(dead, [ids[3].clone()], "{:?}", rows(&outbox));
     assert_eq!(receiver.event_count(), 9);
 }

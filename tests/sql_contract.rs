@@ -65,6 +65,14 @@ fn stored(outbox: &Outbox) -> Vec<Stored> {
     .unwrap()
 }
 
+/// A temperature `value` of `sensor`, coalesced by sensor, inserted through the contract.
+fn reading(conn: &Connection, sensor: &str, value: i64) -> sqlite_outbox::rusqlite::Result<usize> {
+    conn.execute(
+        "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('telemetry.temp', ?1, ?2)",
+        params![value.to_string(), sensor],
+    )
+}
+
 fn enqueue_sql(conn: &Connection, event_type: &str, data: &str, key: Option<&str>) {
     conn.execute(
         "INSERT INTO outbox_enqueue (type, data, key) VALUES (?1, ?2, ?3)",
@@ -471,11 +479,7 @@ fn a_coalesced_event_makes_its_own_room_before_anything_is_dropped() {
         .unwrap();
     let conn = app_connection(&outbox);
     let reading = |sensor: &str, value: i64| {
-        conn.execute(
-            "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('telemetry.temp', ?1, ?2)",
-            params![value.to_string(), sensor],
-        )
-        .unwrap();
+        reading(&conn, sensor, value).unwrap();
     };
     reading("a", 1);
     reading("b", 2);
@@ -505,12 +509,7 @@ fn sql_inserts_never_replace_or_drop_a_leased_row_whose_lease_looks_expired() {
         .set_setting("policy:telemetry.*", "drop_oldest")
         .unwrap();
     let conn = app_connection(&outbox);
-    let reading = |sensor: &str, value: i64| {
-        conn.execute(
-            "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('telemetry.temp', ?1, ?2)",
-            params![value.to_string(), sensor],
-        )
-    };
+    let reading = |sensor: &str, value: i64| reading(&conn, sensor, value);
     reading("a", 1).unwrap();
     reading("b", 2).unwrap();
     // Both in flight under leases that ended long ago by the wall clock.

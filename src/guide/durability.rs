@@ -77,6 +77,10 @@
 //! reports a full disk, and the gauges `outbox_disk_full` and `outbox_disk_reserve_bytes`
 //! follow it.
 //!
+//! On a copy-on-write file system (btrfs, ZFS, APFS) every overwrite needs new blocks, so
+//! the WAL's own room does not carry the relay there: the reserve alone does, while it
+//! lasts, and the history it deletes gives blocks back only once SQLite reuses its pages.
+//!
 //! `tests/full_disk.rs` proves it on a 16 MiB file system (a tmpfs the test mounts): a relay
 //! running while an app commits orders and their events until SQLite says the disk is full
 //! and another file takes the last free byte, and a relay started (the outbox opened again)
