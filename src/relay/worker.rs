@@ -179,13 +179,13 @@ impl Worker {
     /// and race another relay's claim, so the events go back instead. Gone by either clock:
     /// the monotonic one cannot step, and other relays judge the lease by the wall clock.
     fn lease_short(&self, events: &[OutboundEvent]) -> bool {
-        let now = self.clock.now_ms();
+        // The first lease to end decides (a job's events usually share one claim's), each
+        // clock read once.
+        let wall_end = events.iter().map(|e| e.lease_expires_at).min();
+        let monotonic_end = events.iter().filter_map(|e| e.lease_ends).min();
         let half = Duration::from_millis((self.lease_ms / 2).max(0) as u64);
-        events.iter().any(|e| {
-            now + self.lease_ms / 2 > e.lease_expires_at
-                || e.lease_ends
-                    .is_some_and(|ends| Instant::now() + half > ends)
-        })
+        wall_end.is_some_and(|end| self.clock.now_ms() + self.lease_ms / 2 > end)
+            || monotonic_end.is_some_and(|end| Instant::now() + half > end)
     }
 
     /// Waits for the destination's rate and bandwidth limits to allow this request; false
