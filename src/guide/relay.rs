@@ -31,8 +31,9 @@
 //! Each row is decided by one pure function (`src/relay/decide.rs`), with a unit test per
 //! row. One writer thread owns every SQLite write of the relay (claims and acks); delivery
 //! workers (4 by default, per destination) only do HTTP, so a slow receiver never holds the
-//! write lock. The claim is one `UPDATE … RETURNING` over a partial index, so its cost does
-//! not grow with delivered history (a test pins the query plan), and events queued behind an
+//! write lock. The claim is one write transaction: a walk of a partial index that stops at
+//! the claim's count or bytes, then one `UPDATE … RETURNING` of the rows it chose, so its
+//! cost does not grow with delivered history (a test pins the query plan), and events queued behind an
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
 //! costs the claim nothing either (`src/store/queue/mod.rs` draws the row's state machine). Acks are
 //! gathered (up to 200 per transaction, waiting at most 1 ms for more) and written a hundred

@@ -1,74 +1,79 @@
-//! Claim: the due rows of one destination, level by level, leased in one
-//! `UPDATE … RETURNING`; rows that cannot be read dead-lettered alone; the reanchor of future
+//! Claim: the due rows of one destination, level by level, chosen within the claim's bytes
+//! and leased in one `UPDATE … RETURNING`; rows that cannot be read dead-lettered alone; the reanchor of future
 //! rows at a relay's start.
 
 #[allow(unused_imports)]
 use super::*;
 
-/// The inner `SELECT` of [`CLAIM_SQL`]: one priority level's due rows, in due order, as
-/// many as fit in `?10` bytes of data (at least one, however large).
+/// One priority level's due rows, in due order, each with the size of its data: what
+/// [`CLAIM_SQL`] then leases, cut to the claim's byte bound on the way (see
+/// [`fitting_candidates`]).
 ///
-/// The byte bound is a running sum over the rows the `LIMIT` already chose, in their order,
-/// so it costs a pass over at most `?5` lengths (`octet_length` reads no large value), not
-/// a walk of the backlog.
-macro_rules! claim_candidates {
-    () => {
-        concat!(
-            "SELECT id FROM (
-               SELECT c.id, SUM(c.len) OVER (ORDER BY c.available_at, c.id
-                                             ROWS UNBOUNDED PRECEDING) - c.len AS before
-                 FROM (SELECT e.id, e.available_at, octet_length(e.payload) AS len
-                         FROM outbox_events AS e
-              WHERE ",
-            pending!("e."),
-            " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
-              AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
-            lease_claimable!("e.", "?3", "?7"),
-            " AND ",
-            not_spared!("e.", "?9"),
-            " AND (e.partition_key IS NULL OR NOT EXISTS (
-                     SELECT 1 FROM outbox_events AS k
-                      WHERE k.partition_key = e.partition_key AND k.destination = e.destination
-                        AND k.id < e.id AND ",
-            pending!("k."),
-            "))
-              ORDER BY e.available_at, e.id
-              LIMIT CAST(?5 AS INTEGER)) AS c)
-             WHERE before < ?10"
-        )
-    };
-}
-
-/// Claims due rows of one destination with one `UPDATE … RETURNING`.
-///
-/// SQLite has one writer at a time, so the statement is atomic: two relays (threads or
-/// processes) never both claim a row while its lease is valid. The `NOT EXISTS` keeps a key's
-/// events in commit order even for rows that were written without parking (by hand, or by an
-/// older version). Dead rows do not block their key, so one poison event stops only itself.
-///
-/// One priority level's claim: the inner `SELECT` walks the partial index `(destination,
-/// priority, available_at, id)` as one range and stops at its first row not yet due or at
-/// `limit`, so the cost depends on the due rows, not on how many rows are parked, backing
-/// off or delivered (a test pins the query plan). [`claim`] runs it for each level that
-/// has due rows, most urgent first.
+/// It walks the partial index `(destination, priority, available_at, id)` as one range and
+/// stops at its first row not yet due or at `limit`, so the cost depends on the due rows,
+/// not on how many rows are parked, backing off or delivered (a test pins the query plan).
+/// The `NOT EXISTS` keeps a key's events in commit order even for rows that were written
+/// without parking (by hand, or by an older version). Dead rows do not block their key, so
+/// one poison event stops only itself.
 ///
 /// Every `LIMIT` here is `LIMIT CAST(?n AS INTEGER)`, never a bare `LIMIT ?n`: SQLite's
 /// planner reads a bare bound limit, and a statement whose plan read a bound value is
 /// compiled again each time it is bound, which made every claim pay a full prepare.
-pub(crate) const CLAIM_SQL: &str = concat!(
-    "UPDATE outbox_events
-        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
-      WHERE id IN (",
-    claim_candidates!(),
-    ")
-     RETURNING id, event_id, event_type, COALESCE(source, ?6), subject, partition_key,
-               idempotency_key, payload, created_at, attempts, expires_at, traceparent,
-               tracestate, dataschema"
+pub(crate) const CLAIM_CANDIDATES_SQL: &str = concat!(
+    "SELECT e.id, octet_length(e.payload) FROM outbox_events AS e
+      WHERE ",
+    pending!("e."),
+    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
+      AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
+    lease_claimable!("e.", "?3", "?7"),
+    " AND ",
+    not_spared!("e.", "?9"),
+    " AND (e.partition_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM outbox_events AS k
+              WHERE k.partition_key = e.partition_key AND k.destination = e.destination
+                AND k.id < e.id AND ",
+    pending!("k."),
+    "))
+      ORDER BY e.available_at, e.id
+      LIMIT CAST(?5 AS INTEGER)"
 );
 
-/// The rows [`CLAIM_SQL`] takes, selected alone (for a claim that keeps the pending totals
-/// with [`tally::around`]).
-const CLAIM_CANDIDATES_SQL: &str = claim_candidates!();
+/// Leases the rows `?4` (a JSON array of ids, chosen by [`CLAIM_CANDIDATES_SQL`] in the same
+/// transaction) with one `UPDATE … RETURNING`.
+///
+/// SQLite has one writer at a time and the claim runs in a write transaction, so choosing
+/// and leasing are atomic: two relays (threads or processes) never both claim a row while
+/// its lease is valid. [`claim`] runs both for each level that has due rows, most urgent
+/// first.
+pub(crate) const CLAIM_SQL: &str = "UPDATE outbox_events
+        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
+      WHERE id IN (SELECT value FROM json_each(?4))
+     RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
+               idempotency_key, payload, created_at, attempts, expires_at, traceparent,
+               tracestate, dataschema";
+
+/// The candidates of [`CLAIM_CANDIDATES_SQL`] with `params`, in order, as many as fit in
+/// `max_bytes` of data (the first whatever its size): a row goes while the rows before it
+/// hold less than `max_bytes`. Reading stops at the first that does not fit, so the index
+/// walk stops there too.
+fn fitting_candidates(
+    conn: &Connection,
+    params: &[&dyn rusqlite::ToSql],
+    max_bytes: i64,
+) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(CLAIM_CANDIDATES_SQL)?;
+    let mut rows = stmt.query(params)?;
+    let mut ids = Vec::new();
+    let mut bytes = 0i64;
+    while let Some(row) = rows.next()? {
+        if !ids.is_empty() && bytes >= max_bytes {
+            break;
+        }
+        ids.push(row.get::<_, i64>(0)?);
+        bytes = bytes.saturating_add(row.get::<_, Option<i64>>(1)?.unwrap_or(0));
+    }
+    Ok(ids)
+}
 
 /// The ids `sql` selects with `params`, for a write that keeps the pending totals with
 /// [`tally::around`]; none (without running it) while the totals cover no row.
@@ -221,7 +226,7 @@ fn claim_level(
         owner: req.owner,
         expires_at: req.now.saturating_add(req.lease_ms),
     };
-    let params = params![
+    let candidates = params![
         req.owner,
         lease.expires_at,
         req.now,
@@ -231,25 +236,33 @@ fn claim_level(
         req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
         level,
         req.spare_leases,
-        room.bytes,
     ];
-    if takes_over {
-        let ids = tallied_candidates(conn, CLAIM_CANDIDATES_SQL, params)?;
-        return tally::around(conn, &ids, || {
-            claim_level_rows(conn, &lease, params, claimed)
-        });
+    let ids = fitting_candidates(conn, candidates, room.bytes)?;
+    if ids.is_empty() {
+        return Ok(());
     }
-    claim_level_rows(conn, &lease, params, claimed)
+    if takes_over {
+        return tally::around(conn, &ids, || claim_rows(conn, req, &lease, &ids, claimed));
+    }
+    claim_rows(conn, req, &lease, &ids, claimed)
 }
 
-/// Runs [`CLAIM_SQL`] with `params`, decoding the rows it took into `claimed`.
-fn claim_level_rows(
+/// Runs [`CLAIM_SQL`] on `ids`, decoding the rows it took into `claimed`.
+fn claim_rows(
     conn: &Connection,
+    req: &ClaimRequest<'_>,
     lease: &Lease<'_>,
-    params: &[&dyn rusqlite::ToSql],
+    ids: &[i64],
     claimed: &mut Claimed,
 ) -> Result<()> {
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
+    let params = params![
+        lease.owner,
+        lease.expires_at,
+        req.now,
+        json_ids(ids.iter().copied()),
+        req.default_source
+    ];
     let rows = stmt.query_map(params, |r| {
         // The row id is an INTEGER PRIMARY KEY: always readable.
         let id: i64 = r.get(0)?;
