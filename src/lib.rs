@@ -65,6 +65,11 @@
 //!   each in its own `IMMEDIATE` transaction.
 //! - **WAL mode, which SQLite persists in the file**: every connection to it, the app's
 //!   too, is in WAL mode from then on, with the `-wal` and `-shm` files beside it.
+//! - **One file of its own beside it**, `<file>-outbox-reserve` (2 MiB, allocated): room
+//!   kept for a full disk, given back to the file system when SQLite reports the disk full
+//!   so the relay goes on delivering ([`OutboxBuilder::disk_reserve`] sets its size, 0
+//!   keeps none; see [`guide::durability`]). Under disk pressure a relay deletes delivered
+//!   history whatever the retention, so the app's commits fit.
 //! - **Incremental auto-vacuum on a brand-new, empty file only** (it must be chosen before
 //!   the first table): pruning then hands pages back to the file system. A file that
 //!   already has tables keeps its setting.
