@@ -102,6 +102,35 @@ pub enum ReceiveError {
     Signature(VerifyError),
     /// The body is not valid CloudEvents: answer 400.
     Body(ParseError),
+    /// No key may sign for the source the request names (or, naming none, no key signs
+    /// for any source): answer 401, as to a bad signature, so the answer does not tell
+    /// which sources are registered.
+    UnknownSource,
+    /// An event of another source than the one the request is signed for (nothing of the
+    /// request is to be kept): answer 403.
+    ForgedSource {
+        /// The first such event's id.
+        event_id: String,
+        /// Its source.
+        event_source: String,
+    },
+    /// The `outbox-source` header is not a percent-encoded UTF-8 source: answer 400.
+    MalformedSourceHeader,
+}
+
+impl ReceiveError {
+    /// A stable snake-case name for the error kind: the [`VerifyError::kind`] of a
+    /// signature error, `invalid_body`, `unknown_source`, `forged_source` or
+    /// `malformed_source_header`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ReceiveError::Signature(e) => e.kind(),
+            ReceiveError::Body(_) => "invalid_body",
+            ReceiveError::UnknownSource => "unknown_source",
+            ReceiveError::ForgedSource { .. } => "forged_source",
+            ReceiveError::MalformedSourceHeader => "malformed_source_header",
+        }
+    }
 }
 
 impl fmt::Display for ReceiveError {
@@ -109,6 +138,18 @@ impl fmt::Display for ReceiveError {
         match self {
             ReceiveError::Signature(e) => write!(f, "signature: {e}"),
             ReceiveError::Body(e) => write!(f, "body: {e}"),
+            ReceiveError::UnknownSource => write!(f, "no key may sign for the request's source"),
+            ReceiveError::ForgedSource {
+                event_id,
+                event_source,
+            } => write!(
+                f,
+                "event {event_id:?} has source {event_source:?}, not the source the request \
+                 is signed for"
+            ),
+            ReceiveError::MalformedSourceHeader => {
+                write!(f, "outbox-source is not a percent-encoded UTF-8 source")
+            }
         }
     }
 }
@@ -118,6 +159,7 @@ impl std::error::Error for ReceiveError {
         match self {
             ReceiveError::Signature(e) => Some(e),
             ReceiveError::Body(e) => Some(e),
+            _ => None,
         }
     }
 }

@@ -26,6 +26,14 @@
 //! # assert_eq!(handle(&[], b"{}", 0, &mut conn).unwrap(), 400);
 //! ```
 //!
+//! **One key per device.** A receiver that gives each device its own key (a `whpk_`
+//! public key from `outbox keygen`) keeps them in a [`KeyRegistry`], each bound to the
+//! sources it may sign for, and verifies with [`verify_request_for`]: only the keys of the
+//! source the request names in `outbox-source` are tried, and an event of any other source
+//! refuses the request ([`ReceiveError::ForgedSource`]). `outbox ingest` verifies this way.
+//! A [`Verifier`] holding every device's key would take any device's signature for any
+//! source.
+//!
 //! [`migrate`] creates the inbox table in the receiver's own database; [`Inbox::prune`]
 //! deletes old rows in small pages. Verification errors have their own kinds
 //! ([`VerifyError`]); signatures are compared in constant time.
@@ -46,10 +54,12 @@
 // the store (the inbox's table migrates with the outbox's schema); never the relay.
 
 pub(crate) mod inbox;
+pub(crate) mod key_registry;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
 
 pub use crate::receive::inbox::{verify_request, Inbox, Receipt, ReceiveError};
+pub use crate::receive::key_registry::{request_source, verify_request_for, KeyRegistry};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::receive::pg::{

@@ -124,9 +124,6 @@ pub fn signature_header(secrets: &[Secret], id: &str, timestamp: i64, body: &[u8
 /// signs with (two during a rotation).
 pub(crate) const MAX_SIGNATURE_ENTRIES: usize = 16;
 
-/// `v1a` entries tried at most: each costs a pass over the body per public key.
-const MAX_V1A_ENTRIES: usize = 4;
-
 /// A key a request may be verified with: a shared secret (`v1`, HMAC-SHA256) or a device's
 /// Ed25519 public key (`v1a`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,10 +295,11 @@ impl Verifier {
             .map(|s| s.mac(&id, timestamp.trim(), body).finalize())
             .collect();
         // The v1a content is built once, and only when a v1a entry meets a public key. Each
-        // Ed25519 check hashes the whole content again, so only the first few v1a entries
-        // are tried (a sender lists one per key it signs with).
+        // Ed25519 check hashes the whole content again, so a request gets one check per
+        // public key and no more: the first well-formed v1a entry is tried against each key
+        // (a sender signs with one key per receiver), and entries after it cost nothing.
         let mut content: Option<Vec<u8>> = None;
-        let mut v1a_entries = 0;
+        let mut v1a_tried = false;
         for entry in signature.split(' ').take(MAX_SIGNATURE_ENTRIES) {
             let (version, encoded) = match entry.split_once(',') {
                 Some(("v1", encoded)) => ("v1", encoded),
@@ -312,10 +310,10 @@ impl Verifier {
                 continue;
             };
             if version == "v1a" {
-                v1a_entries += 1;
-                if tag.len() != 64 || v1a_entries > MAX_V1A_ENTRIES {
+                if tag.len() != 64 || v1a_tried {
                     continue;
                 }
+                v1a_tried = true;
                 let content =
                     content.get_or_insert_with(|| signed_content(&id, timestamp.trim(), body));
                 if self.public_keys.iter().any(|k| k.verifies(content, &tag)) {
@@ -460,6 +458,43 @@ mod tests {
             secrets_only.verify(headers(device.sign(ID, TS, BODY)), BODY, TS),
             Err(VerifyError::InvalidSignature)
         );
+    }
+
+    #[test]
+    fn a_request_costs_one_ed25519_check_per_public_key_at_most() {
+        use crate::wire::signing_key::SigningKey;
+        let (device, _) = SigningKey::generate().unwrap();
+        let (rotated, _) = SigningKey::generate().unwrap();
+        let headers = |signature: String| {
+            [
+                ("webhook-id", ID.to_string()),
+                ("webhook-timestamp", TS.to_string()),
+                ("webhook-signature", signature),
+            ]
+        };
+        // Two keys of one source (a rotation): the one entry is tried against both.
+        let verifier = Verifier::with_keys([
+            VerifyingKey::Public(rotated.public_key()),
+            VerifyingKey::Public(device.public_key()),
+        ]);
+        assert_eq!(
+            verifier.verify(headers(device.sign(ID, TS, BODY)), BODY, TS),
+            Ok(())
+        );
+        // Entries after the first well-formed v1a one are not checked: garbage in front of
+        // a good signature costs one check per key, and the request is refused.
+        let garbage = format!("v1a,{}", STANDARD.encode([7u8; 64]));
+        let padded = format!(
+            "{garbage} {garbage} {garbage} {}",
+            device.sign(ID, TS, BODY)
+        );
+        assert_eq!(
+            verifier.verify(headers(padded), BODY, TS),
+            Err(VerifyError::InvalidSignature)
+        );
+        // A malformed entry (not 64 bytes) costs nothing and does not count.
+        let short = format!("v1a,AAAA {}", device.sign(ID, TS, BODY));
+        assert_eq!(verifier.verify(headers(short), BODY, TS), Ok(()));
     }
 
     #[test]

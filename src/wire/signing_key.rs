@@ -136,6 +136,18 @@ impl PublicKey {
             .map_err(|_| bad("it is not valid base64"))?;
         let bytes = <[u8; 32]>::try_from(decoded.as_slice())
             .map_err(|_| bad(&format!("it holds {} bytes, not 32", decoded.len())))?;
+        if !is_canonical(&bytes) {
+            return Err(bad(
+                "it is not a canonical encoding of a curve point (its y is not below 2^255 - 19)",
+            ));
+        }
+        if has_small_order(&bytes) {
+            // With such a key one fixed signature verifies every message: a registry that
+            // held it would let anyone sign for its sources.
+            return Err(bad(
+                "it is a point of small order, for which one signature verifies anything",
+            ));
+        }
         Ok(PublicKey { bytes })
     }
 
@@ -150,6 +162,55 @@ impl PublicKey {
             .verify(content, signature)
             .is_ok()
     }
+}
+
+/// The y coordinates (little-endian, the sign bit of x cleared) of the eight points whose
+/// order divides 8: y = 0 (order 4, both signs), 1 (the identity), p - 1 (order 2), and the
+/// two y values of the four points of order 8. The same list as libsodium's
+/// `ge25519_has_small_order`, whose non-canonical spellings (y ≥ p) [`is_canonical`]
+/// refuses.
+const SMALL_ORDER_Y: [[u8; 32]; 5] = [
+    [0; 32],
+    [
+        1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    ],
+    [
+        0x26, 0xe8, 0x95, 0x8f, 0xc2, 0xb2, 0x27, 0xb0, 0x45, 0xc3, 0xf4, 0x89, 0xf2, 0xef, 0x98,
+        0xf0, 0xd5, 0xdf, 0xac, 0x05, 0xd3, 0xc6, 0x33, 0x39, 0xb1, 0x38, 0x02, 0x88, 0x6d, 0x53,
+        0xfc, 0x05,
+    ],
+    [
+        0xc7, 0x17, 0x6a, 0x70, 0x3d, 0x4d, 0xd8, 0x4f, 0xba, 0x3c, 0x0b, 0x76, 0x0d, 0x10, 0x67,
+        0x0f, 0x2a, 0x20, 0x53, 0xfa, 0x2c, 0x39, 0xcc, 0xc6, 0x4e, 0xc7, 0xfd, 0x77, 0x92, 0xac,
+        0x03, 0x7a,
+    ],
+    [
+        0xec, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0x7f,
+    ],
+];
+
+/// The y coordinate of an encoded point: the sign bit of x cleared.
+fn y_of(encoded: &[u8; 32]) -> [u8; 32] {
+    let mut y = *encoded;
+    y[31] &= 0x7f;
+    y
+}
+
+/// Whether `encoded`'s y is below p = 2^255 - 19 (RFC 8032 §5.1.3 asks a decoder to refuse
+/// it otherwise; ring does not).
+fn is_canonical(encoded: &[u8; 32]) -> bool {
+    let y = y_of(encoded);
+    // y ≥ p only when bytes 1..=30 are 0xff, the top byte 0x7f and the lowest ≥ 0xed.
+    !(y[31] == 0x7f && y[1..31].iter().all(|&b| b == 0xff) && y[0] >= 0xed)
+}
+
+/// Whether `encoded` is one of the eight points of order dividing 8 (either sign of x).
+fn has_small_order(encoded: &[u8; 32]) -> bool {
+    let y = y_of(encoded);
+    SMALL_ORDER_Y.contains(&y)
 }
 
 /// `{id}.{timestamp}.{body}`, the content both versions sign.
@@ -219,6 +280,43 @@ mod tests {
         let public = PublicKey::parse(&key.public_key().to_text()).unwrap();
         assert!(public.verifies(&signed_content("msg_1", "1700000000", b"{}"), &signature));
         assert!(!public.verifies(&signed_content("msg_1", "1700000001", b"{}"), &signature));
+    }
+
+    #[test]
+    fn small_order_and_non_canonical_public_keys_are_refused() {
+        // The identity point: with it, R = identity and S = 0 verify every message.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        let mut forged = [0u8; 64];
+        forged[0] = 1;
+        let key = PublicKey { bytes: identity };
+        assert!(
+            key.verifies(b"anything", &forged) && key.verifies(b"else", &forged),
+            "ring takes the identity key and its one signature for any message"
+        );
+        let encoded = |bytes: [u8; 32]| format!("whpk_{}", STANDARD.encode(bytes));
+        for y in SMALL_ORDER_Y {
+            for sign in [0x00, 0x80] {
+                let mut bytes = y;
+                bytes[31] |= sign;
+                let e = PublicKey::parse(&encoded(bytes)).unwrap_err();
+                assert!(e.to_string().contains("small order"), "{e}");
+            }
+        }
+        // y = p, p + 1, 2^255 - 1: spellings of points that are not canonical.
+        for low in [0xed, 0xee, 0xff] {
+            let mut bytes = [0xff; 32];
+            bytes[0] = low;
+            bytes[31] = 0x7f;
+            let e = PublicKey::parse(&encoded(bytes)).unwrap_err();
+            assert!(e.to_string().contains("canonical"), "{e}");
+        }
+        // Real keys still parse, and the RFC 8032 one.
+        for _ in 0..100 {
+            let (key, _) = SigningKey::generate().unwrap();
+            assert!(PublicKey::parse(&key.public_key().to_text()).is_ok());
+        }
+        assert!(PublicKey::parse(&format!("whpk_{}", STANDARD.encode(hex(PUBLIC)))).is_ok());
     }
 
     #[test]

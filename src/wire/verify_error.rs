@@ -32,6 +32,8 @@ pub enum VerifyError {
     InvalidSigningKey(String),
     /// A `whpk_` Ed25519 public key is malformed; says why.
     InvalidPublicKey(String),
+    /// A key registry's source pattern is malformed; says why.
+    InvalidSourcePattern(String),
 }
 
 impl VerifyError {
@@ -48,6 +50,7 @@ impl VerifyError {
             VerifyError::SecretTooShort { .. } => "secret_too_short",
             VerifyError::InvalidSigningKey(_) => "invalid_signing_key",
             VerifyError::InvalidPublicKey(_) => "invalid_public_key",
+            VerifyError::InvalidSourcePattern(_) => "invalid_source_pattern",
         }
     }
 }
@@ -74,6 +77,9 @@ impl fmt::Display for VerifyError {
             }
             VerifyError::InvalidPublicKey(why) => {
                 write!(f, "the whpk_ public key is not valid: {why}")
+            }
+            VerifyError::InvalidSourcePattern(why) => {
+                write!(f, "the source pattern is not valid: {why}")
             }
         }
     }

@@ -1,10 +1,12 @@
-//! What the ingest decides before a body is read: whether the bytes it would take fit the
-//! budget shared by all connections, whether its source has sent too much lately, and how
-//! often a refusal is logged.
+//! What the ingest decides before a body is read, and while it arrives: whether the bytes
+//! that arrived fit the budget shared by all connections and the share one peer may hold,
+//! whether a peer has too many connections, whether its source has sent too much lately,
+//! and how often a refusal is logged.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use super::lock;
 use std::time::{Duration, Instant};
@@ -13,57 +15,169 @@ use std::time::{Duration, Instant};
 /// seen for a while are forgotten, so a client inventing sources cannot grow them.
 const MAX_TRACKED_SOURCES: usize = 100_000;
 
-/// Body bytes being read or held, across every connection, and the most there may be.
+/// Body bytes held (arrived and not yet answered), across every connection and by peer,
+/// and the most there may be.
 pub(crate) struct InflightBudget {
-    used: Arc<AtomicUsize>,
+    used: AtomicUsize,
     limit: usize,
+    per_peer_limit: usize,
+    by_peer: Mutex<HashMap<IpAddr, usize>>,
 }
 
-/// A reservation of the budget, given back when dropped.
-pub(crate) struct Reservation {
-    used: Arc<AtomicUsize>,
+/// Which budget a reservation did not fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Over {
+    /// The bytes in flight across all connections.
+    All,
+    /// The share of one peer (an address).
+    Peer,
+}
+
+/// Bytes held for one request, given back when dropped. It starts empty and grows as the
+/// body arrives: a request that declares a megabyte and sends nothing holds nothing.
+pub(crate) struct Reservation<'a> {
+    budget: &'a InflightBudget,
+    peer: IpAddr,
     bytes: usize,
 }
 
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
-impl InflightBudget {
-    pub fn new(limit: usize) -> InflightBudget {
-        InflightBudget {
-            used: Arc::new(AtomicUsize::new(0)),
-            limit,
-        }
-    }
-
-    /// Reserves `bytes`, or `None` if they do not fit beside what is in flight.
-    pub fn reserve(&self, bytes: usize) -> Option<Reservation> {
-        let mut used = self.used.load(Ordering::Acquire);
+impl Reservation<'_> {
+    /// Holds `more` bytes too, or says which budget they do not fit (and holds nothing
+    /// more).
+    pub fn grow(&mut self, more: usize) -> Result<(), Over> {
+        let budget = self.budget;
+        let mut used = budget.used.load(Ordering::Acquire);
         loop {
             let after = used
-                .checked_add(bytes)
-                .filter(|after| *after <= self.limit)?;
-            match self
-                .used
-                .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    return Some(Reservation {
-                        used: Arc::clone(&self.used),
-                        bytes,
-                    })
-                }
+                .checked_add(more)
+                .filter(|after| *after <= budget.limit)
+                .ok_or(Over::All)?;
+            match budget.used.compare_exchange_weak(
+                used,
+                after,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
                 Err(now) => used = now,
+            }
+        }
+        let mut by_peer = lock(&budget.by_peer);
+        let held = by_peer.entry(self.peer).or_default();
+        match held
+            .checked_add(more)
+            .filter(|n| *n <= budget.per_peer_limit)
+        {
+            Some(after) => {
+                *held = after;
+                self.bytes += more;
+                Ok(())
+            }
+            None => {
+                if *held == 0 {
+                    by_peer.remove(&self.peer);
+                }
+                budget.used.fetch_sub(more, Ordering::AcqRel);
+                Err(Over::Peer)
             }
         }
     }
 
-    /// Bytes reserved now.
+    /// Bytes held.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        let mut by_peer = lock(&self.budget.by_peer);
+        if let Some(held) = by_peer.get_mut(&self.peer) {
+            *held = held.saturating_sub(self.bytes);
+            if *held == 0 {
+                by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl InflightBudget {
+    pub fn new(limit: usize, per_peer_limit: usize) -> InflightBudget {
+        InflightBudget {
+            used: AtomicUsize::new(0),
+            limit,
+            per_peer_limit,
+            by_peer: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// An empty reservation for a request of `peer`.
+    pub fn reservation(&self, peer: IpAddr) -> Reservation<'_> {
+        Reservation {
+            budget: self,
+            peer,
+            bytes: 0,
+        }
+    }
+
+    /// Bytes held now.
     pub fn in_flight(&self) -> usize {
         self.used.load(Ordering::Acquire)
+    }
+}
+
+/// Open connections by peer, and the most one peer may have.
+pub(crate) struct PeerConnections {
+    limit: usize,
+    open: std::sync::Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One open connection, counted until dropped (it may move to the connection's task).
+pub(crate) struct PeerConnection {
+    open: std::sync::Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerConnection {
+    fn drop(&mut self) {
+        let mut open = lock(&self.open);
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl PeerConnections {
+    pub fn new(limit: usize) -> PeerConnections {
+        PeerConnections {
+            limit,
+            open: Default::default(),
+        }
+    }
+
+    /// Counts a connection of `peer`, or `None` when it has as many open as it may.
+    pub fn open(&self, peer: IpAddr) -> Option<PeerConnection> {
+        let mut open = lock(&self.open);
+        let n = open.entry(peer).or_default();
+        if *n >= self.limit {
+            if *n == 0 {
+                open.remove(&peer);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(PeerConnection {
+            open: std::sync::Arc::clone(&self.open),
+            peer,
+        })
     }
 }
 
@@ -116,21 +230,33 @@ impl SourceRate {
     }
 }
 
-/// Logs a refusal at most once a minute per source (and reason), so a device in a loop or a
-/// hostile client cannot fill the log.
+/// Logs a refusal at most once a minute per registered source (and reason), and refusals
+/// of sources no key is for within one budget for them all, so neither a device in a loop
+/// nor a client inventing names can fill the log or the memory.
 #[derive(Default)]
 pub(crate) struct RefusalLog {
     last: Mutex<HashMap<(String, &'static str), Instant>>,
+    /// When the map was last swept of entries older than [`Self::EVERY`].
+    swept: Mutex<Option<Instant>>,
+    /// Lines about unregistered sources this minute, and when the minute began.
+    unregistered: Mutex<Option<(Instant, u32)>>,
 }
 
 impl RefusalLog {
     pub const EVERY: Duration = Duration::from_secs(60);
+    /// Lines a minute about sources no key is for, all of them together.
+    pub const UNREGISTERED_PER_MINUTE: u32 = 10;
 
-    /// Whether a refusal of `source` for `reason` at `now` should be logged.
+    /// Whether a refusal of the registered `source` for `reason` at `now` should be logged.
     pub fn should_log(&self, source: &str, reason: &'static str, now: Instant) -> bool {
         let mut last = lock(&self.last);
-        if last.len() >= MAX_TRACKED_SOURCES {
-            last.retain(|_, at| now.duration_since(*at) < Self::EVERY);
+        {
+            // Entries older than a minute say nothing any more: swept once a minute.
+            let mut swept = lock(&self.swept);
+            if swept.is_none_or(|at| now.duration_since(at) >= Self::EVERY) {
+                last.retain(|_, at| now.duration_since(*at) < Self::EVERY);
+                *swept = Some(now);
+            }
         }
         match last.get_mut(&(source.to_string(), reason)) {
             Some(at) if now.duration_since(*at) < Self::EVERY => false,
@@ -146,6 +272,22 @@ impl RefusalLog {
             }
         }
     }
+
+    /// Whether a refusal of a source no key is for should be logged: at most
+    /// [`Self::UNREGISTERED_PER_MINUTE`] a minute in all, and nothing kept per name.
+    pub fn should_log_unregistered(&self, now: Instant) -> bool {
+        let mut minute = lock(&self.unregistered);
+        match minute.as_mut() {
+            Some((began, lines)) if now.duration_since(*began) < Self::EVERY => {
+                *lines += 1;
+                *lines <= Self::UNREGISTERED_PER_MINUTE
+            }
+            _ => {
+                *minute = Some((now, 1));
+                true
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -153,17 +295,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_budget_refuses_what_does_not_fit_and_takes_back_what_is_dropped() {
-        let budget = InflightBudget::new(100);
-        let a = budget.reserve(60).unwrap();
-        assert!(budget.reserve(41).is_none());
-        let b = budget.reserve(40).unwrap();
+    fn the_budget_holds_what_arrived_within_the_total_and_each_peers_share() {
+        let budget = InflightBudget::new(100, 60);
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut first = budget.reservation(a);
+        assert_eq!(budget.in_flight(), 0, "an empty reservation holds nothing");
+        first.grow(40).unwrap();
+        let mut second = budget.reservation(a);
+        assert_eq!(second.grow(30), Err(Over::Peer), "a's share is 60");
+        second.grow(20).unwrap();
+        let mut other = budget.reservation(b);
+        assert_eq!(other.grow(41), Err(Over::All));
+        other.grow(40).unwrap();
         assert_eq!(budget.in_flight(), 100);
-        drop(a);
-        assert_eq!(budget.in_flight(), 40);
-        assert!(budget.reserve(usize::MAX).is_none());
-        drop(b);
+        drop(first);
+        assert_eq!(budget.in_flight(), 60);
+        second.grow(40).unwrap();
+        assert_eq!(second.bytes(), 60);
+        assert_eq!(second.grow(usize::MAX), Err(Over::All));
+        drop(second);
+        drop(other);
         assert_eq!(budget.in_flight(), 0);
+        assert!(lock(&budget.by_peer).is_empty(), "no peer is kept at zero");
+    }
+
+    #[test]
+    fn a_peer_opens_as_many_connections_as_it_may() {
+        let peers = PeerConnections::new(2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let one = peers.open(a).unwrap();
+        let _two = peers.open(a).unwrap();
+        assert!(peers.open(a).is_none());
+        assert!(peers.open("10.0.0.2".parse().unwrap()).is_some());
+        drop(one);
+        assert!(peers.open(a).is_some());
     }
 
     #[test]
@@ -191,5 +356,18 @@ mod tests {
         assert!(!log.should_log("/a", "forged_source", start + Duration::from_secs(30)));
         assert!(log.should_log("/b", "forged_source", start));
         assert!(log.should_log("/a", "forged_source", start + Duration::from_secs(61)));
+        // A minute later the sweep has forgotten b.
+        assert_eq!(lock(&log.last).len(), 1);
+    }
+
+    #[test]
+    fn unregistered_sources_share_one_budget_of_lines() {
+        let log = RefusalLog::default();
+        let start = Instant::now();
+        let logged = (0..1_000)
+            .filter(|_| log.should_log_unregistered(start))
+            .count();
+        assert_eq!(logged, RefusalLog::UNREGISTERED_PER_MINUTE as usize);
+        assert!(log.should_log_unregistered(start + Duration::from_secs(61)));
     }
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use sqlite_outbox::receive::{Verifier, VerifyingKey};
+use sqlite_outbox::receive::{KeyRegistry, VerifyingKey};
 
 /// Where an entry came from; a reload replaces the entries of its origin only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,42 +26,11 @@ pub(crate) enum Origin {
     Table,
 }
 
-/// Which sources a key signs for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Pattern {
-    Any,
-    Exact(String),
-    Prefix(String),
-}
-
-impl Pattern {
-    fn parse(text: &str) -> Result<Pattern, String> {
-        if text.is_empty() {
-            return Err("the source pattern is empty".into());
-        }
-        Ok(match text.strip_suffix('*') {
-            Some("") => Pattern::Any,
-            Some(prefix) if prefix.contains('*') => {
-                return Err(format!(
-                    "source pattern {text:?}: `*` may only end a prefix"
-                ))
-            }
-            Some(prefix) => Pattern::Prefix(prefix.to_string()),
-            None if text.contains('*') => {
-                return Err(format!(
-                    "source pattern {text:?}: `*` may only end a prefix"
-                ))
-            }
-            None => Pattern::Exact(text.to_string()),
-        })
-    }
-}
-
 /// One registry entry.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     key_id: String,
-    pattern: Pattern,
+    pattern: String,
     key: VerifyingKey,
 }
 
@@ -71,9 +40,10 @@ impl Entry {
         if key_id.is_empty() {
             return Err("the key id is empty".into());
         }
+        KeyRegistry::check_pattern(pattern).map_err(|e| e.to_string())?;
         Ok(Entry {
             key_id: key_id.to_string(),
-            pattern: Pattern::parse(pattern)?,
+            pattern: pattern.to_string(),
             key: VerifyingKey::parse(key).map_err(|e| format!("key {key_id}: {e}"))?,
         })
     }
@@ -82,7 +52,7 @@ impl Entry {
     pub fn any_source(key_id: String, key: VerifyingKey) -> Entry {
         Entry {
             key_id,
-            pattern: Pattern::Any,
+            pattern: "*".into(),
             key,
         }
     }
@@ -123,19 +93,11 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<Entry>, String> {
     Ok(entries)
 }
 
-/// The entries by where they came from, and the lookup built from them.
+/// The entries by where they came from, and the library's registry built from them.
 #[derive(Default)]
 pub(crate) struct Registry {
     origins: RwLock<HashMap<Origin, Vec<Entry>>>,
-    lookup: RwLock<Arc<Lookup>>,
-}
-
-/// Keys by source: exact sources in a map, prefixes and `*` in lists (few).
-#[derive(Default)]
-struct Lookup {
-    exact: HashMap<String, Vec<VerifyingKey>>,
-    prefixes: Vec<(String, VerifyingKey)>,
-    any: Vec<VerifyingKey>,
+    current: RwLock<Arc<KeyRegistry>>,
 }
 
 impl Registry {
@@ -146,45 +108,24 @@ impl Registry {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         origins.insert(origin, entries);
-        let mut lookup = Lookup::default();
+        let mut registry = KeyRegistry::new();
         for entry in origins.values().flatten() {
-            let key = entry.key.clone();
-            match &entry.pattern {
-                Pattern::Any => lookup.any.push(key),
-                Pattern::Exact(source) => lookup.exact.entry(source.clone()).or_default().push(key),
-                Pattern::Prefix(prefix) => lookup.prefixes.push((prefix.clone(), key)),
-            }
+            // Every pattern was checked when its entry was parsed.
+            let _ = registry.add(&entry.pattern, entry.key.clone());
         }
         *self
-            .lookup
+            .current
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(lookup);
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(registry);
         origins.values().map(Vec::len).sum()
     }
 
-    /// A verifier with the keys that may sign for `source`, or `None` if there are none.
-    pub fn verifier_for(&self, source: Option<&str>) -> Option<Verifier> {
-        let lookup = self.current();
-        let mut keys: Vec<VerifyingKey> = lookup.any.clone();
-        if let Some(source) = source {
-            if let Some(exact) = lookup.exact.get(source) {
-                keys.extend(exact.iter().cloned());
-            }
-            keys.extend(
-                lookup
-                    .prefixes
-                    .iter()
-                    .filter(|(prefix, _)| source.starts_with(prefix.as_str()))
-                    .map(|(_, key)| key.clone()),
-            );
-        }
-        (!keys.is_empty()).then(|| Verifier::with_keys(keys))
-    }
-
-    fn current(&self) -> Arc<Lookup> {
+    /// The registry as it is now: a request is checked against one snapshot, before and
+    /// after its body, whatever reloads happen meanwhile.
+    pub fn current(&self) -> Arc<KeyRegistry> {
         Arc::clone(
             &self
-                .lookup
+                .current
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         )
@@ -208,10 +149,19 @@ mod tests {
                 Entry::parse("site", "/site-7/*", A).unwrap(),
             ],
         );
-        assert!(registry.verifier_for(Some("/devices/42")).is_some());
-        assert!(registry.verifier_for(Some("/devices/43")).is_none());
-        assert!(registry.verifier_for(Some("/site-7/pump-1")).is_some());
-        assert!(registry.verifier_for(None).is_none());
+        assert!(registry
+            .current()
+            .verifier_for(Some("/devices/42"))
+            .is_some());
+        assert!(registry
+            .current()
+            .verifier_for(Some("/devices/43"))
+            .is_none());
+        assert!(registry
+            .current()
+            .verifier_for(Some("/site-7/pump-1"))
+            .is_some());
+        assert!(registry.current().verifier_for(None).is_none());
         registry.replace(
             Origin::Secrets,
             vec![Entry::any_source(
@@ -219,7 +169,10 @@ mod tests {
                 VerifyingKey::parse(SECRET).unwrap(),
             )],
         );
-        assert!(registry.verifier_for(Some("/devices/43")).is_some());
+        assert!(registry
+            .current()
+            .verifier_for(Some("/devices/43"))
+            .is_some());
         // A reload of the file leaves the secrets.
         assert_eq!(registry.replace(Origin::File, Vec::new()), 1);
     }

@@ -23,6 +23,9 @@ pub(crate) struct Metrics {
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_micros: AtomicU64,
+    key_reload_failures: AtomicU64,
+    /// Unix seconds of the last reload of the keys file or table that took (0: none yet).
+    key_reload_last_success: AtomicU64,
 }
 
 impl Metrics {
@@ -48,6 +51,19 @@ impl Metrics {
     /// How many refusals for `reason` so far.
     pub fn refusals(&self, reason: &str) -> u64 {
         lock(&self.refusals).get(reason).copied().unwrap_or(0)
+    }
+
+    /// A reload of the keys file or table that failed (the keys stay as they were).
+    pub fn key_reload_failed(&self) {
+        self.key_reload_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A reload of the keys file or table that took.
+    pub fn key_reload_succeeded(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.key_reload_last_success.store(now, Ordering::Relaxed);
     }
 
     /// Events newly stored.
@@ -114,7 +130,17 @@ impl Metrics {
              outbox_ingest_bytes_in_flight {bytes_in_flight}\n\
              # HELP outbox_ingest_database_queue_depth Jobs waiting for a database thread.\n\
              # TYPE outbox_ingest_database_queue_depth gauge\n\
-             outbox_ingest_database_queue_depth {queue_depth}"
+             outbox_ingest_database_queue_depth {queue_depth}\n\
+             # HELP outbox_ingest_key_reload_failures_total Reloads of the keys file (SIGHUP) or \
+             table that failed; the keys stayed as they were.\n\
+             # TYPE outbox_ingest_key_reload_failures_total counter\n\
+             outbox_ingest_key_reload_failures_total {}\n\
+             # HELP outbox_ingest_key_reload_last_success_timestamp_seconds When the keys file \
+             or table was last read in full (0: never).\n\
+             # TYPE outbox_ingest_key_reload_last_success_timestamp_seconds gauge\n\
+             outbox_ingest_key_reload_last_success_timestamp_seconds {}",
+            self.key_reload_failures.load(Ordering::Relaxed),
+            self.key_reload_last_success.load(Ordering::Relaxed)
         );
         out
     }
@@ -142,6 +168,8 @@ mod tests {
             "outbox_ingest_request_duration_seconds_count 2",
             "outbox_ingest_bytes_in_flight 1024",
             "outbox_ingest_database_queue_depth 2",
+            "outbox_ingest_key_reload_failures_total 0",
+            "outbox_ingest_key_reload_last_success_timestamp_seconds 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -44,8 +44,10 @@
 mod admission;
 mod keys;
 mod metrics;
+mod probe;
 mod server;
 pub(crate) mod store;
+mod verification;
 mod workers;
 mod write_deadline;
 
@@ -56,9 +58,27 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use admission::{InflightBudget, RefusalLog, SourceRate};
+use admission::{InflightBudget, PeerConnections, RefusalLog, SourceRate};
 use keys::{Entry, Origin, Registry};
+use probe::Probe;
 use server::{Health, State};
+use verification::VerifyPool;
+
+pub use server::{BODY_RATE_GRACE, MAX_SOURCE_BYTES};
+
+/// How long a statement may run on PostgreSQL: below the 30 s a request waits for its
+/// database job, so a store that cannot finish is cancelled by the server, not left running
+/// after its device was answered 503.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long data sent to PostgreSQL may stay unacknowledged, and how soon an idle
+/// connection is probed: after a failover that drops packets, a database thread learns its
+/// connection is dead within this, not the operating system's 15 minutes.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// Verification threads (gzip, signatures, parsing), off the I/O threads.
+const VERIFY_THREADS: usize = 2;
 use sqlite_outbox::receive::{pg_connect_config, PgTls, Secret, VerifyingKey};
 use sqlite_outbox::{Error, Result};
 use workers::Workers;
@@ -73,6 +93,9 @@ pub struct IngestConfig {
     keys_table: bool,
     events_path: String,
     max_inflight_bytes: usize,
+    max_inflight_bytes_per_peer: Option<usize>,
+    max_connections_per_peer: Option<usize>,
+    min_body_rate: usize,
     max_rate_per_source: Option<f64>,
     metrics_listen: Option<SocketAddr>,
     threads: usize,
@@ -97,6 +120,9 @@ impl IngestConfig {
             keys_table: false,
             events_path: "/events".into(),
             max_inflight_bytes: 64 << 20,
+            max_inflight_bytes_per_peer: None,
+            max_connections_per_peer: None,
+            min_body_rate: 1024,
             max_rate_per_source: None,
             metrics_listen: None,
             threads: 8,
@@ -144,10 +170,38 @@ impl IngestConfig {
     }
 
     /// Body bytes in flight at most across all connections (64 MiB by default; 64 KiB to
-    /// 16 GiB): a request whose declared length (or, undeclared, the body limit) does not
-    /// fit is answered 503 with `Retry-After` before its body is read.
+    /// 16 GiB): the bytes of a body are counted as they arrive (not as declared) and held
+    /// until the request is answered; a request whose bytes do not fit is answered 503 with
+    /// `Retry-After: 1`.
     pub fn max_inflight_bytes(mut self, bytes: usize) -> Self {
         self.max_inflight_bytes = bytes;
+        self
+    }
+
+    /// The share of [`max_inflight_bytes`](Self::max_inflight_bytes) one address (a peer's
+    /// IP) may hold (a quarter of it by default; at least the body limit), so one client
+    /// cannot take the budget from every device. Behind a load balancer that does not keep
+    /// the device's address, every request comes from the balancer: raise it to the whole
+    /// budget there.
+    pub fn max_inflight_bytes_per_peer(mut self, bytes: usize) -> Self {
+        self.max_inflight_bytes_per_peer = Some(bytes);
+        self
+    }
+
+    /// Open connections one address may hold (a quarter of
+    /// [`max_connections`](Self::max_connections) by default; 1 to that): the next is
+    /// answered 503 with `Retry-After: 1` and closed. Behind a load balancer, or with many
+    /// devices behind one NAT, raise it.
+    pub fn max_connections_per_peer(mut self, connections: usize) -> Self {
+        self.max_connections_per_peer = Some(connections);
+        self
+    }
+
+    /// Bytes a second a body must arrive at after its first two seconds (1,024 by default;
+    /// 0 to 1 GiB, 0: only the read timeout): a slower one gets 408 and its connection is
+    /// closed.
+    pub fn min_body_rate(mut self, bytes_per_second: usize) -> Self {
+        self.min_body_rate = bytes_per_second;
         self
     }
 
@@ -230,6 +284,28 @@ impl IngestConfig {
                 self.max_inflight_bytes, self.max_body
             )));
         }
+        let per_peer = self.inflight_bytes_per_peer();
+        if per_peer < self.max_body || per_peer > self.max_inflight_bytes {
+            return Err(bad(format!(
+                "{per_peer} bytes in flight per peer is out of range (the body limit, {}, to \
+                 the bytes in flight, {})",
+                self.max_body, self.max_inflight_bytes
+            )));
+        }
+        let connections_per_peer = self.connections_per_peer();
+        if !(1..=self.max_connections).contains(&connections_per_peer) {
+            return Err(bad(format!(
+                "{connections_per_peer} connections per peer is out of range (1 to the open \
+                 connections, {})",
+                self.max_connections
+            )));
+        }
+        if self.min_body_rate > 1 << 30 {
+            return Err(bad(format!(
+                "a minimum body rate of {} bytes a second is out of range (0 to 1 GiB)",
+                self.min_body_rate
+            )));
+        }
         if let Some(rate) = self.max_rate_per_source {
             if !(0.01..=100_000.0).contains(&rate) {
                 return Err(bad(format!(
@@ -288,7 +364,34 @@ impl IngestConfig {
         if config.get_application_name().is_none() {
             config.application_name("outbox-ingest");
         }
+        // A dead connection is found within seconds, and a statement cannot outlive the
+        // request waiting for it (the server cancels it at the timeout).
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
+        let statement_timeout = format!("-c statement_timeout={}", STATEMENT_TIMEOUT.as_millis());
+        let options = match config.get_options() {
+            // The URL's own statement_timeout, if it sets one, comes later and wins.
+            Some(theirs) => format!("{statement_timeout} {theirs}"),
+            None => statement_timeout,
+        };
+        config.options(&options);
         Ok((config, tls))
+    }
+
+    fn inflight_bytes_per_peer(&self) -> usize {
+        self.max_inflight_bytes_per_peer
+            .unwrap_or((self.max_inflight_bytes / 4).max(self.max_body))
+    }
+
+    fn connections_per_peer(&self) -> usize {
+        self.max_connections_per_peer
+            .unwrap_or((self.max_connections / 4).max(1))
     }
 }
 
@@ -301,6 +404,7 @@ pub struct IngestServer {
     stop: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
     serving: Option<tokio::task::JoinHandle<()>>,
+    probe: Probe,
     state: Arc<State>,
 }
 
@@ -353,23 +457,40 @@ impl IngestServer {
             }
             None => None,
         };
-        let workers = Workers::start(postgres, tls, config.threads, config.threads * 4)?;
+        let workers = Workers::start(
+            postgres.clone(),
+            tls.clone(),
+            config.threads,
+            config.threads * 4,
+        )?;
         let state = Arc::new(State {
             keys,
             keys_table: config.keys_table,
+            keys_table_loaded: std::sync::atomic::AtomicBool::new(false),
             workers,
+            verify: VerifyPool::start(VERIFY_THREADS)?,
+            peers: PeerConnections::new(config.connections_per_peer()),
+            min_body_rate: config.min_body_rate,
             events_path: config.events_path.clone(),
             max_body: config.max_body,
             read_timeout: config.read_timeout,
             write_timeout: config.write_timeout,
             max_requests_per_connection: config.max_requests_per_connection,
-            inflight: InflightBudget::new(config.max_inflight_bytes),
+            inflight: InflightBudget::new(
+                config.max_inflight_bytes,
+                config.inflight_bytes_per_peer(),
+            ),
             rate: config.max_rate_per_source.map(SourceRate::new),
             metrics: Default::default(),
             refusal_log: RefusalLog::default(),
             refusals_by_source: Default::default(),
             health: watch::channel(Health::NotProbedYet).0,
         });
+        if config.keys_file.is_some() {
+            state.metrics.key_reload_succeeded();
+        }
+        // Its first round runs now: the table of device keys is read at start.
+        let probe = Probe::start(postgres, tls, Arc::clone(&state))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(1)
@@ -406,6 +527,7 @@ impl IngestServer {
             stop,
             runtime: Some(runtime),
             serving: Some(serving),
+            probe,
             state,
         })
     }
@@ -449,7 +571,9 @@ impl IngestServer {
             }
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
+        self.probe.stop();
         if let Some(state) = Arc::get_mut(&mut self.state) {
+            state.verify.shutdown();
             state.workers.shutdown();
         }
     }
@@ -461,9 +585,11 @@ fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
         return Ok(0);
     };
     let entries = keys::read_file(path).map_err(|e| {
+        state.metrics.key_reload_failed();
         log::error!("ingest: keys file not reloaded, the keys stay as they were: {e}");
         Error::InvalidConfig(format!("ingest: keys file {e}"))
     })?;
+    state.metrics.key_reload_succeeded();
     let loaded = entries.len();
     let total = state.keys.replace(Origin::File, entries);
     log::info!(
@@ -471,6 +597,32 @@ fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
         path.display()
     );
     Ok(total)
+}
+
+/// Checks a keys file as a reload would read it (what `outbox ingest --check-keys` does):
+/// how many keys it holds.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] naming the first malformed line (never a key).
+pub fn check_keys_file(path: &std::path::Path) -> Result<usize> {
+    keys::read_file(path)
+        .map(|entries| entries.len())
+        .map_err(|e| Error::InvalidConfig(format!("keys file {e}")))
+}
+
+/// A value from a request (or anything a client chose) as it may go into a log line:
+/// escaped, so it cannot start a line of its own or hide what follows, and cut to 200
+/// characters.
+pub(crate) fn loggable(text: &str) -> String {
+    const MAX_CHARS: usize = 200;
+    let mut shown: String = text.chars().take(MAX_CHARS).collect();
+    let cut = shown.len() < text.len();
+    shown = format!("{:?}", shown);
+    if cut {
+        shown.push_str(&format!("… ({} bytes)", text.len()));
+    }
+    shown
 }
 
 /// Locks `mutex`; a panic elsewhere while it was held leaves counters and maps that are

@@ -11,21 +11,32 @@
 //!
 //! Limits, and what happens at each:
 //! - **open connections** (`max_connections`): past the cap the server stops accepting; new
-//!   connections wait in the kernel's listen queue until one closes.
-//! - **request head** (`read_timeout`): a head not complete within it closes the connection,
-//!   also the wait for the next request on an idle keep-alive connection.
-//! - **before the body**: a length declared over `max_body` (413), a source no key may sign
-//!   for or no source and no any-source secret (401), missing webhook headers or a
-//!   timestamp outside the tolerance (401), a source over `max_rate_per_source` (429 with
-//!   `Retry-After`), a declared length (or, undeclared, `max_body`) that does not fit the
-//!   budget of bytes in flight across all connections (503 with `Retry-After: 1`); each
-//!   closes the connection with the body unread.
-//! - **request body** (`read_timeout`, `max_body`): a body not complete within the timeout
-//!   gets 408; one found larger than `max_body` gets 413; both close. A gzip body
-//!   (`Content-Encoding: gzip`; any other encoding is 415 before the body) is decoded through
-//!   a reader that stops past `max_body` decoded bytes or 100 times its size on the wire,
-//!   whichever is less: 413, and close, with nothing more decoded. After it, a signature
-//!   by none of the source's keys is 401, an event of another source 403.
+//!   connections wait in the kernel's listen queue until one closes. One address may hold
+//!   `max_connections_per_peer` of them: the next is answered 503 with `Retry-After: 1` and
+//!   closed.
+//! - **request head** (`read_timeout`, 64 KiB): a head not complete within the timeout
+//!   closes the connection, also the wait for the next request on an idle keep-alive
+//!   connection; a longer head gets 431.
+//! - **before the body**: a length declared over `max_body` (413); an `outbox-source` over
+//!   [`MAX_SOURCE_BYTES`] (400, before anything is counted or kept for it); missing webhook
+//!   headers or a timestamp outside the tolerance (401); a source no key may sign for, or no
+//!   source and no any-source secret (401, the same answer as a bad signature, so it does
+//!   not tell which sources are registered; 503 with `Retry-After` while the table of
+//!   device keys has not been read yet); a source over `max_rate_per_source` (429 with
+//!   `Retry-After`); each closes the connection with the body unread.
+//! - **request body** (`read_timeout`, `min_body_rate`, `max_body`): the bytes that arrive
+//!   are held in the budget of bytes in flight across all connections
+//!   (`max_inflight_bytes`) and in the share of one address (`max_inflight_bytes_per_peer`)
+//!   as they arrive, not as declared, so a connection that declares a megabyte and sends
+//!   nothing holds nothing; past either, 503 with `Retry-After: 1`. A body not complete
+//!   within the timeout, or arriving slower than `min_body_rate` after its first
+//!   [`BODY_RATE_GRACE`], gets 408; one found larger than `max_body` gets 413; all close.
+//! - **verification** (on threads of its own, four requests queued per thread; full, 503
+//!   with `Retry-After: 1`): a gzip body (`Content-Encoding: gzip`; any other encoding is
+//!   415 before the body) is decoded through a reader that stops past `max_body` decoded
+//!   bytes or 100 times its size on the wire, whichever is less (413), and its decoded
+//!   bytes are held in the budgets too. A signature by none of the source's keys is 401
+//!   (one Ed25519 check per key of the source at most), an event of another source 403.
 //! - **database queue** (four jobs per database thread): full, a request gets 503 with
 //!   `Retry-After: 1` at once, rather than waiting behind the others.
 //! - **answers** are at most a few hundred bytes: they fit the socket's buffer, so a client
@@ -37,7 +48,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{
     HeaderValue, ALLOW, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
@@ -46,16 +57,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
 
-use super::admission::{InflightBudget, RefusalLog, SourceRate};
-use super::keys::{Entry, Origin, Registry};
-use super::lock;
+use super::admission::{InflightBudget, Over, PeerConnections, RefusalLog, SourceRate};
+use super::keys::Registry;
 use super::metrics::Metrics;
-use super::store::{unstorable, Columns};
+use super::verification::{self, Checked, VerifyPool};
 use super::workers::{Job, Outcome, Work, Workers};
 use super::write_deadline::WriteDeadline;
-use sqlite_outbox::receive::{
-    check_encoding, decode_body, verify_request, DecodeError, ReceiveError,
-};
+use super::{lock, loggable};
+use sqlite_outbox::receive::{check_encoding, ReceiveError, Verifier, VerifyError};
 use sqlite_outbox::wire::{decode_source_header, SOURCE_HEADER};
 
 /// How long a request waits for its database job before it is answered 503.
@@ -64,11 +73,18 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_AFTER_UNAVAILABLE: &str = "5";
 /// The `Retry-After` of a 503 because the database queue is full, in seconds.
 const RETRY_AFTER_OVERLOADED: &str = "1";
-/// How often the background probe checks PostgreSQL for `/healthz`.
-const HEALTH_PROBE_EVERY: Duration = Duration::from_secs(1);
-/// How often the table of device keys is read again though its change counter did not
-/// move: a key revoked at a time in the future stops counting within this.
-const KEYS_TABLE_REREAD: Duration = Duration::from_secs(30);
+/// The longest `outbox-source` taken, in bytes (decoded): a longer one is refused before
+/// anything is counted, logged or kept for it.
+pub const MAX_SOURCE_BYTES: usize = 1024;
+/// The longest request head (request line and headers) taken; past it 431.
+const MAX_HEAD_BYTES: usize = 64 << 10;
+/// How long a body may take before `min_body_rate` is enforced (a connection's first
+/// bytes may wait for a TCP window or a radio waking up).
+pub const BODY_RATE_GRACE: Duration = Duration::from_secs(2);
+/// How often a body that is not arriving is checked against the rate and the timeout.
+const BODY_CHECK_EVERY: Duration = Duration::from_millis(250);
+/// The `Retry-After` of a 503 because the table of device keys has not been read yet.
+const RETRY_AFTER_KEYS_NOT_READ: &str = "5";
 /// Open connections to the metrics listener at most.
 const METRICS_CONNECTIONS: usize = 16;
 /// How long a health check before the first probe's answer waits for it.
@@ -81,7 +97,14 @@ pub(crate) struct State {
     pub keys: Registry,
     /// Whether keys come from the table `outbox_device_keys` too (re-read when it changes).
     pub keys_table: bool,
+    /// Whether that table was read once: until then a source no loaded key covers may be
+    /// a provisioned device, and gets 503, not 401 (which its relay would take as final).
+    pub keys_table_loaded: std::sync::atomic::AtomicBool,
     pub workers: Workers,
+    pub verify: VerifyPool,
+    pub peers: PeerConnections,
+    /// Bytes a second a body must arrive at, after [`BODY_RATE_GRACE`].
+    pub min_body_rate: usize,
     pub events_path: String,
     pub max_body: usize,
     pub read_timeout: Duration,
@@ -93,9 +116,9 @@ pub(crate) struct State {
     pub refusal_log: RefusalLog,
     /// Refusals by source since they were last added to `outbox_sources` (bounded).
     pub refusals_by_source: std::sync::Mutex<HashMap<String, u64>>,
-    /// What `/healthz` answers. Set by the background probe, and to unhealthy at once by a
-    /// store that fails: a health check never takes a place in the database queue (one
-    /// that comes before the first probe's answer waits for it).
+    /// What `/healthz` answers. Set by the probe (its own connection, see
+    /// [`probe`](super::probe)), and to unhealthy at once by a store that fails; a health
+    /// check that comes before the first probe's answer waits for it.
     pub health: watch::Sender<Health>,
 }
 
@@ -111,7 +134,7 @@ pub(crate) enum Health {
 const MAX_REFUSING_SOURCES: usize = 10_000;
 
 impl State {
-    fn set_health(&self, health: Health) {
+    pub(crate) fn set_health(&self, health: Health) {
         self.health.send_replace(health);
     }
 
@@ -126,7 +149,9 @@ impl State {
         health
     }
 
-    /// Counts and (at most once a minute per source) logs a refusal; never logs a key.
+    /// Counts and (at most once a minute per source) logs a refusal of a request for a
+    /// registered `source` (or for none); never logs a key, and escapes every value from
+    /// the request.
     fn refuse(&self, source: Option<&str>, reason: &'static str, detail: &str) {
         self.metrics.refusal(reason);
         let Some(source) = source else {
@@ -136,7 +161,11 @@ impl State {
             .refusal_log
             .should_log(source, reason, std::time::Instant::now())
         {
-            log::warn!("ingest: refused a request for source {source:?}: {reason}: {detail}");
+            log::warn!(
+                "ingest: refused a request for source {}: {reason}: {}",
+                loggable(source),
+                loggable(detail)
+            );
         }
         let mut by_source = lock(&self.refusals_by_source);
         if by_source.len() < MAX_REFUSING_SOURCES || by_source.contains_key(source) {
@@ -144,69 +173,28 @@ impl State {
         }
     }
 
-    fn take_refusals(&self) -> Vec<(String, u64)> {
+    /// Counts a refusal of a request for a source no key is for: logged within one budget
+    /// for all such sources, and nothing kept per name (anyone can invent names).
+    fn refuse_unregistered(&self, source: &str, reason: &'static str) {
+        self.metrics.refusal(reason);
+        if self
+            .refusal_log
+            .should_log_unregistered(std::time::Instant::now())
+        {
+            log::warn!(
+                "ingest: refused a request for source {}: {reason} (refusals of unregistered \
+                 sources are logged {} times a minute at most)",
+                loggable(source),
+                RefusalLog::UNREGISTERED_PER_MINUTE
+            );
+        }
+    }
+
+    pub(crate) fn take_refusals(&self) -> Vec<(String, u64)> {
         std::mem::take(&mut *lock(&self.refusals_by_source))
             .into_iter()
             .collect()
     }
-}
-
-/// One probe of PostgreSQL.
-async fn probe_once(state: &State) -> Health {
-    match run(state, Work::Health).await {
-        Outcome::Healthy | Outcome::Stored(_) | Outcome::Keys { .. } => Health::Healthy,
-        Outcome::Unavailable(why) | Outcome::Rejected(why) => Health::Unhealthy(why),
-        Outcome::Overloaded => Health::Unhealthy("every database thread is busy".to_string()),
-    }
-}
-
-/// Checks PostgreSQL every [`HEALTH_PROBE_EVERY`] for `/healthz`, re-reads the table of
-/// device keys when it changed (or every [`KEYS_TABLE_REREAD`], for keys revoked at a time
-/// in the future), and adds the refusals counted since to `outbox_sources`; until shutdown.
-async fn probe_health(state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
-    let mut keys_seen: Option<(i64, std::time::Instant)> = None;
-    loop {
-        let health = probe_once(&state).await;
-        let healthy = health == Health::Healthy;
-        state.set_health(health);
-        if healthy && state.keys_table {
-            reload_keys_table(&state, &mut keys_seen).await;
-        }
-        let refusals = state.take_refusals();
-        if healthy && !refusals.is_empty() {
-            let _ = run(&state, Work::AddRefusals(refusals)).await;
-        }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(HEALTH_PROBE_EVERY) => {}
-        }
-    }
-}
-
-/// Re-reads `outbox_device_keys` when its change counter moved or it was read long ago.
-async fn reload_keys_table(state: &State, seen: &mut Option<(i64, std::time::Instant)>) {
-    let Outcome::Keys { changes, .. } = run(state, Work::KeysChanges).await else {
-        return;
-    };
-    if seen.is_some_and(|(at, when)| at == changes && when.elapsed() < KEYS_TABLE_REREAD) {
-        return;
-    }
-    let Outcome::Keys { changes, rows } = run(state, Work::LoadKeys).await else {
-        return;
-    };
-    let mut entries = Vec::with_capacity(rows.len());
-    for (key_id, pattern, key) in rows {
-        match Entry::parse(&key_id, &pattern, &key) {
-            Ok(entry) => entries.push(entry),
-            Err(why) => log::error!("ingest: outbox_device_keys: {why}; that row is skipped"),
-        }
-    }
-    let loaded = entries.len();
-    let total = state.keys.replace(Origin::Table, entries);
-    if seen.is_none_or(|(at, _)| at != changes) {
-        log::info!("ingest: {loaded} keys from outbox_device_keys ({total} in all)");
-    }
-    *seen = Some((changes, std::time::Instant::now()));
 }
 
 /// Accepts connections until `shutdown` turns true, at most `max_connections` open at once;
@@ -218,7 +206,6 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
-    let probe = tokio::spawn(probe_health(Arc::clone(&state), shutdown.clone()));
     loop {
         let permit = tokio::select! {
             _ = shutdown.changed() => break,
@@ -240,6 +227,11 @@ pub(crate) async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        let Some(peer_connection) = state.peers.open(peer.ip()) else {
+            state.metrics.refusal("peer_connections");
+            tokio::spawn(refuse_connection(stream, state.write_timeout));
+            continue;
+        };
         let state = Arc::clone(&state);
         let read_timeout = state.read_timeout;
         let write_timeout = state.write_timeout;
@@ -254,7 +246,7 @@ pub(crate) async fn serve(
                 async move {
                     let started = std::time::Instant::now();
                     let on_events_path = request.uri().path() == state.events_path;
-                    let mut response = handle(request, &state).await;
+                    let mut response = handle(request, peer.ip(), &state).await;
                     if on_events_path {
                         state
                             .metrics
@@ -272,6 +264,7 @@ pub(crate) async fn serve(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(read_timeout)
+                .max_buf_size(MAX_HEAD_BYTES)
                 .serve_connection(
                     TokioIo::new(WriteDeadline::new(stream, write_timeout)),
                     service,
@@ -287,14 +280,31 @@ pub(crate) async fn serve(
             if let Err(e) = result {
                 log::debug!("ingest: connection from {peer}: {e}");
             }
+            drop(peer_connection);
             drop(permit);
         });
     }
     // Every permit back means every connection is done.
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all)).await;
-    // The probe may be waiting for its database job: it is not joined, only stopped.
-    probe.abort();
+}
+
+/// Answers a connection over its address's share 503 and closes it, within the write
+/// timeout: a device behind the same address retries, and a hostile peer holds nothing.
+async fn refuse_connection(mut stream: tokio::net::TcpStream, write_timeout: Duration) {
+    use tokio::io::AsyncWriteExt;
+    const WHY: &str = "too many connections from this address; retry soon\n";
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nretry-after: {RETRY_AFTER_OVERLOADED}\r\n\
+         connection: close\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\n\r\n{WHY}",
+        WHY.len()
+    );
+    let _ = tokio::time::timeout(write_timeout, async {
+        let _ = stream.write_all(answer.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 /// Serves `GET /metrics` on its own listener until `shutdown` turns true: short requests,
@@ -365,7 +375,11 @@ pub(crate) async fn serve_metrics(
 
 /// One request: `GET` or `HEAD /healthz`, or `POST` of signed CloudEvents to the events
 /// path; any other path is 404.
-async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+async fn handle(
+    request: Request<Incoming>,
+    peer: std::net::IpAddr,
+    state: &State,
+) -> Response<Full<Bytes>> {
     let path = request.uri().path();
     if path == "/healthz" {
         // Only a health check: a POST here once got the health answer, a 200 for events
@@ -402,13 +416,17 @@ async fn handle(request: Request<Incoming>, state: &State) -> Response<Full<Byte
             .insert(ALLOW, HeaderValue::from_static("POST"));
         return close(refused);
     }
-    receive_events(request, state).await
+    receive_events(request, peer, state).await
 }
 
 /// A `POST` to the events path. Everything that needs no body is checked before a byte of
-/// it is read: the declared length, the source and its keys, the webhook headers and the
-/// timestamp, the source's rate, and room in the budget of bytes in flight.
-async fn receive_events(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+/// it is read: the declared length, the source's length, the webhook headers and the
+/// timestamp, the source and its keys, and the source's rate.
+async fn receive_events(
+    request: Request<Incoming>,
+    peer: std::net::IpAddr,
+    state: &State,
+) -> Response<Full<Bytes>> {
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
@@ -428,7 +446,12 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
     }
     let source = match request.headers().get(SOURCE_HEADER) {
         None => None,
+        // Three bytes a character at most on the wire (`%XX`): longer cannot decode short.
+        Some(value) if value.len() > 3 * MAX_SOURCE_BYTES => {
+            return source_too_long(state);
+        }
         Some(value) => match decode_source_header(value.as_bytes()) {
+            Some(source) if source.len() > MAX_SOURCE_BYTES => return source_too_long(state),
             Some(source) => Some(source),
             None => {
                 state.refuse(None, "malformed_source_header", "");
@@ -438,19 +461,6 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
                 ));
             }
         },
-    };
-    // Only the keys that may sign for this source are tried. Without the header (a relay
-    // older than it), only keys for any source (`--secret`) can verify.
-    let Some(verifier) = state.keys.verifier_for(source.as_deref()) else {
-        let (reason, why) = match &source {
-            Some(_) => ("unknown_source", "no key may sign for this source"),
-            None => (
-                "missing_source",
-                "the request names no source in outbox-source, and no key signs for any source",
-            ),
-        };
-        state.refuse(source.as_deref(), reason, why);
-        return close(text(StatusCode::UNAUTHORIZED, &format!("{reason}: {why}")));
     };
     let headers: Vec<(String, String)> = request
         .headers()
@@ -465,13 +475,35 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
+    // The headers and the timestamp first: their answers are the same for every source, so
+    // they do not tell which sources are registered.
     let named = headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    if let Err(e) = verifier.verify_headers(named, now) {
-        state.refuse(source.as_deref(), e.kind(), &e.to_string());
+    if let Err(e) = Verifier::with_keys([]).verify_headers(named, now) {
+        state.metrics.refusal(e.kind());
         return close(text(
             StatusCode::UNAUTHORIZED,
             &format!("{}: {e}", e.kind()),
         ));
+    }
+    // Only the keys that may sign for this source are tried, from one snapshot of the
+    // registry. Without the header (a relay older than it), only keys for any source
+    // (`--secret`) can verify.
+    let registry = state.keys.current();
+    if registry.verifier_for(source.as_deref()).is_none() {
+        if state.keys_table && !state.keys_table_loaded.load(Ordering::Acquire) {
+            // Maybe a provisioned device: the table that would say so has not been read.
+            state.metrics.refusal("keys_not_read");
+            return close(unavailable(
+                "the table of device keys has not been read yet; retry soon",
+                RETRY_AFTER_KEYS_NOT_READ,
+            ));
+        }
+        match &source {
+            Some(source) => state.refuse_unregistered(source, "unknown_source"),
+            None => state.refuse(None, "missing_source", ""),
+        }
+        // The answer to a bad signature, word for word.
+        return close(not_signed());
     }
     if let (Some(rate), Some(source)) = (&state.rate, &source) {
         if let Err(wait) = rate.check(source, std::time::Instant::now()) {
@@ -489,82 +521,54 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
             return refused;
         }
     }
-    // A body of unknown length may take up to the limit.
-    let reserve = declared.map_or(state.max_body, |n| n as usize);
-    let Some(_reservation) = state.inflight.reserve(reserve) else {
-        state.refuse(source.as_deref(), "inflight_budget", "");
-        let mut refused = close(text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many request bytes in flight (--max-inflight-bytes); retry soon",
-        ));
-        refused.headers_mut().insert(
-            RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_OVERLOADED),
-        );
-        return refused;
-    };
-    let body = Limited::new(request.into_body(), state.max_body).collect();
-    let body = match tokio::time::timeout(state.read_timeout, body).await {
-        Err(_) => {
-            return close(text(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!("the body did not arrive within {:?}", state.read_timeout),
-            ))
-        }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return too_large(state.max_body)
-        }
-        Ok(Err(e)) => return close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
-        Ok(Ok(collected)) => collected.to_bytes(),
-    };
-    // `--max-body` bounds the decoded body too, and decoding stops at it (or at a ratio of
-    // 100): a zip bomb costs at most that much. Signatures are over the decoded body.
-    let body = match decode_body(content_encoding.as_deref(), &body, state.max_body) {
+    let mut reservation = state.inflight.reservation(peer);
+    let body = match read_body(
+        request.into_body(),
+        &mut reservation,
+        state,
+        source.as_deref(),
+    )
+    .await
+    {
         Ok(body) => body,
-        Err(e @ DecodeError::TooLarge { .. }) => {
-            state.refuse(source.as_deref(), "too_large", &e.to_string());
-            return close(text(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string()));
-        }
-        Err(e) => return close(text(StatusCode::BAD_REQUEST, &e.to_string())),
+        Err(refused) => return refused,
     };
-    let events = match verify_request(&verifier, &headers, &body, now) {
-        Ok(events) => events,
-        Err(ReceiveError::Signature(e)) => {
-            state.refuse(source.as_deref(), e.kind(), &e.to_string());
-            return text(StatusCode::UNAUTHORIZED, &format!("{}: {e}", e.kind()));
+    let encoded = content_encoding.is_some();
+    let checking = state.verify.submit(verification::Request {
+        registry,
+        headers,
+        content_encoding,
+        body,
+        max_body: state.max_body,
+        now,
+    });
+    let Some(checking) = checking else {
+        state.refuse(source.as_deref(), "verify_queue", "");
+        return overloaded();
+    };
+    let columns = match checking.await {
+        Err(_) => return overloaded(),
+        Ok(Checked::Ready { columns, decoded }) => {
+            // A decoded body is held beside the one that arrived, until it is stored.
+            if encoded {
+                if let Err(over) = reservation.grow(decoded) {
+                    return over_budget(state, source.as_deref(), over);
+                }
+            }
+            columns
         }
-        Err(ReceiveError::Body(e)) => {
-            return text(StatusCode::BAD_REQUEST, &format!("not CloudEvents: {e}"))
+        Ok(Checked::TooLarge(why)) => {
+            state.refuse(source.as_deref(), "too_large", &why);
+            return close(text(StatusCode::PAYLOAD_TOO_LARGE, &why));
         }
-        Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Checked::Malformed(why)) => return close(text(StatusCode::BAD_REQUEST, &why)),
+        Ok(Checked::Unstorable(refused)) => return unprocessable(&refused),
+        Ok(Checked::Refused(e)) => return refused_by_registry(state, source.as_deref(), &e),
     };
     if let (Some(rate), Some(source)) = (&state.rate, &source) {
         rate.take(source, std::time::Instant::now());
     }
-    // A key signs for its sources only: an event of another source in a request signed
-    // for this one is forged (or a relay mixing sources), and nothing of it is stored.
-    if let Some(source) = &source {
-        if let Some(other) = events.iter().find(|e| &e.source != source) {
-            let why = format!(
-                "event {} has source {:?}, but the request is signed for {source:?}",
-                other.id, other.source
-            );
-            state.refuse(Some(source), "forged_source", &why);
-            return text(StatusCode::FORBIDDEN, &format!("forged_source: {why}"));
-        }
-    }
-    let refused = unstorable(&events);
-    if !refused.is_empty() {
-        return unprocessable(&refused);
-    }
-    let columns = match Columns::new(events) {
-        Ok(columns) => columns,
-        Err(why) => return text(StatusCode::BAD_REQUEST, &why),
-    };
-    if columns.len() == 0 {
-        return text(StatusCode::BAD_REQUEST, "the batch holds no event");
-    }
-    match run(state, Work::Store(Box::new(columns))).await {
+    match run(state, Work::Store(columns)).await {
         Outcome::Stored(new) => {
             state.metrics.stored(new);
             // How many of the request's events were new; repeats are answered 204 too.
@@ -575,7 +579,6 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
             );
             response
         }
-        Outcome::Healthy | Outcome::Keys { .. } => empty(StatusCode::NO_CONTENT),
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
         Outcome::Unavailable(why) => {
             // Unhealthy at once, until the probe succeeds again.
@@ -584,6 +587,123 @@ async fn receive_events(request: Request<Incoming>, state: &State) -> Response<F
         }
         Outcome::Overloaded => overloaded(),
     }
+}
+
+/// Reads a body as it arrives, holding each piece in the budgets of bytes in flight: the
+/// whole body, or the answer that refuses it (408, 413, 503, 400).
+async fn read_body(
+    mut incoming: Incoming,
+    reservation: &mut super::admission::Reservation<'_>,
+    state: &State,
+    source: Option<&str>,
+) -> Result<Vec<u8>, Response<Full<Bytes>>> {
+    let started = std::time::Instant::now();
+    let mut body = Vec::new();
+    loop {
+        let elapsed = started.elapsed();
+        if elapsed >= state.read_timeout {
+            state.refuse(source, "body_timeout", "");
+            return Err(close(text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the body did not arrive within {:?}", state.read_timeout),
+            )));
+        }
+        if let Some(late) = elapsed.checked_sub(BODY_RATE_GRACE) {
+            let due = late.as_secs_f64() * state.min_body_rate as f64;
+            if (body.len() as f64) < due {
+                state.refuse(source, "slow_body", "");
+                return Err(close(text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!(
+                        "the body arrives slower than {} bytes a second",
+                        state.min_body_rate
+                    ),
+                )));
+            }
+        }
+        let wait = (state.read_timeout - elapsed).min(BODY_CHECK_EVERY);
+        // `frame` takes nothing until it is ready: dropping it at the timeout loses no byte.
+        let frame = match tokio::time::timeout(wait, incoming.frame()).await {
+            Err(_) => continue,
+            Ok(None) => return Ok(body),
+            Ok(Some(Err(e))) => {
+                return Err(close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if body.len() + data.len() > state.max_body {
+            state.refuse(source, "too_large", "");
+            return Err(too_large(state.max_body));
+        }
+        if let Err(over) = reservation.grow(data.len()) {
+            return Err(over_budget(state, source, over));
+        }
+        body.extend_from_slice(&data);
+    }
+}
+
+/// 503 for bytes that do not fit the budget of bytes in flight (or the address's share).
+fn over_budget(state: &State, source: Option<&str>, over: Over) -> Response<Full<Bytes>> {
+    let (reason, why) = match over {
+        Over::All => (
+            "inflight_budget",
+            "too many request bytes in flight (--max-inflight-bytes); retry soon",
+        ),
+        Over::Peer => (
+            "peer_inflight_budget",
+            "too many request bytes in flight from this address \
+             (--max-inflight-bytes-per-peer); retry soon",
+        ),
+    };
+    state.refuse(source, reason, "");
+    close(unavailable(why, RETRY_AFTER_OVERLOADED))
+}
+
+/// The answer to a request the registry refused after its body was read.
+fn refused_by_registry(
+    state: &State,
+    source: Option<&str>,
+    error: &ReceiveError,
+) -> Response<Full<Bytes>> {
+    match error {
+        ReceiveError::ForgedSource { .. } => {
+            state.refuse(source, "forged_source", &error.to_string());
+            text(StatusCode::FORBIDDEN, &format!("forged_source: {error}"))
+        }
+        ReceiveError::Signature(VerifyError::InvalidSignature) | ReceiveError::UnknownSource => {
+            state.refuse(source, "invalid_signature", "");
+            not_signed()
+        }
+        ReceiveError::Signature(e) => {
+            state.refuse(source, e.kind(), &e.to_string());
+            text(StatusCode::UNAUTHORIZED, &format!("{}: {e}", e.kind()))
+        }
+        other => close(text(StatusCode::BAD_REQUEST, &other.to_string())),
+    }
+}
+
+/// 401 for a request no key of its source signed, and for a source no key is for: the
+/// same words, so the answer does not tell which sources are registered.
+fn not_signed() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::UNAUTHORIZED,
+        &format!(
+            "{}: {}",
+            VerifyError::InvalidSignature.kind(),
+            VerifyError::InvalidSignature
+        ),
+    )
+}
+
+fn source_too_long(state: &State) -> Response<Full<Bytes>> {
+    state.refuse(None, "source_too_long", "");
+    close(text(
+        StatusCode::BAD_REQUEST,
+        &format!("outbox-source is longer than {MAX_SOURCE_BYTES} bytes"),
+    ))
 }
 
 /// Runs `work` on a database thread; 503 outcomes when the queue is full or the job takes

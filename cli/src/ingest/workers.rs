@@ -27,14 +27,6 @@ type Pool = r2d2::Pool<PostgresConnectionManager<PgTls>>;
 pub(crate) enum Outcome {
     /// Committed: how many of the request's events were new.
     Stored(u64),
-    /// PostgreSQL answered `SELECT 1` (or the refusals were added).
-    Healthy,
-    /// The change counter of `outbox_device_keys`, and its rows (`LoadKeys` only) as
-    /// `(key_id, source_pattern, key)`, revoked ones left out.
-    Keys {
-        changes: i64,
-        rows: Vec<store::KeyRow>,
-    },
     /// PostgreSQL cannot be reached, is not migrated yet, or failed for a reason worth a
     /// retry: 503.
     Unavailable(String),
@@ -50,18 +42,10 @@ pub(crate) struct Job {
     pub reply: tokio::sync::oneshot::Sender<Outcome>,
 }
 
-/// What a job asks for.
+/// What a job asks for: store a request's events (the health probe and the key reloads
+/// have their own connection, see [`probe`](super::probe)).
 pub(crate) enum Work {
-    /// Store a request's events (boxed: eleven column vectors, where the other jobs hold
-    /// a word or two).
     Store(Box<Columns>),
-    Health,
-    /// Read the change counter of `outbox_device_keys`.
-    KeysChanges,
-    /// Read the keys not revoked, with the change counter.
-    LoadKeys,
-    /// Add refusals by source to `outbox_sources`.
-    AddRefusals(Vec<(String, u64)>),
 }
 
 /// The database threads, their queue and their pool.
@@ -171,17 +155,6 @@ impl Shared {
         };
         let result = match &work {
             Work::Store(columns) => store::store(&mut client, columns).map(Outcome::Stored),
-            Work::Health => client.simple_query("SELECT 1").map(|_| Outcome::Healthy),
-            Work::KeysChanges => store::keys_changes(&mut client).map(|changes| Outcome::Keys {
-                changes,
-                rows: Vec::new(),
-            }),
-            Work::LoadKeys => {
-                store::load_keys(&mut client).map(|(changes, rows)| Outcome::Keys { changes, rows })
-            }
-            Work::AddRefusals(refusals) => {
-                store::add_refusals(&mut client, refusals).map(|()| Outcome::Healthy)
-            }
         };
         result.unwrap_or_else(|e| classify(&e))
     }

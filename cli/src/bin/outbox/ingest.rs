@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use outbox_cli::ingest::{IngestConfig, IngestServer};
+use outbox_cli::ingest::{check_keys_file, IngestConfig, IngestServer};
 use sqlite_outbox::receive::Secret;
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -20,8 +20,12 @@ use crate::parse_duration;
 #[derive(Args)]
 pub struct IngestArgs {
     /// The address to listen on, like 0.0.0.0:8080 (port 0: any free port, printed).
-    #[arg(long)]
-    listen: SocketAddr,
+    #[arg(long, required_unless_present = "check_keys")]
+    listen: Option<SocketAddr>,
+    /// Check a keys file as SIGHUP would read it, print how many keys it holds, and exit
+    /// (0: it reads; 2: the first malformed line is named). Nothing is served.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["listen", "keys_table"])]
+    check_keys: Option<PathBuf>,
     /// The PostgreSQL database (postgresql://user@host/db or "host=… user=…"). Visible to
     /// `ps`: prefer --postgres-file or OUTBOX_POSTGRES_URL.
     #[arg(long, env = "OUTBOX_POSTGRES_URL", hide_env_values = true)]
@@ -52,6 +56,18 @@ pub struct IngestArgs {
     /// Retry-After, before the body is read.
     #[arg(long, default_value_t = 64 << 20)]
     max_inflight_bytes: usize,
+    /// The share of --max-inflight-bytes one address may hold (default: a quarter). Behind
+    /// a load balancer that hides devices' addresses, set it to --max-inflight-bytes.
+    #[arg(long)]
+    max_inflight_bytes_per_peer: Option<usize>,
+    /// Open connections one address may hold; the next gets 503 (default: a quarter of
+    /// --max-connections). Raise it behind a load balancer or a NAT with many devices.
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
+    /// Bytes a second a body must arrive at after its first 2 s; slower gets 408 (0: only
+    /// --read-timeout).
+    #[arg(long, default_value_t = 1024)]
+    min_body_rate: usize,
     /// Verified requests a second one source may send; past it 429 with Retry-After
     /// (default: no limit).
     #[arg(long)]
@@ -81,6 +97,14 @@ pub struct IngestArgs {
 }
 
 pub fn run(args: IngestArgs) -> Outcome {
+    if let Some(path) = &args.check_keys {
+        let keys = check_keys_file(path).map_err(|e| bad_input(e.to_string()))?;
+        println!("{}: {keys} keys, every line reads", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(listen) = args.listen else {
+        return Err(bad_input("--listen ADDRESS is required"));
+    };
     let url = match (&args.postgres, &args.postgres_file) {
         (Some(_), Some(_)) => {
             return Err(bad_input("give --postgres or --postgres-file, not both"));
@@ -114,10 +138,11 @@ pub fn run(args: IngestArgs) -> Outcome {
              ingest takes signed requests only",
         ));
     }
-    let mut config = IngestConfig::new(args.listen, url)
+    let mut config = IngestConfig::new(listen, url)
         .keys_table(args.keys_table)
         .events_path(&args.events_path)
         .max_inflight_bytes(args.max_inflight_bytes)
+        .min_body_rate(args.min_body_rate)
         .max_rate_per_source(args.max_rate_per_source)
         .metrics_listen(args.metrics_listen)
         .threads(args.threads)
@@ -128,6 +153,12 @@ pub fn run(args: IngestArgs) -> Outcome {
         .max_requests_per_connection(args.max_requests_per_connection);
     if let Some(path) = &args.keys {
         config = config.keys_file(path);
+    }
+    if let Some(bytes) = args.max_inflight_bytes_per_peer {
+        config = config.max_inflight_bytes_per_peer(bytes);
+    }
+    if let Some(connections) = args.max_connections_per_peer {
+        config = config.max_connections_per_peer(connections);
     }
     for text in &texts {
         let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
