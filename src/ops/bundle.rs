@@ -34,8 +34,53 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::store::queue;
-use crate::wire::signature::{Secret, Verifier};
+use crate::wire::signature::{Secret, Verifier, VerifyingKey};
+use crate::wire::signing_key::SigningKey;
+use crate::wire::source_header::{encode_source_header, SOURCE_HEADER};
 use crate::{wire, Outbox};
+
+/// What a bundle is signed, checked and imported with: a shared `whsec_` secret, or a
+/// device's own `whsk_` key (Standard Webhooks `v1a`), so that an ingest with per-device
+/// keys takes the bundle's events as the device's own. `&Secret` and `&SigningKey` turn
+/// into one.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum BundleKey {
+    /// A shared secret (`v1`).
+    Secret(Secret),
+    /// A device's Ed25519 key (`v1a`); the bundle is checked with its public key.
+    Signing(SigningKey),
+}
+
+impl BundleKey {
+    fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
+        match self {
+            BundleKey::Secret(secret) => secret.sign(id, timestamp, body),
+            BundleKey::Signing(key) => key.sign(id, timestamp, body),
+        }
+    }
+
+    fn verifier(&self) -> Verifier {
+        match self {
+            BundleKey::Secret(secret) => Verifier::new([secret.clone()]),
+            BundleKey::Signing(key) => {
+                Verifier::with_keys([VerifyingKey::Public(key.public_key())])
+            }
+        }
+    }
+}
+
+impl From<&Secret> for BundleKey {
+    fn from(secret: &Secret) -> BundleKey {
+        BundleKey::Secret(secret.clone())
+    }
+}
+
+impl From<&SigningKey> for BundleKey {
+    fn from(key: &SigningKey) -> BundleKey {
+        BundleKey::Signing(key.clone())
+    }
+}
 
 /// The format name in the manifest.
 const FORMAT: &str = "sqlite-outbox/1";
@@ -94,10 +139,11 @@ impl Outbox {
     pub fn export(
         &self,
         path: &Path,
-        secret: &Secret,
+        key: impl Into<BundleKey>,
         destination: &str,
         limit: usize,
     ) -> Result<ExportReport> {
+        let key = key.into();
         if path.exists() {
             return Err(Error::InvalidConfig(format!(
                 "{} exists: a bundle is never overwritten",
@@ -108,7 +154,7 @@ impl Outbox {
         let partial = path.with_extension("partial");
         let mut ids = Vec::new();
         let written =
-            self.write_bundle(path, &partial, secret, destination, limit, &owner, &mut ids);
+            self.write_bundle(path, &partial, &key, destination, limit, &owner, &mut ids);
         let sha256 = match written {
             Ok(sha256) => sha256,
             Err(e) => {
@@ -147,7 +193,7 @@ impl Outbox {
         &self,
         path: &Path,
         partial: &Path,
-        secret: &Secret,
+        key: &BundleKey,
         destination: &str,
         limit: usize,
         owner: &str,
@@ -205,7 +251,7 @@ impl Outbox {
         let timestamp = unix_ms() / 1000;
         let id = format!("bundle_{}", &sha256[..32]);
         let signature = serde_json::to_vec(&Signature {
-            signature: secret.sign(&id, timestamp, &manifest),
+            signature: key.sign(&id, timestamp, &manifest),
             id,
             timestamp: timestamp.to_string(),
         })
@@ -244,14 +290,16 @@ pub struct Bundle {
     pub events: Vec<Vec<u8>>,
 }
 
-/// Reads and verifies the bundle at `path` with `secret`: the signature of the manifest,
+/// Reads and verifies the bundle at `path` with `key` (the secret, or the device key, it
+/// was signed with): the signature of the manifest,
 /// then the count and hash of the event lines. Nothing is trusted before all three hold.
 ///
 /// # Errors
 ///
 /// [`Error::InvalidBundle`] saying what is wrong (not a bundle, cut short, a bad signature,
 /// a count or hash that does not match); [`Error::Io`] when it cannot be read.
-pub fn read_bundle(path: &Path, secret: &Secret) -> Result<Bundle> {
+pub fn read_bundle(path: &Path, key: impl Into<BundleKey>) -> Result<Bundle> {
+    let key = key.into();
     let bad = |reason: String| Error::InvalidBundle { reason };
     let text = std::fs::read(path)?;
     let Some(body) = text.strip_suffix(b"\n") else {
@@ -274,7 +322,7 @@ pub fn read_bundle(path: &Path, secret: &Secret) -> Result<Bundle> {
         ("webhook-signature", signature.signature.as_str()),
     ];
     // A bundle may travel for weeks: its age is no reason to refuse it.
-    Verifier::new([secret.clone()])
+    key.verifier()
         .verify_ignoring_timestamp(headers, manifest_line)
         .map_err(|e| bad(format!("the manifest's signature does not verify: {e}")))?;
     let manifest: Manifest = serde_json::from_slice(manifest_line)
@@ -365,9 +413,10 @@ impl Default for ImportOptions {
     }
 }
 
-/// Verifies the bundle at `path` with `secret` (refusing it before sending anything if it
+/// Verifies the bundle at `path` with `key` (refusing it before sending anything if it
 /// does not verify), then POSTs its events to `url` in order, each signed with the same
-/// secret, one at a time, retrying each with backoff: a 2xx delivers it, a 4xx other than
+/// key and naming its event's source in `outbox-source` (so an ingest with per-device keys
+/// checks it against that source's keys, as a relay's requests), one at a time, retrying each with backoff: a 2xx delivers it, a 4xx other than
 /// 408 and 429 refuses it for good, anything else is tried again (a `Retry-After` is waited
 /// out, up to an hour). A redirect is not followed and counts as a failure; proxy settings
 /// in the environment are not used. Needs no outbox database.
@@ -377,11 +426,12 @@ impl Default for ImportOptions {
 /// As [`read_bundle`]; undeliverable events are in [`ImportReport::failed`], not errors.
 pub fn import(
     path: &Path,
-    secret: &Secret,
+    key: impl Into<BundleKey>,
     url: &str,
     options: &ImportOptions,
 ) -> Result<ImportReport> {
-    let bundle = read_bundle(path, secret)?;
+    let key = key.into();
+    let bundle = read_bundle(path, key.clone())?;
     // The relay's own settings: no redirect, no proxy, timeouts.
     let agent = ureq::Agent::new_with_config(crate::transport::agent_config(
         options.request_timeout.min(IMPORT_CONNECT_TIMEOUT),
@@ -393,11 +443,16 @@ pub fn import(
         failed: Vec::new(),
     };
     for body in &bundle.events {
-        let id = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v["id"].as_str().map(str::to_string))
-            .unwrap_or_default();
-        match send_with_retries(&agent, url, secret, &id, body, options) {
+        let event = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+        let id = event["id"].as_str().unwrap_or_default().to_string();
+        let source = event["source"].as_str().unwrap_or_default().to_string();
+        let sending = Sending {
+            key: &key,
+            id: &id,
+            source: &source,
+            body,
+        };
+        match send_with_retries(&agent, url, &sending, options) {
             Ok(()) => report.delivered += 1,
             Err(error) => {
                 log::warn!("event {id}: given up: {error}");
@@ -414,14 +469,26 @@ const IMPORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest `Retry-After` import waits out, as the relay's default cap.
 const IMPORT_RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
 
+/// One event of a bundle on its way.
+struct Sending<'a> {
+    key: &'a BundleKey,
+    id: &'a str,
+    source: &'a str,
+    body: &'a [u8],
+}
+
 fn send_with_retries(
     agent: &ureq::Agent,
     url: &str,
-    secret: &Secret,
-    id: &str,
-    body: &[u8],
+    sending: &Sending<'_>,
     options: &ImportOptions,
 ) -> std::result::Result<(), String> {
+    let Sending {
+        key,
+        id,
+        source,
+        body,
+    } = *sending;
     let mut pause = options.first_backoff;
     let mut last = String::new();
     let attempts = options.max_attempts.max(1);
@@ -432,7 +499,8 @@ fn send_with_retries(
             .header("content-type", wire::CLOUDEVENTS_JSON)
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", secret.sign(id, timestamp, body))
+            .header("webhook-signature", key.sign(id, timestamp, body))
+            .header(SOURCE_HEADER, encode_source_header(source))
             .send(body);
         let mut wait = pause;
         match sent {

@@ -94,6 +94,11 @@ pub(crate) fn is_sick(attempt: &Attempt) -> bool {
     )
 }
 
+/// Statuses by which a receiver refuses who sends, not what is sent: 401 and 403.
+fn refuses_credentials(status: u16) -> bool {
+    matches!(status, 401 | 403)
+}
+
 /// What to do about one event after one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Decision {
@@ -216,6 +221,26 @@ pub(crate) fn decide(
                 _ => GateChange::Sick { retry_after: asked },
             };
             (retry_or_dead(detail.clone(), *retry_after), gate)
+        }
+        // 401 and 403 refuse the relay's credentials (a key not provisioned yet, revoked,
+        // or a receiver that cannot read its key store), not the event: every event would
+        // get the same answer, and dead-lettering them all would turn a provisioning
+        // mistake or the receiver's outage into lost work. The destination waits as when
+        // it cannot be reached (a growing backoff, probed by one event at a time) and no
+        // attempt is spent; the health report names the answer.
+        Tried::Attempted(Attempt::Answered { status, detail, .. })
+            if refuses_credentials(*status) =>
+        {
+            (
+                WriteBack::Release {
+                    error: Some(format!(
+                        "{detail}: the destination refuses the relay's credentials (no \
+                         attempt spent; it is retried as when unreachable)"
+                    )),
+                    available_at: Some(now),
+                },
+                GateChange::Unreachable,
+            )
         }
         // A batch refused for what it holds: split, nothing spent (see `refuses_content`).
         Tried::Attempted(Attempt::Answered { status, detail, .. })
@@ -497,8 +522,46 @@ mod tests {
     }
 
     #[test]
+    fn a_401_or_403_spends_nothing_and_backs_off_the_destination() {
+        for status in [401, 403] {
+            for (attempts, context) in [
+                (0, UP),
+                (24, UP),
+                (
+                    3,
+                    Context {
+                        down: false,
+                        batch: true,
+                    },
+                ),
+            ] {
+                let attempt = answered(status, None);
+                let d = decide(
+                    &Tried::Attempted(&attempt),
+                    attempts,
+                    BACKOFF,
+                    &policy(),
+                    NOW,
+                    context,
+                );
+                assert_eq!(d.gate, GateChange::Unreachable, "{status}");
+                assert!(!d.split);
+                match d.write_back {
+                    WriteBack::Release {
+                        error: Some(error),
+                        available_at: Some(NOW),
+                    } => {
+                        assert!(error.contains("credentials"), "{error}")
+                    }
+                    other => panic!("{status}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn other_4xx_dead_letter_at_once_unless_configured_to_retry() {
-        for status in [400, 401, 403, 404, 422] {
+        for status in [400, 404, 422] {
             let d = decide_answer(status, None, 0);
             assert_eq!(
                 d.write_back,
@@ -564,8 +627,8 @@ mod tests {
         };
         let cases = [
             (answered(500, None), 24),
-            (answered(401, None), 0),
-            (answered(403, None), 3),
+            (answered(404, None), 0),
+            (answered(400, None), 3),
             (timeout.clone(), 24),
             (unencodable.clone(), 0),
         ];

@@ -170,15 +170,61 @@ fn take_tls_params(url: &str) -> std::result::Result<(String, Vec<(String, Strin
         return Ok((rest, taken));
     }
     let mut kept = Vec::new();
-    for token in url.split_whitespace() {
-        match token.split_once('=') {
-            Some((name, value)) if is_tls(name) => {
-                taken.push((name.to_string(), value.trim_matches('\'').to_string()));
-            }
-            _ => kept.push(token),
+    for (name, value) in key_values(url)? {
+        if is_tls(&name) {
+            taken.push((name, value));
+        } else {
+            kept.push(format!("{name}='{}'", value.replace('\\', "\\\\").replace('\'', "\\'")));
         }
     }
     Ok((kept.join(" "), taken))
+}
+
+/// The pairs of a libpq key/value connection string, read as libpq reads them: spaces may
+/// surround `=`, a value may be single-quoted (and hold spaces), and `\` escapes the next
+/// character. `sslmode = require` is `sslmode=require`: read naively, it once slipped past
+/// and the connection fell back to `prefer`, plaintext if the server offered no TLS.
+fn key_values(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    let mut chars = text.chars().peekable();
+    let skip_spaces = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_spaces(&mut chars);
+        if chars.peek().is_none() {
+            return Ok(pairs);
+        }
+        let mut name = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            name.push(c);
+        }
+        skip_spaces(&mut chars);
+        if chars.next() != Some('=') {
+            return Err(format!("{name:?} is not followed by = and a value"));
+        }
+        skip_spaces(&mut chars);
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    None => return Err(format!("the value of {name} has no closing quote")),
+                    Some('\'') => break,
+                    Some('\\') => value.extend(chars.next()),
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(chars.next());
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        pairs.push((name, value));
+    }
 }
 
 fn percent_decode(text: &str) -> std::result::Result<String, String> {
@@ -336,8 +382,30 @@ mod tests {
             ]
         );
         let (rest, taken) = take_tls_params("host=h user=u sslmode=require").unwrap();
-        assert_eq!(rest, "host=h user=u");
+        assert_eq!(rest, "host='h' user='u'");
         assert_eq!(taken, vec![("sslmode".into(), "require".into())]);
+    }
+
+    #[test]
+    fn key_value_strings_are_read_as_libpq_reads_them() {
+        // Issue 56: spaces around `=` left sslmode behind, and the connection preferred.
+        for text in [
+            "host=h user=u sslmode = require",
+            "host=h user=u sslmode= require",
+            "host = h  user =u sslmode ='require'",
+        ] {
+            let (rest, taken) = take_tls_params(text).unwrap();
+            assert_eq!(taken, vec![("sslmode".into(), "require".into())], "{text}");
+            assert_eq!(rest, "host='h' user='u'", "{text}");
+        }
+        let (rest, _) = take_tls_params(r"host=h password='it\'s a secret' user=a\ b").unwrap();
+        assert_eq!(rest, r"host='h' password='it\'s a secret' user='a b'");
+        let config: postgres::Config = rest.parse().unwrap();
+        assert_eq!(config.get_password(), Some(&b"it's a secret"[..]));
+        assert_eq!(config.get_user(), Some("a b"));
+        assert!(take_tls_params("host=h sslmode").is_err());
+        assert!(take_tls_params("host='h").is_err());
+        assert!(pg_connect_config("host=h user=u sslmode = maybe").is_err());
     }
 
     #[test]

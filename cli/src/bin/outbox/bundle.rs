@@ -4,15 +4,20 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use sqlite_outbox::bundle::{import, ImportOptions};
-use sqlite_outbox::receive::Secret;
+use sqlite_outbox::bundle::{import, BundleKey, ImportOptions};
+use sqlite_outbox::receive::{Secret, SigningKey};
 use sqlite_outbox::Outbox;
 
 use crate::failure::{bad_input, Failure, Outcome};
 
-/// The signing secret, from --secret, --secret-file or OUTBOX_SECRET.
+/// What the bundle is signed with: a device's key (--signing-key), or a shared secret
+/// (--secret, --secret-file or OUTBOX_SECRET).
 #[derive(Args)]
 pub struct SecretArgs {
+    /// A file holding the device's whsk_… key (from `outbox keygen`): the bundle is signed
+    /// and imported as the device's own, for an ingest with per-device keys.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["secret", "secret_file"])]
+    signing_key: Option<PathBuf>,
     /// whsec_… secret the bundle is signed with. Visible to `ps`: prefer --secret-file or
     /// OUTBOX_SECRET.
     #[arg(long, env = "OUTBOX_SECRET", hide_env_values = true)]
@@ -23,7 +28,14 @@ pub struct SecretArgs {
 }
 
 impl SecretArgs {
-    fn secret(&self) -> Result<Secret, Failure> {
+    fn key(&self) -> Result<BundleKey, Failure> {
+        if let Some(path) = &self.signing_key {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+            let key = SigningKey::parse(text.lines().next().unwrap_or("").trim())
+                .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+            return Ok(BundleKey::from(&key));
+        }
         let text = match (&self.secret, &self.secret_file) {
             (Some(s), _) => s.clone(),
             (None, Some(path)) => std::fs::read_to_string(path)
@@ -35,11 +47,14 @@ impl SecretArgs {
                 .to_string(),
             (None, None) => {
                 return Err(bad_input(
-                    "--secret, --secret-file or OUTBOX_SECRET is required: bundles are signed",
+                    "--signing-key, --secret, --secret-file or OUTBOX_SECRET is required: \
+                     bundles are signed",
                 ))
             }
         };
-        Secret::parse(&text).map_err(|e| bad_input(format!("the secret: {e}")))
+        Secret::parse(&text)
+            .map(|secret| BundleKey::from(&secret))
+            .map_err(|e| bad_input(format!("the secret: {e}")))
     }
 }
 
@@ -73,11 +88,11 @@ pub struct ImportArgs {
 }
 
 pub fn export(outbox: &Outbox, args: ExportArgs) -> Outcome {
-    let secret = args.secret.secret()?;
+    let key = args.secret.key()?;
     if args.limit == 0 {
         return Err(bad_input("--limit 0 would export nothing: at least 1"));
     }
-    let report = outbox.export(&args.out, &secret, &args.destination, args.limit)?;
+    let report = outbox.export(&args.out, key, &args.destination, args.limit)?;
     println!(
         "exported {} events to {} (sha256 {})",
         report.count,
@@ -88,7 +103,7 @@ pub fn export(outbox: &Outbox, args: ExportArgs) -> Outcome {
 }
 
 pub fn run_import(args: ImportArgs) -> Outcome {
-    let secret = args.secret.secret()?;
+    let key = args.secret.key()?;
     if !(args.url.starts_with("http://") || args.url.starts_with("https://")) {
         return Err(bad_input(format!(
             "--url {}: must be http:// or https://",
@@ -96,7 +111,7 @@ pub fn run_import(args: ImportArgs) -> Outcome {
         )));
     }
     let options = ImportOptions::default().max_attempts(args.max_attempts.max(1));
-    let report = import(&args.file, &secret, &args.url, &options)?;
+    let report = import(&args.file, key, &args.url, &options)?;
     println!(
         "delivered {} events, {} given up",
         report.delivered,
