@@ -153,8 +153,7 @@ impl Outbox {
         let owner = format!("export:{}", uuid::Uuid::now_v7());
         let partial = path.with_extension("partial");
         let mut ids = Vec::new();
-        let written =
-            self.write_bundle(path, &partial, &key, destination, limit, &owner, &mut ids);
+        let written = self.write_bundle(path, &partial, &key, destination, limit, &owner, &mut ids);
         let sha256 = match written {
             Ok(sha256) => sha256,
             Err(e) => {

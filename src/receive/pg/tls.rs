@@ -174,7 +174,10 @@ fn take_tls_params(url: &str) -> std::result::Result<(String, Vec<(String, Strin
         if is_tls(&name) {
             taken.push((name, value));
         } else {
-            kept.push(format!("{name}='{}'", value.replace('\\', "\\\\").replace('\'', "\\'")));
+            kept.push(format!(
+                "{name}='{}'",
+                value.replace('\\', "\\\\").replace('\'', "\\'")
+            ));
         }
     }
     Ok((kept.join(" "), taken))
