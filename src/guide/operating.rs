@@ -37,8 +37,13 @@
 //! fails (a full disk) hands them back unchanged. `outbox import FILE --secret whsec_… --url
 //! URL` ([`bundle::import`](crate::bundle::import)) needs no outbox database: it verifies the whole file first (a
 //! tampered or truncated file or another secret is refused before anything is sent, exit 2),
-//! then posts the events in order, each signed with the same secret, retrying with backoff;
-//! it exits 1 if it had to give up on any. A bundle's last lines:
+//! then posts the events in order, each signed with the same secret and naming its
+//! event's source in `outbox-source`, retrying with backoff; it exits 1 if it had to give
+//! up on any. For an ingest with per-device keys, sign with the device's own key instead of
+//! a secret: `outbox export --signing-key /etc/outbox/device.key …` and `outbox import FILE
+//! --signing-key device.key --url URL` (library: a [`bundle::BundleKey`](crate::bundle::BundleKey),
+//! from a `&Secret` or a `&SigningKey`); the ingest then takes each event as the device's
+//! own, and refuses it under any other source. A bundle's last lines:
 //!
 //! ```text
 //! {"bundle":"sqlite-outbox/1","count":20,"destination":"default","first_sequence":"00000000000000000001","last_sequence":"00000000000000000020","sha256":"a0861956…","created":"2026-11-30T18:14:46.555Z"}

@@ -548,7 +548,9 @@ impl IngestServer {
     }
 
     /// Refusals counted so far for `reason` (`unknown_source`, `forged_source`,
-    /// `invalid_signature`, `rate_limited`, `inflight_budget`, …), as `GET /metrics` shows.
+    /// `invalid_signature`, `rate_limited`, `inflight_budget`, `peer_inflight_budget`,
+    /// `peer_connections`, `slow_body`, `source_too_long`, `keys_not_read`, `verify_queue`,
+    /// …), as `GET /metrics` shows.
     pub fn refusals(&self, reason: &str) -> u64 {
         self.state.metrics.refusals(reason)
     }
