@@ -882,3 +882,58 @@ fn values_from_a_request_cannot_forge_log_lines() {
     );
     assert!(log.contains("\\n"), "the newline is escaped:\n{log}");
 }
+
+#[test]
+fn a_store_that_cannot_finish_is_cancelled_by_postgresql_not_left_waiting() {
+    // Issue 56 item 12: no statement timeout towards PostgreSQL, so a store stuck behind a
+    // lock (or a dead connection) stayed there long after its device was answered 503.
+    let postgres = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = SigningKey::generate().unwrap();
+    let keys = keys_file(
+        dir.path(),
+        &[("d", "/devices/d", key.public_key().to_text())],
+    );
+    let ingest = Ingest::start(&postgres, dir.path(), &["--keys", keys.to_str().unwrap()]);
+    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let mut locker = postgres.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE outbox_ingested IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let started = Instant::now();
+    let body = event_body("stuck", "/devices/d");
+    let mut stream = TcpStream::connect(ingest.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut head = format!(
+        "POST /events HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in device_signed_headers(&key, "/devices/d", "stuck", &body) {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    let answer = raw_http::read_answer(&mut stream).unwrap();
+    let took = started.elapsed();
+    eprintln!(
+        "a store behind a lock was answered {} after {took:?}: {}",
+        answer.status, answer.body
+    );
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.body.contains("statement timeout"), "{answer:?}");
+    let waiting: i64 = postgres
+        .client()
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE application_name = 'outbox-ingest' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 0, "no store is left waiting for the lock");
+    lock.rollback().unwrap();
+    assert_eq!(ingest.post(&key, "/devices/d", "after").status, 204);
+}

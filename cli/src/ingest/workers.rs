@@ -188,10 +188,16 @@ impl Shared {
 /// lost connection, a shutdown, a serialization failure, too many connections) may pass on
 /// a retry: 503.
 fn classify(error: &postgres::Error) -> Outcome {
+    // The server's own words ("canceling statement due to statement timeout"), where the
+    // error's display says only "db error".
+    let why = match error.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => error.to_string(),
+    };
     match error.code() {
         Some(code) if code.code().starts_with("22") => {
-            Outcome::Rejected(format!("PostgreSQL refused the data: {error}"))
+            Outcome::Rejected(format!("PostgreSQL refused the data: {why}"))
         }
-        _ => Outcome::Unavailable(format!("PostgreSQL failed: {error}")),
+        _ => Outcome::Unavailable(format!("PostgreSQL failed: {why}")),
     }
 }
