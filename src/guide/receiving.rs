@@ -82,10 +82,11 @@
 //! --check-keys FILE` reads a keys file as SIGHUP would and exits 0, or 2 naming the first
 //! bad line: run it before the SIGHUP.
 //!
-//! **A device answered 401 or 403** (its key not provisioned yet, revoked, or a receiver
-//! that cannot check keys) spends no attempt: these answers are about who sends, not what
-//! is sent, and dead-lettering a backlog for them would turn a provisioning mistake into
-//! lost work. The relay backs off the destination as when it cannot be reached (single
+//! **A device answered 401** (its key not provisioned yet, revoked, or a receiver that
+//! cannot check keys) spends no attempt: the answer is about who sends, not what is sent,
+//! and dead-lettering a backlog for it would turn a provisioning mistake into lost work.
+//! (A 403 stays a client error: the ingest answers it to an event of another source than
+//! the key's, which no retry will change.) The relay backs off the destination as when it cannot be reached (single
 //! probes, a growing pause) and keeps every event until the key is accepted; the events'
 //! `last_error` says the destination refuses the relay's credentials.
 //!

@@ -94,9 +94,9 @@ pub(crate) fn is_sick(attempt: &Attempt) -> bool {
     )
 }
 
-/// Statuses by which a receiver refuses who sends, not what is sent: 401 and 403.
+/// Statuses by which a receiver refuses who sends, not what is sent: 401.
 fn refuses_credentials(status: u16) -> bool {
-    matches!(status, 401 | 403)
+    status == 401
 }
 
 /// What to do about one event after one request.
@@ -222,12 +222,15 @@ pub(crate) fn decide(
             };
             (retry_or_dead(detail.clone(), *retry_after), gate)
         }
-        // 401 and 403 refuse the relay's credentials (a key not provisioned yet, revoked,
-        // or a receiver that cannot read its key store), not the event: every event would
-        // get the same answer, and dead-lettering them all would turn a provisioning
-        // mistake or the receiver's outage into lost work. The destination waits as when
-        // it cannot be reached (a growing backoff, probed by one event at a time) and no
-        // attempt is spent; the health report names the answer.
+        // A 401 refuses the relay's credentials (a key not provisioned yet, revoked, a
+        // signature out of the receiver's time window, or a receiver that cannot read its
+        // key store), not the event: every event would get the same answer, and
+        // dead-lettering them all would turn a provisioning mistake or the receiver's
+        // outage into lost work. The destination waits as when it cannot be reached (a
+        // growing backoff, probed by one event at a time) and no attempt is spent. A 403
+        // says this request may not be done, which can be the event's own (`outbox
+        // ingest` answers 403 to an event of another source than the key's): it stays a
+        // client error.
         Tried::Attempted(Attempt::Answered { status, detail, .. })
             if refuses_credentials(*status) =>
         {
@@ -522,8 +525,8 @@ mod tests {
     }
 
     #[test]
-    fn a_401_or_403_spends_nothing_and_backs_off_the_destination() {
-        for status in [401, 403] {
+    fn a_401_spends_nothing_and_backs_off_the_destination() {
+        for status in [401] {
             for (attempts, context) in [
                 (0, UP),
                 (24, UP),
@@ -561,7 +564,7 @@ mod tests {
 
     #[test]
     fn other_4xx_dead_letter_at_once_unless_configured_to_retry() {
-        for status in [400, 404, 422] {
+        for status in [400, 403, 404, 422] {
             let d = decide_answer(status, None, 0);
             assert_eq!(
                 d.write_back,
