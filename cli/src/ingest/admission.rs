@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 /// seen for a while are forgotten, so a client inventing sources cannot grow them.
 const MAX_TRACKED_SOURCES: usize = 100_000;
 
+/// Sources (with a reason) the refusal log remembers at most, each for a minute.
+const MAX_LOGGED_SOURCES: usize = 10_000;
+
 /// Body bytes held (arrived and not yet answered), across every connection and by peer,
 /// and the most there may be.
 pub(crate) struct InflightBudget {
@@ -258,17 +261,22 @@ impl RefusalLog {
                 *swept = Some(now);
             }
         }
+        let room = last.len() < MAX_LOGGED_SOURCES;
         match last.get_mut(&(source.to_string(), reason)) {
             Some(at) if now.duration_since(*at) < Self::EVERY => false,
             Some(at) => {
                 *at = now;
                 true
             }
-            None => {
-                if last.len() < MAX_TRACKED_SOURCES {
-                    last.insert((source.to_string(), reason), now);
-                }
+            None if room => {
+                last.insert((source.to_string(), reason), now);
                 true
+            }
+            // Past it (names invented under a prefix a key covers), the shared budget: a
+            // name of up to 1 KiB per entry would otherwise keep megabytes.
+            None => {
+                drop(last);
+                self.should_log_unregistered(now)
             }
         }
     }
@@ -358,6 +366,16 @@ mod tests {
         assert!(log.should_log("/a", "forged_source", start + Duration::from_secs(61)));
         // A minute later the sweep has forgotten b.
         assert_eq!(lock(&log.last).len(), 1);
+        // Past the names it remembers, the shared budget.
+        let later = start + Duration::from_secs(200);
+        let logged = (0..MAX_LOGGED_SOURCES + 1_000)
+            .filter(|i| log.should_log(&format!("/s/{i}"), "slow_body", later))
+            .count();
+        assert_eq!(
+            logged,
+            MAX_LOGGED_SOURCES + RefusalLog::UNREGISTERED_PER_MINUTE as usize
+        );
+        assert_eq!(lock(&log.last).len(), MAX_LOGGED_SOURCES);
     }
 
     #[test]

@@ -640,3 +640,53 @@ impl Drop for IngestServer {
         self.stop_and_join();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(url: &str) -> postgres::Config {
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        IngestConfig::new("127.0.0.1:0".parse().unwrap(), url)
+            .secret(secret)
+            .check()
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn connections_to_postgresql_carry_keepalives_a_tcp_user_timeout_and_a_statement_timeout() {
+        let config = checked("postgresql://u@127.0.0.1/db");
+        assert_eq!(config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(config.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
+        assert_eq!(config.get_keepalives_retries(), Some(KEEPALIVE_RETRIES));
+        assert_eq!(config.get_options(), Some("-c statement_timeout=20000"));
+        // A URL's own settings come last, and win.
+        let config = checked("postgresql://u@127.0.0.1/db?options=-c%20statement_timeout%3D5000");
+        assert_eq!(
+            config.get_options(),
+            Some("-c statement_timeout=20000 -c statement_timeout=5000")
+        );
+    }
+
+    #[test]
+    fn per_address_shares_default_to_a_quarter_and_are_checked() {
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let config =
+            IngestConfig::new("127.0.0.1:0".parse().unwrap(), "postgresql://u@h/db").secret(secret);
+        assert_eq!(config.inflight_bytes_per_peer(), 16 << 20);
+        assert_eq!(config.connections_per_peer(), 256);
+        for bad in [
+            config.clone().max_inflight_bytes_per_peer(1024),
+            config.clone().max_inflight_bytes_per_peer(128 << 20),
+            config.clone().max_connections_per_peer(0),
+            config.clone().max_connections_per_peer(2048),
+            config.clone().min_body_rate(2 << 30),
+        ] {
+            let e = bad.check().unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{e}");
+        }
+    }
+}
