@@ -465,7 +465,9 @@ fn bodies_hold_the_inflight_budget_by_the_bytes_that_arrive_and_other_paths_404(
             .max_inflight_bytes(2 << 20)
             .max_inflight_bytes_per_peer(2 << 20)
             .min_body_rate(0)
-            .read_timeout(Duration::from_secs(8)),
+            .metrics_listen(Some("127.0.0.1:0".parse().unwrap()))
+            // The holders must outlive the wait below, however loaded the machine.
+            .read_timeout(Duration::from_secs(60)),
     )
     .unwrap();
     let addr = server.local_addr();
@@ -497,11 +499,19 @@ fn bodies_hold_the_inflight_budget_by_the_bytes_that_arrive_and_other_paths_404(
     for holder in &mut holders {
         holder.write_all(&vec![b' '; (1 << 20) - 1025]).unwrap();
     }
-    assert!(common::wait_until(BOUND, || {
-        // Until the server has read their bytes a post may still fit.
-        let answer = post("past-arrived");
-        answer.status == 503 && answer.header("retry-after").is_some()
+    // Once the server has read their bytes (a post before then could take the room the
+    // last of them needs), nothing more fits.
+    let metrics = server.metrics_addr().unwrap();
+    let held = (2 << 20) - 2;
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        request(metrics, "GET", "/metrics", &[], b"")
+            .unwrap()
+            .body
+            .contains(&format!("outbox_ingest_bytes_in_flight {held}\n"))
     }));
+    let answer = post("past-arrived");
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.header("retry-after").is_some(), "{answer:?}");
     assert_eq!(server.refusals("inflight_budget"), 1);
     // The budget comes back with the requests that held it.
     holders.clear();
