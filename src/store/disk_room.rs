@@ -75,7 +75,11 @@ impl DiskRoom {
             return false;
         }
         if self.held_bytes() >= self.bytes {
-            self.end_pressure();
+            // Whole again after a refill, maybe on a disk still full: the pressure ends
+            // (and "disk room returned" is logged) only once there is room beside it too.
+            if !self.is_full() {
+                self.end_pressure();
+            }
             return true;
         }
         let free = self.available_bytes().unwrap_or(0);

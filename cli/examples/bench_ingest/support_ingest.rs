@@ -123,6 +123,10 @@ type Columns = (
     Vec<Option<i64>>,
     Vec<Option<String>>,
     Vec<Option<serde_json::Value>>,
+    // traceparent, tracestate, dataschema: none, as the bench's events carry none.
+    Vec<Option<String>>,
+    Vec<Option<String>>,
+    Vec<Option<String>>,
 );
 
 fn columns(run: &str, chunk: &[usize]) -> Columns {
@@ -137,6 +141,9 @@ fn columns(run: &str, chunk: &[usize]) -> Columns {
         columns.5.push(Some(i as i64));
         columns.6.push(Some("2026-11-30T12:00:00.000Z".into()));
         columns.7.push(Some(e["data"].clone()));
+        columns.8.push(None);
+        columns.9.push(None);
+        columns.10.push(None);
     }
     columns
 }
@@ -160,7 +167,9 @@ pub fn bare_inserts(
         let mut tx = client.transaction().unwrap();
         tx.execute(
             &statement,
-            &[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7],
+            &[
+                &c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7, &c.8, &c.9, &c.10,
+            ],
         )
         .unwrap();
         tx.commit().unwrap();

@@ -66,9 +66,8 @@ enum SslMode {
 /// unreadable or empty `sslrootcert`, or a URL the `postgres` crate refuses.
 pub fn pg_connect_config(url: &str) -> Result<(postgres::Config, PgTls)> {
     let bad = |why: String| Error::InvalidConfig(format!("PostgreSQL URL: {why}"));
-    let (rest, params) = take_tls_params(url).map_err(|why| {
-        Error::InvalidConfig(format!("the PostgreSQL URL is not valid: {why}"))
-    })?;
+    let (rest, params) = take_tls_params(url)
+        .map_err(|why| Error::InvalidConfig(format!("the PostgreSQL URL is not valid: {why}")))?;
     let mut mode = SslMode::Prefer;
     let mut root_cert = None;
     for (name, value) in params {
