@@ -4,19 +4,22 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../../tests/common/ingest_process.rs"]
+mod ingest_process;
 #[path = "../../tests/common/postgres.rs"]
 mod pg;
 #[path = "../../tests/common/raw_http.rs"]
 mod raw_http;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ingest_process::{event_body, Ingest};
 use pg::Postgres;
-use raw_http::{device_signed_headers, request, Answer};
+use raw_http::{device_signed_headers, request};
 use serde_json::json;
 use sqlite_outbox::receive::SigningKey;
 use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
@@ -30,120 +33,6 @@ fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// An `outbox ingest` process, its stderr (the log) in a file.
-struct Ingest {
-    child: Child,
-    addr: SocketAddr,
-    metrics: Option<SocketAddr>,
-    log: PathBuf,
-}
-
-impl Ingest {
-    fn start(postgres: &Postgres, dir: &Path, args: &[&str]) -> Ingest {
-        let log = dir.join(format!("ingest-{}.log", fastrand::u32(..)));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args([
-                "ingest",
-                "--listen",
-                "127.0.0.1:0",
-                "--postgres",
-                &postgres.url(),
-            ])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = lines
-            .next()
-            .unwrap()
-            .unwrap()
-            .trim_start_matches("listening on http://")
-            .parse()
-            .unwrap();
-        let metrics = args.contains(&"--metrics-listen").then(|| {
-            lines
-                .next()
-                .unwrap()
-                .unwrap()
-                .trim_start_matches("metrics on http://")
-                .trim_end_matches("/metrics")
-                .parse()
-                .unwrap()
-        });
-        Ingest {
-            child,
-            addr,
-            metrics,
-            log,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/events", self.addr)
-    }
-
-    fn post(&self, key: &SigningKey, source: &str, id: &str) -> Answer {
-        let body = event_body(id, source);
-        request(
-            self.addr,
-            "POST",
-            "/events",
-            &device_signed_headers(key, source, id, &body),
-            &body,
-        )
-        .unwrap()
-    }
-
-    fn healthz(&self) -> u16 {
-        request(self.addr, "GET", "/healthz", &[], b"").map_or(0, |a| a.status)
-    }
-
-    fn metrics(&self) -> String {
-        request(self.metrics.unwrap(), "GET", "/metrics", &[], b"")
-            .unwrap()
-            .body
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    /// User and system CPU time of the process so far.
-    fn cpu(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after_name.split(' ').collect();
-        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        Duration::from_millis(ticks * 10)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Ingest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn event_body(id: &str, source: &str) -> Vec<u8> {
-    json!({"specversion": "1.0", "id": id, "source": source, "type": "t", "data": {"n": 1}})
-        .to_string()
-        .into_bytes()
-}
-
 fn keys_file(dir: &Path, lines: &[(&str, &str, String)]) -> PathBuf {
     let path = dir.join("keys");
     let text: String = lines
@@ -152,6 +41,40 @@ fn keys_file(dir: &Path, lines: &[(&str, &str, String)]) -> PathBuf {
         .collect();
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// A device of `source` with five events committed, and its relay signing with
+/// `key_text` for the ingest: two attempts an event at most, so one spent for good would
+/// dead-letter it soon.
+fn device_relaying(
+    dir: &Path,
+    source: &str,
+    ingest: &Ingest,
+    key_text: &str,
+) -> (Outbox, sqlite_outbox::RelayHandle) {
+    let device = Outbox::builder()
+        .default_source(source)
+        .open(dir.join("device.db"))
+        .unwrap();
+    device
+        .transaction(|tx| {
+            for i in 0..5 {
+                let _ = device.enqueue(tx, Event::new("reading", json!({"i": i})))?;
+            }
+            Ok::<_, sqlite_outbox::Error>(())
+        })
+        .unwrap();
+    let relay = device
+        .relay(
+            common::fast(
+                RelayConfig::new()
+                    .destination(Destination::http("default", ingest.url()).signing_key(key_text)),
+            )
+            .max_attempts(2),
+        )
+        .start()
+        .unwrap();
+    (device, relay)
 }
 
 fn stored(postgres: &Postgres, source: &str) -> i64 {
@@ -184,7 +107,7 @@ fn an_ingest_started_while_postgres_is_down_answers_503_until_it_has_read_the_ke
             .unwrap();
     }
     postgres.stop();
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys-table"]);
+    let ingest = Ingest::start(&postgres, &["--keys-table"]);
     let answer = ingest.post(&key, "/devices/d1", "early");
     assert_eq!(answer.status, 503, "{answer:?}");
     assert!(answer.header("retry-after").is_some(), "{answer:?}");
@@ -195,28 +118,7 @@ fn an_ingest_started_while_postgres_is_down_answers_503_until_it_has_read_the_ke
     );
 
     // A device's relay meanwhile: nothing is dead-lettered, nothing is spent for good.
-    let device = Outbox::builder()
-        .default_source("/devices/d1")
-        .open(dir.path().join("device.db"))
-        .unwrap();
-    device
-        .transaction(|tx| {
-            for i in 0..5 {
-                let _ = device.enqueue(tx, Event::new("reading", json!({"i": i})))?;
-            }
-            Ok::<_, sqlite_outbox::Error>(())
-        })
-        .unwrap();
-    let relay = device
-        .relay(
-            common::fast(
-                RelayConfig::new()
-                    .destination(Destination::http("default", ingest.url()).signing_key(&key_text)),
-            )
-            .max_attempts(2),
-        )
-        .start()
-        .unwrap();
+    let (device, relay) = device_relaying(dir.path(), "/devices/d1", &ingest, &key_text);
     std::thread::sleep(Duration::from_secs(3));
     postgres.restart();
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
@@ -235,30 +137,9 @@ fn a_relay_answered_401_keeps_its_events_and_delivers_them_once_its_key_is_provi
     let postgres = Postgres::start();
     let dir = tempfile::tempdir().unwrap();
     let (key, key_text) = SigningKey::generate().unwrap();
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys-table"]);
+    let ingest = Ingest::start(&postgres, &["--keys-table"]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
-    let device = Outbox::builder()
-        .default_source("/devices/late")
-        .open(dir.path().join("device.db"))
-        .unwrap();
-    device
-        .transaction(|tx| {
-            for i in 0..5 {
-                let _ = device.enqueue(tx, Event::new("reading", json!({"i": i})))?;
-            }
-            Ok::<_, sqlite_outbox::Error>(())
-        })
-        .unwrap();
-    let relay = device
-        .relay(
-            common::fast(
-                RelayConfig::new()
-                    .destination(Destination::http("default", ingest.url()).signing_key(&key_text)),
-            )
-            .max_attempts(2),
-        )
-        .start()
-        .unwrap();
+    let (device, relay) = device_relaying(dir.path(), "/devices/late", &ingest, &key_text);
     std::thread::sleep(Duration::from_secs(2));
     let stats = device.stats().unwrap();
     assert_eq!(stats.dead, 0, "401s dead-letter nothing");
@@ -311,7 +192,6 @@ fn idle_connections_declaring_large_bodies_lock_no_device_out() {
     );
     let ingest = Ingest::start(
         &postgres,
-        dir.path(),
         &["--keys", keys.to_str().unwrap(), "--read-timeout", "20s"],
     );
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
@@ -339,7 +219,6 @@ fn one_address_holds_its_share_of_connections_and_a_body_must_keep_arriving() {
     );
     let ingest = Ingest::start(
         &postgres,
-        dir.path(),
         &[
             "--keys",
             keys.to_str().unwrap(),
@@ -448,7 +327,6 @@ fn long_and_invented_source_names_cost_neither_memory_nor_log() {
     );
     let ingest = Ingest::start(
         &postgres,
-        dir.path(),
         &[
             "--keys",
             keys.to_str().unwrap(),
@@ -523,7 +401,7 @@ fn gzip_bombs_with_garbage_signatures_cost_little_and_never_slow_the_health_chec
         dir.path(),
         &[("d", "/devices/d", key.public_key().to_text())],
     );
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys", keys.to_str().unwrap()]);
+    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     // Spaces with a random letter every 48 bytes: about 1 MiB decoded from tens of KiB,
     // under the ratio of 100 that would refuse it unread.
@@ -629,7 +507,7 @@ fn a_bundle_signed_with_a_device_key_is_imported_as_that_device() {
         .unwrap()
         .to_string();
     let keys = keys_file(dir.path(), &[("site", "/site-7", public)]);
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys", keys.to_str().unwrap()]);
+    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     let db = dir.path().join("site.db");
     let device = Outbox::builder()
@@ -673,10 +551,9 @@ fn health_and_revocation_do_not_wait_behind_a_full_database_queue() {
     // Issue 56 item 6: the probe and the key reload waited in the stores' queue: under load
     // /healthz said 503 on 10 of 16 checks and a revocation took 5.7 to 7.5 s.
     let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
     let (heavy, _) = SigningKey::generate().unwrap();
     let (revoked, _) = SigningKey::generate().unwrap();
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys-table", "--threads", "1"]);
+    let ingest = Ingest::start(&postgres, &["--keys-table", "--threads", "1"]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     for (id, source, key) in [
         ("heavy", "/devices/heavy", &heavy),
@@ -789,7 +666,6 @@ fn a_keys_file_that_does_not_reload_is_counted_and_check_keys_says_why() {
     );
     let ingest = Ingest::start(
         &postgres,
-        dir.path(),
         &[
             "--keys",
             keys.to_str().unwrap(),
@@ -856,7 +732,7 @@ fn values_from_a_request_cannot_forge_log_lines() {
         dir.path(),
         &[("d", "/devices/d", key.public_key().to_text())],
     );
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys", keys.to_str().unwrap()]);
+    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     let forged_line = "INFO ingest: all keys revoked by operator";
     let body = json!({"specversion": "1.0", "id": format!("x\n{forged_line}"),
@@ -894,7 +770,7 @@ fn a_store_that_cannot_finish_is_cancelled_by_postgresql_not_left_waiting() {
         dir.path(),
         &[("d", "/devices/d", key.public_key().to_text())],
     );
-    let ingest = Ingest::start(&postgres, dir.path(), &["--keys", keys.to_str().unwrap()]);
+    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
     assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     let mut locker = postgres.client();
     let mut lock = locker.transaction().unwrap();

@@ -6,17 +6,20 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../../tests/common/ingest_process.rs"]
+mod ingest_process;
 #[path = "../../tests/common/postgres.rs"]
 mod pg;
 #[path = "../../tests/common/raw_http.rs"]
 mod raw_http;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ingest_process::Ingest;
 use outbox_cli::ingest::{IngestConfig, IngestServer};
 use pg::Postgres;
 use raw_http::{device_signed_headers, request};
@@ -244,81 +247,6 @@ print(urllib.request.urlopen(request, timeout=10).status, flush=True)
     server.shutdown();
 }
 
-/// `outbox ingest` as a child process; stopped (SIGKILL) when dropped.
-struct IngestProcess {
-    child: Child,
-    addr: SocketAddr,
-    metrics: Option<SocketAddr>,
-}
-
-impl IngestProcess {
-    fn start(postgres: &Postgres, args: &[&str]) -> IngestProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args([
-                "ingest",
-                "--listen",
-                "127.0.0.1:0",
-                "--postgres",
-                &postgres.url(),
-            ])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = lines
-            .next()
-            .unwrap()
-            .unwrap()
-            .trim_start_matches("listening on http://")
-            .parse()
-            .unwrap();
-        let metrics = args.contains(&"--metrics-listen").then(|| {
-            lines
-                .next()
-                .unwrap()
-                .unwrap()
-                .trim_start_matches("metrics on http://")
-                .trim_end_matches("/metrics")
-                .parse()
-                .unwrap()
-        });
-        IngestProcess {
-            child,
-            addr,
-            metrics,
-        }
-    }
-
-    /// Waits until `/healthz` answers 200, as a load balancer would before sending traffic.
-    fn wait_healthy(&self, within: Duration) -> bool {
-        common::wait_until(within, || {
-            request(self.addr, "GET", "/healthz", &[], b"").is_ok_and(|a| a.status == 200)
-        })
-    }
-
-    fn post(&self, key: &SigningKey, source: &str, id: &str) -> u16 {
-        let body = event_body(id, source);
-        request(
-            self.addr,
-            "POST",
-            "/events",
-            &device_signed_headers(key, source, id, &body),
-            &body,
-        )
-        .unwrap()
-        .status
-    }
-}
-
-impl Drop for IngestProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
     let postgres = Postgres::start();
@@ -331,7 +259,7 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
         format!("old /devices/r {}\n", old.public_key().to_text()),
     )
     .unwrap();
-    let ingest = IngestProcess::start(
+    let ingest = Ingest::start(
         &postgres,
         &[
             "--keys",
@@ -343,8 +271,8 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
     // A connection held open across the reload.
     let mut held = TcpStream::connect(ingest.addr).unwrap();
     held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    assert_eq!(ingest.post(&old, "/devices/r", "e1"), 204);
-    assert_eq!(ingest.post(&new, "/devices/r", "e2"), 401);
+    assert_eq!(ingest.post(&old, "/devices/r", "e1").status, 204);
+    assert_eq!(ingest.post(&new, "/devices/r", "e2").status, 401);
 
     // Rotation: the new key is added beside the old one, then the old one removed.
     std::fs::write(
@@ -364,13 +292,12 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
             .success());
     };
     hup(ingest.child.id());
-    assert!(common::wait_until(Duration::from_secs(5), || ingest.post(
-        &new,
-        "/devices/r",
-        "e3"
-    ) == 204));
+    assert!(common::wait_until(Duration::from_secs(5), || ingest
+        .post(&new, "/devices/r", "e3")
+        .status
+        == 204));
     assert_eq!(
-        ingest.post(&old, "/devices/r", "e4"),
+        ingest.post(&old, "/devices/r", "e4").status,
         204,
         "both during the rotation"
     );
@@ -380,16 +307,15 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
     )
     .unwrap();
     hup(ingest.child.id());
-    assert!(common::wait_until(Duration::from_secs(5), || ingest.post(
-        &old,
-        "/devices/r",
-        "e5"
-    ) == 401));
+    assert!(common::wait_until(Duration::from_secs(5), || ingest
+        .post(&old, "/devices/r", "e5")
+        .status
+        == 401));
     // A malformed file keeps the keys there were.
     std::fs::write(&keys, "new /devices/r whpk_broken\n").unwrap();
     hup(ingest.child.id());
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(ingest.post(&new, "/devices/r", "e6"), 204);
+    assert_eq!(ingest.post(&new, "/devices/r", "e6").status, 204);
 
     // The held connection still serves.
     let body = event_body("e7", "/devices/r");
@@ -429,14 +355,14 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
 #[test]
 fn a_key_inserted_in_the_table_provisions_a_device_and_revoking_it_refuses_it() {
     let postgres = Postgres::start();
-    let ingest = IngestProcess::start(&postgres, &["--keys-table"]);
+    let ingest = Ingest::start(&postgres, &["--keys-table"]);
     assert!(
         ingest.wait_healthy(Duration::from_secs(10)),
         "healthy once the table is read"
     );
     let (key, _) = SigningKey::generate().unwrap();
     assert_eq!(
-        ingest.post(&key, "/devices/t", "t1"),
+        ingest.post(&key, "/devices/t", "t1").status,
         401,
         "not provisioned yet"
     );
@@ -449,11 +375,10 @@ fn a_key_inserted_in_the_table_provisions_a_device_and_revoking_it_refuses_it() 
         )
         .is_ok()
     }));
-    assert!(common::wait_until(Duration::from_secs(5), || ingest.post(
-        &key,
-        "/devices/t",
-        "t2"
-    ) == 204));
+    assert!(common::wait_until(Duration::from_secs(5), || ingest
+        .post(&key, "/devices/t", "t2")
+        .status
+        == 204));
     postgres
         .client()
         .execute(
@@ -465,7 +390,7 @@ fn a_key_inserted_in_the_table_provisions_a_device_and_revoking_it_refuses_it() 
     let mut n = 0;
     assert!(common::wait_until(Duration::from_secs(5), || {
         n += 1;
-        ingest.post(&key, "/devices/t", &format!("t3-{n}")) == 401
+        ingest.post(&key, "/devices/t", &format!("t3-{n}")).status == 401
     }));
     let refused: i64 = postgres
         .client()

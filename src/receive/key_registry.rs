@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::receive::inbox::ReceiveError;
-use crate::wire::cloudevents::{parse_request, CloudEvent};
+use crate::receive::inbox::{verify_request, ReceiveError};
+use crate::wire::cloudevents::CloudEvent;
 use crate::wire::signature::{Verifier, VerifyError, VerifyingKey};
 use crate::wire::source_header::{decode_source_header, SOURCE_HEADER};
 
@@ -199,18 +199,7 @@ where
     let verifier = registry
         .verifier_for(source.as_deref())
         .ok_or(ReceiveError::UnknownSource)?;
-    verifier
-        .verify(
-            headers.iter().map(|(k, v)| (k.as_ref(), v.as_ref())),
-            body,
-            now,
-        )
-        .map_err(ReceiveError::Signature)?;
-    let content_type = headers
-        .iter()
-        .find(|(k, _)| k.as_ref().eq_ignore_ascii_case("content-type"))
-        .map(|(_, v)| v.as_ref());
-    let events = parse_request(content_type, body).map_err(ReceiveError::Body)?;
+    let events = verify_request(&verifier, headers, body, now)?;
     check_sources(source.as_deref(), &events)?;
     Ok(events)
 }
