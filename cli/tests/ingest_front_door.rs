@@ -77,6 +77,32 @@ fn device_relaying(
     (device, relay)
 }
 
+/// A PostgreSQL, a device's key, and an ingest whose keys file lets that key sign for
+/// `pattern`, started with `extra` arguments and healthy.
+struct Fleet {
+    postgres: Postgres,
+    dir: tempfile::TempDir,
+    key: SigningKey,
+    ingest: Ingest,
+}
+
+fn fleet(pattern: &str, extra: &[&str]) -> Fleet {
+    let postgres = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = SigningKey::generate().unwrap();
+    let keys = keys_file(dir.path(), &[("d", pattern, key.public_key().to_text())]);
+    let mut args = vec!["--keys", keys.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let ingest = Ingest::start(&postgres, &args);
+    assert!(ingest.wait_healthy(BOUND));
+    Fleet {
+        postgres,
+        dir,
+        key,
+        ingest,
+    }
+}
+
 fn stored(postgres: &Postgres, source: &str) -> i64 {
     postgres
         .client()
@@ -183,18 +209,12 @@ fn idle_declarers(addr: SocketAddr, source: &str, n: usize) -> Vec<TcpStream> {
 fn idle_connections_declaring_large_bodies_lock_no_device_out() {
     // Issue 56 item 2: 64 idle connections each declaring 1 MiB held the whole 64 MiB
     // budget, and every real device got 503 (139 of 139 posts).
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/*", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(
-        &postgres,
-        &["--keys", keys.to_str().unwrap(), "--read-timeout", "20s"],
-    );
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let Fleet {
+        postgres,
+        dir: _dir,
+        key,
+        ingest,
+    } = fleet("/devices/*", &["--read-timeout", "20s"]);
     let _attack = idle_declarers(ingest.addr, "/devices/victim", 64);
     std::thread::sleep(Duration::from_millis(500));
     let posts = 40;
@@ -210,18 +230,14 @@ fn idle_connections_declaring_large_bodies_lock_no_device_out() {
 
 #[test]
 fn one_address_holds_its_share_of_connections_and_a_body_must_keep_arriving() {
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/*", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(
-        &postgres,
+    let Fleet {
+        postgres: _postgres,
+        dir: _dir,
+        key,
+        ingest,
+    } = fleet(
+        "/devices/*",
         &[
-            "--keys",
-            keys.to_str().unwrap(),
             "--max-connections-per-peer",
             "4",
             "--read-timeout",
@@ -230,7 +246,6 @@ fn one_address_holds_its_share_of_connections_and_a_body_must_keep_arriving() {
             "127.0.0.1:0",
         ],
     );
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
     // Four connections, each answered on keep-alive (so each is counted; a connection of
     // the health checks above may still be closing, and then one is retried).
     let held: Vec<TcpStream> = (0..4)
@@ -281,15 +296,8 @@ fn one_address_holds_its_share_of_connections_and_a_body_must_keep_arriving() {
     let body = event_body("slow", "/devices/slow");
     let headers = device_signed_headers(&key, "/devices/slow", "slow", &body);
     let mut slow = TcpStream::connect(ingest.addr).unwrap();
-    let mut head = format!(
-        "POST /events HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in &headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    slow.write_all(head.as_bytes()).unwrap();
+    slow.write_all(raw_http::events_post_head(&headers, body.len()).as_bytes())
+        .unwrap();
     let started = Instant::now();
     slow.set_read_timeout(Some(Duration::from_millis(1000)))
         .unwrap();
@@ -318,23 +326,12 @@ fn one_address_holds_its_share_of_connections_and_a_body_must_keep_arriving() {
 fn long_and_invented_source_names_cost_neither_memory_nor_log() {
     // Issue 56 item 3: 1,000 requests with 256 KiB source names took the ingest from 8 to
     // 613 MiB and wrote 262 MB of log lines.
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/d", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(
-        &postgres,
-        &[
-            "--keys",
-            keys.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let Fleet {
+        postgres: _postgres,
+        dir: _dir,
+        key,
+        ingest,
+    } = fleet("/devices/d", &["--metrics-listen", "127.0.0.1:0"]);
     let rss_before = ingest.rss_kib();
     let log_before = ingest.log_text().len();
     let mut statuses = std::collections::BTreeMap::new();
@@ -394,15 +391,12 @@ fn long_and_invented_source_names_cost_neither_memory_nor_log() {
 fn gzip_bombs_with_garbage_signatures_cost_little_and_never_slow_the_health_check() {
     // Issue 56 item 4: 11 KB of gzip decoding to 1 MiB with four garbage v1a entries cost
     // 5.3 ms of CPU a request on the I/O threads, and /healthz p50 went from 0.5 to 65 ms.
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/d", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let Fleet {
+        postgres: _postgres,
+        dir: _dir,
+        key: _key,
+        ingest,
+    } = fleet("/devices/d", &[]);
     // Spaces with a random letter every 48 bytes: about 1 MiB decoded from tens of KiB,
     // under the ratio of 100 that would refuse it unread.
     let bomb = {
@@ -725,15 +719,12 @@ fn a_keys_file_that_does_not_reload_is_counted_and_check_keys_says_why() {
 #[test]
 fn values_from_a_request_cannot_forge_log_lines() {
     // Issue 56 item 13: an event id was logged with `{}`, so a device could write lines.
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/d", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let Fleet {
+        postgres: _postgres,
+        dir: _dir,
+        key,
+        ingest,
+    } = fleet("/devices/d", &[]);
     let forged_line = "INFO ingest: all keys revoked by operator";
     let body = json!({"specversion": "1.0", "id": format!("x\n{forged_line}"),
                       "source": "/devices/other", "type": "t"})
@@ -763,15 +754,12 @@ fn values_from_a_request_cannot_forge_log_lines() {
 fn a_store_that_cannot_finish_is_cancelled_by_postgresql_not_left_waiting() {
     // Issue 56 item 12: no statement timeout towards PostgreSQL, so a store stuck behind a
     // lock (or a dead connection) stayed there long after its device was answered 503.
-    let postgres = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = SigningKey::generate().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("d", "/devices/d", key.public_key().to_text())],
-    );
-    let ingest = Ingest::start(&postgres, &["--keys", keys.to_str().unwrap()]);
-    assert!(common::wait_until(BOUND, || ingest.healthz() == 200));
+    let Fleet {
+        postgres,
+        dir: _dir,
+        key,
+        ingest,
+    } = fleet("/devices/d", &[]);
     let mut locker = postgres.client();
     let mut lock = locker.transaction().unwrap();
     lock.batch_execute("LOCK TABLE outbox_ingested IN ACCESS EXCLUSIVE MODE")
@@ -782,14 +770,10 @@ fn a_store_that_cannot_finish_is_cancelled_by_postgresql_not_left_waiting() {
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let mut head = format!(
-        "POST /events HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
+    let head = raw_http::events_post_head(
+        &device_signed_headers(&key, "/devices/d", "stuck", &body),
+        body.len(),
     );
-    for (k, v) in device_signed_headers(&key, "/devices/d", "stuck", &body) {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(&body).unwrap();
     let answer = raw_http::read_answer(&mut stream).unwrap();

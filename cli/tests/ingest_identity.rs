@@ -319,14 +319,10 @@ fn a_keys_file_is_reread_on_sighup_without_dropping_a_connection() {
 
     // The held connection still serves.
     let body = event_body("e7", "/devices/r");
-    let mut head = format!(
-        "POST /events HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
+    let head = raw_http::events_post_head(
+        &device_signed_headers(&new, "/devices/r", "e7", &body),
+        body.len(),
     );
-    for (k, v) in device_signed_headers(&new, "/devices/r", "e7", &body) {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
     held.write_all(head.as_bytes()).unwrap();
     held.write_all(&body).unwrap();
     assert_eq!(raw_http::read_answer(&mut held).unwrap().status, 204);

@@ -49,6 +49,19 @@ pub fn request(
     read_answer(&mut stream)
 }
 
+/// The head of a `POST /events` of a body of `length` bytes with `headers`, asking the
+/// server to close the connection after its answer: for a test that sends the body itself.
+pub fn events_post_head(headers: &[(&str, String)], length: usize) -> String {
+    let mut head = format!(
+        "POST /events HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {length}\r\n"
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// Reads an answer until the server closes the connection.
 pub fn read_answer(stream: &mut TcpStream) -> std::io::Result<Answer> {
     let mut raw = Vec::new();
