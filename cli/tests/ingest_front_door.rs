@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ingest_process::{event_body, Ingest};
+use ingest_process::{event_body, stored, Ingest};
 use pg::Postgres;
 use raw_http::{device_signed_headers, request};
 use serde_json::json;
@@ -101,17 +101,6 @@ fn fleet(pattern: &str, extra: &[&str]) -> Fleet {
         key,
         ingest,
     }
-}
-
-fn stored(postgres: &Postgres, source: &str) -> i64 {
-    postgres
-        .client()
-        .query_one(
-            "SELECT count(*) FROM outbox_ingested WHERE source = $1",
-            &[&source],
-        )
-        .unwrap()
-        .get(0)
 }
 
 #[test]

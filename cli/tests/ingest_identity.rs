@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ingest_process::Ingest;
+use ingest_process::{event_body, stored, Ingest};
 use outbox_cli::ingest::{IngestConfig, IngestServer};
 use pg::Postgres;
 use raw_http::{device_signed_headers, request};
@@ -32,24 +32,6 @@ fn now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
-}
-
-/// A structured CloudEvent of `source`.
-fn event_body(id: &str, source: &str) -> Vec<u8> {
-    json!({"specversion": "1.0", "id": id, "source": source, "type": "t", "data": {"n": 1}})
-        .to_string()
-        .into_bytes()
-}
-
-fn stored(postgres: &Postgres, source: &str) -> i64 {
-    postgres
-        .client()
-        .query_one(
-            "SELECT count(*) FROM outbox_ingested WHERE source = $1",
-            &[&source],
-        )
-        .unwrap()
-        .get(0)
 }
 
 /// A device's outbox with `n` events of its source, and its relay signing with `key`.

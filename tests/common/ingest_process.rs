@@ -141,3 +141,15 @@ pub fn event_body(id: &str, source: &str) -> Vec<u8> {
         .to_string()
         .into_bytes()
 }
+
+/// Events of `source` stored in `outbox_ingested`.
+pub fn stored(postgres: &Postgres, source: &str) -> i64 {
+    postgres
+        .client()
+        .query_one(
+            "SELECT count(*) FROM outbox_ingested WHERE source = $1",
+            &[&source],
+        )
+        .unwrap()
+        .get(0)
+}
