@@ -19,9 +19,10 @@
 //! database, so a load balancer may send any request anywhere.
 //!
 //! [`IngestServer::start`] binds, starts the threads, and returns; it creates or upgrades the
-//! tables first (or, while PostgreSQL is down, at the first request after it is back):
-//! until then every request gets 503 and `/healthz` is not 200. The command-line form is
-//! `outbox ingest`.
+//! tables first (or, while PostgreSQL is down, within a second of its return: the probe
+//! tries every second, and so does each request): until then every request gets 503 and
+//! `/healthz` is not 200. With `--keys-table`, `/healthz` is 200 only once the table of
+//! device keys was read. The command-line form is `outbox ingest`.
 //!
 //! **Order.** A device's relay sends a partition key's events one at a time, in commit
 //! order, each only after the previous one was acknowledged; so within `(source,
@@ -395,8 +396,10 @@ impl IngestConfig {
     }
 }
 
-/// A running ingest server: two I/O threads (`outbox-ingest-io`) and the database threads
-/// (`outbox-ingest-db-N`), all joined by [`shutdown`](Self::shutdown) (or on drop).
+/// A running ingest server: two I/O threads (`outbox-ingest-io`), two verification threads
+/// (`outbox-ingest-verify-N`: gzip, signatures, parsing), the database threads
+/// (`outbox-ingest-db-N`) and the probe (`outbox-ingest-probe`: `/healthz`, the keys
+/// table), all joined by [`shutdown`](Self::shutdown) (or on drop).
 pub struct IngestServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,

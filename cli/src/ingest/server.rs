@@ -229,7 +229,9 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let Some(peer_connection) = state.peers.open(peer.ip()) else {
             state.metrics.refusal("peer_connections");
-            tokio::spawn(refuse_connection(stream, state.write_timeout));
+            // It keeps its place among the open connections until it is closed, so a flood
+            // of them is bounded by `max_connections` like any other.
+            tokio::spawn(refuse_connection(stream, permit));
             continue;
         };
         let state = Arc::clone(&state);
@@ -289,9 +291,15 @@ pub(crate) async fn serve(
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all)).await;
 }
 
-/// Answers a connection over its address's share 503 and closes it, within the write
-/// timeout: a device behind the same address retries, and a hostile peer holds nothing.
-async fn refuse_connection(mut stream: tokio::net::TcpStream, write_timeout: Duration) {
+/// How long a refused connection's answer may take to write: it fits the socket's buffer.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Answers a connection over its address's share 503 and closes it within a second: a
+/// device behind the same address retries, and a hostile peer holds nothing for long.
+async fn refuse_connection(
+    mut stream: tokio::net::TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     use tokio::io::AsyncWriteExt;
     const WHY: &str = "too many connections from this address; retry soon\n";
     let answer = format!(
@@ -300,11 +308,12 @@ async fn refuse_connection(mut stream: tokio::net::TcpStream, write_timeout: Dur
          content-length: {}\r\n\r\n{WHY}",
         WHY.len()
     );
-    let _ = tokio::time::timeout(write_timeout, async {
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
         let _ = stream.write_all(answer.as_bytes()).await;
         let _ = stream.shutdown().await;
     })
     .await;
+    drop(permit);
 }
 
 /// Serves `GET /metrics` on its own listener until `shutdown` turns true: short requests,
