@@ -281,7 +281,10 @@ fn the_cli_speaks_mqtt_5_binary_and_refuses_flags_that_do_not_fit() {
     for (args, why) in [
         (vec!["--mqtt-binary"], "needs --mqtt-version 5"),
         (vec!["--mqtt-version", "7"], "not an MQTT version"),
-        (vec!["--ca", "/nonexistent"], "not an mqtts:// URL"),
+        (
+            vec!["--ca", "/nonexistent"],
+            "not an https:// or mqtts:// URL",
+        ),
     ] {
         let mut all = vec!["relay", "--url", &url, "--until-empty"];
         all.extend(args);

@@ -33,6 +33,37 @@
 //! an event that matches none is refused with [`Error::NoRoute`](crate::Error::NoRoute) rather than kept where
 //! nobody delivers it.
 //!
+//! # HTTPS behind a private CA, and client certificates
+//!
+//! An HTTPS receiver trusted by Mozilla's roots (built in) needs nothing. One whose
+//! certificate a private CA issued (a factory floor's, an on-premises gateway's) is reached
+//! with [`HttpConfig::ca_pem`](crate::transport::HttpConfig::ca_pem) (those roots instead of
+//! the built-in ones; `outbox relay --ca-file FILE`), and one that asks for a client
+//! certificate (mutual TLS, a device's identity on many IoT platforms) with
+//! [`HttpConfig::client_identity_pem`](crate::transport::HttpConfig::client_identity_pem)
+//! (`--client-cert FILE --client-key FILE`); both are checked at start. A TLS failure (a
+//! certificate that does not verify, an expired one, a handshake the receiver refuses)
+//! comes before the request reaches the receiver: it spends no attempt, and the
+//! destination backs off as when it cannot be reached, each event's `last_error` naming
+//! the certificate problem. So an expired certificate on the receiving side delays the
+//! backlog, and dead-letters none of it.
+//!
+//! ```no_run
+//! use sqlite_outbox::transport::HttpConfig;
+//! use sqlite_outbox::{Destination, RelayConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let http = HttpConfig::new()
+//!     .ca_pem(std::fs::read("/etc/outbox/site-ca.pem")?)
+//!     .client_identity_pem(
+//!         std::fs::read("/etc/outbox/device.pem")?,
+//!         std::fs::read("/etc/outbox/device.key")?,
+//!     );
+//! let config = RelayConfig::new()
+//!     .destination(Destination::http("gateway", "https://gateway.site.local/in").http_config(http));
+//! # drop(config);
+//! # Ok(()) }
+//! ```
+//!
 //! # MQTT brokers
 //!
 //! With the `mqtt` feature (on in the CLI build), a destination can be an MQTT broker:

@@ -432,11 +432,14 @@ pub fn import(
     let key = key.into();
     let bundle = read_bundle(path, key.clone())?;
     // The relay's own settings: no redirect, no proxy, timeouts.
-    let agent = ureq::Agent::new_with_config(crate::transport::agent_config(
-        options.request_timeout.min(IMPORT_CONNECT_TIMEOUT),
-        options.request_timeout,
-        1,
-    ));
+    let agent = ureq::Agent::new_with_config(
+        crate::transport::agent_config(
+            options.request_timeout.min(IMPORT_CONNECT_TIMEOUT),
+            options.request_timeout,
+            1,
+        )
+        .build(),
+    );
     let mut report = ImportReport {
         delivered: 0,
         failed: Vec::new(),

@@ -45,6 +45,8 @@ pub struct HttpConfig {
     max_idle_connections: usize,
     headers: Vec<(String, String)>,
     binary: bool,
+    ca_pem: Option<Vec<u8>>,
+    client_identity_pem: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl HttpConfig {
@@ -94,6 +96,46 @@ impl HttpConfig {
         self
     }
 
+    /// Trusts the certificates in `pem` (one or more, PEM) as the roots for HTTPS instead of
+    /// the built-in Mozilla roots: a receiver behind a private CA (a factory floor's, an
+    /// on-premises gateway's). A PEM that holds no certificate is refused at start.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> HttpConfig {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (its chain, PEM, the device's own first) and its
+    /// private key (PEM) to an HTTPS receiver that asks for one (mutual TLS). The key is
+    /// never shown by `Debug`; a pair that does not parse is refused at start.
+    pub fn client_identity_pem(
+        mut self,
+        cert_chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> HttpConfig {
+        self.client_identity_pem = Some((cert_chain_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The TLS settings these options ask for.
+    fn tls_config(&self) -> Result<ureq::tls::TlsConfig> {
+        use ureq::tls::{ClientCert, PrivateKey, RootCerts, TlsConfig};
+        let mut tls = TlsConfig::builder();
+        if let Some(pem) = &self.ca_pem {
+            let roots = certificates(pem, "ca_pem")?;
+            tls = tls.root_certs(RootCerts::new_with_certs(&roots));
+        }
+        if let Some((chain, key)) = &self.client_identity_pem {
+            let chain = certificates(chain, "the client certificate")?;
+            let key = PrivateKey::from_pem(key).map_err(|_| {
+                Error::InvalidConfig(
+                    "the client key is not a PEM private key (PKCS#8, PKCS#1 or SEC1)".into(),
+                )
+            })?;
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+        }
+        Ok(tls.build())
+    }
+
     /// Whether binary content mode is on.
     pub(crate) fn is_binary(&self) -> bool {
         self.binary
@@ -105,6 +147,28 @@ impl HttpConfig {
     }
 }
 
+/// The certificates in `pem`, or why not: `what` names the setting.
+fn certificates(pem: &[u8], what: &str) -> Result<Vec<ureq::tls::Certificate<'static>>> {
+    let mut certificates = Vec::new();
+    for item in ureq::tls::parse_pem(pem) {
+        match item {
+            Ok(ureq::tls::PemItem::Certificate(certificate)) => certificates.push(certificate),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} is not valid PEM: {e}"
+                )))
+            }
+        }
+    }
+    if certificates.is_empty() {
+        return Err(Error::InvalidConfig(format!(
+            "{what} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        )));
+    }
+    Ok(certificates)
+}
+
 /// The HTTP client settings of everything that delivers (the relay, `import`): statuses as
 /// answers, no redirect followed (a captive portal's 302 would turn a POST into a GET
 /// without its body, and its 2xx would count as delivered), no proxy from the environment,
@@ -113,7 +177,7 @@ pub(crate) fn agent_config(
     connect_timeout: Duration,
     request_timeout: Duration,
     max_idle_connections: usize,
-) -> ureq::config::Config {
+) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
     ureq::config::Config::builder()
         .http_status_as_error(false)
         .max_redirects(0)
@@ -124,7 +188,6 @@ pub(crate) fn agent_config(
         .max_idle_connections(max_idle_connections)
         .max_idle_connections_per_host(max_idle_connections)
         .user_agent(concat!("sqlite-outbox/", env!("CARGO_PKG_VERSION")))
-        .build()
 }
 
 impl Default for HttpConfig {
@@ -135,6 +198,8 @@ impl Default for HttpConfig {
             max_idle_connections: 16,
             headers: Vec::new(),
             binary: false,
+            ca_pem: None,
+            client_identity_pem: None,
         }
     }
 }
@@ -149,6 +214,8 @@ impl fmt::Debug for HttpConfig {
             .field("max_idle_connections", &self.max_idle_connections)
             .field("headers", &names)
             .field("binary", &self.binary)
+            .field("ca_pem", &self.ca_pem.is_some())
+            .field("client_identity", &self.client_identity_pem.is_some())
             .finish()
     }
 }
@@ -259,11 +326,14 @@ impl HttpTransport {
                 ))
             })?;
         }
+        let tls = config.tls_config()?;
         let agent_config = agent_config(
             config.connect_timeout,
             config.request_timeout,
             config.max_idle_connections,
-        );
+        )
+        .tls_config(tls)
+        .build();
         // A lookup per host every 30 s, not per request (see `resolver`); each request in
         // one write, TLS or not, and socket timeouts set only when they change (see `tcp`).
         let agent = Agent::with_parts(
@@ -316,17 +386,26 @@ fn classify(e: ureq::Error) -> Attempt {
     use ureq::Error as E;
     use ureq::Timeout as T;
     let before_sent = match &e {
-        E::HostNotFound | E::ConnectionFailed | E::ConnectProxyFailed(_) | E::Tls(_) => true,
+        // A TLS failure (a certificate that does not verify, an expired one, a handshake
+        // refused) comes before the request is sent: it is the connection's, like a host
+        // that cannot be reached, and must not spend the events' attempts.
+        E::HostNotFound
+        | E::ConnectionFailed
+        | E::ConnectProxyFailed(_)
+        | E::Tls(_)
+        | E::Rustls(_) => true,
         E::Timeout(T::Resolve | T::Connect) => true,
-        E::Io(io) => matches!(
-            io.kind(),
-            ErrorKind::ConnectionRefused
-                | ErrorKind::AddrNotAvailable
-                | ErrorKind::NotConnected
-                | ErrorKind::HostUnreachable
-                | ErrorKind::NetworkUnreachable
-                | ErrorKind::NetworkDown
-        ),
+        E::Io(io) => {
+            matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::NotConnected
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::NetworkDown
+            ) || is_tls_failure(io)
+        }
         _ => false,
     };
     let local_fault = matches!(
@@ -341,6 +420,14 @@ fn classify(e: ureq::Error) -> Attempt {
     } else {
         Attempt::Failed { reason }
     }
+}
+
+/// Whether an I/O error is rustls refusing the connection: the handshake runs on the
+/// request's first write, so a certificate that does not verify, or a receiver that wants a
+/// client certificate it did not get, comes back as an I/O error wrapping rustls' own.
+fn is_tls_failure(io: &std::io::Error) -> bool {
+    io.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
 }
 
 impl Transport for HttpTransport {

@@ -31,15 +31,16 @@ pub struct RelayArgs {
     /// properties) instead of the JSON envelope.
     #[arg(long)]
     mqtt_binary: bool,
-    /// mqtts:// only: a PEM file of CA certificates for the broker's certificate (default:
-    /// Mozilla's roots, built in).
-    #[arg(long)]
+    /// https:// or mqtts://: a PEM file of CA certificates to trust for the receiver's or
+    /// broker's certificate instead of Mozilla's roots (built in): a private CA.
+    #[arg(long, visible_alias = "ca-file")]
     ca: Option<std::path::PathBuf>,
-    /// mqtts:// only: the device's certificate chain (PEM), for mutual TLS; needs --key.
-    #[arg(long)]
+    /// https:// or mqtts://: the device's certificate chain (PEM), for mutual TLS; needs
+    /// --key.
+    #[arg(long, visible_alias = "client-cert")]
     cert: Option<std::path::PathBuf>,
-    /// mqtts:// only: the private key (PEM) of --cert.
-    #[arg(long)]
+    /// https:// or mqtts://: the private key (PEM) of --cert.
+    #[arg(long, visible_alias = "client-key")]
     key: Option<std::path::PathBuf>,
     /// MQTT only: a fixed client id (default: outbox- and a random suffix per start).
     #[arg(long)]
@@ -217,9 +218,6 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         ("--topic", args.topic != "outbox/{type}"),
         ("--mqtt-version", args.mqtt_version.is_some()),
         ("--mqtt-binary", args.mqtt_binary),
-        ("--ca", args.ca.is_some()),
-        ("--cert", args.cert.is_some()),
-        ("--key", args.key.is_some()),
     ];
     if let Some((flag, _)) = mqtt_only.iter().find(|(_, given)| *given) {
         return Err(bad_input(format!(
@@ -228,7 +226,14 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         )));
     }
     // Leave room in the lease for the request to finish.
-    let http = HttpConfig::new().request_timeout(Duration::from_secs(15).min(lease / 2));
+    let mut http = HttpConfig::new().request_timeout(Duration::from_secs(15).min(lease / 2));
+    let (ca, identity) = tls_files(args)?;
+    if let Some(pem) = ca {
+        http = http.ca_pem(pem);
+    }
+    if let Some((cert, key)) = identity {
+        http = http.client_identity_pem(cert, key);
+    }
     let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
     for s in &args.secret {
         destination = destination.secret(s);
@@ -315,27 +320,41 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     Ok(destination)
 }
 
-/// `--ca`, `--cert` and `--key`, read once at start; only for mqtts:// URLs.
-fn tls_settings(args: &RelayArgs, mut config: MqttConfig) -> Result<MqttConfig, Failure> {
+/// The contents of `--ca` and of `--cert` with `--key`, read once at start; only for a
+/// URL that speaks TLS.
+type TlsFiles = (Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>);
+
+fn tls_files(args: &RelayArgs) -> Result<TlsFiles, Failure> {
     let given = args.ca.is_some() || args.cert.is_some() || args.key.is_some();
-    if given && !args.url.starts_with("mqtts://") {
+    if given && !(args.url.starts_with("mqtts://") || args.url.starts_with("https://")) {
         return Err(bad_input(format!(
-            "--ca, --cert and --key are for TLS; {} is not an mqtts:// URL",
+            "--ca, --cert and --key are for TLS; {} is not an https:// or mqtts:// URL",
             args.url
         )));
     }
     let read = |flag: &str, path: &std::path::Path| {
         std::fs::read(path).map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))
     };
-    if let Some(path) = &args.ca {
-        config = config.ca_pem(read("--ca", path)?);
-    }
-    match (&args.cert, &args.key) {
-        (Some(cert), Some(key)) => {
-            config = config.client_identity_pem(read("--cert", cert)?, read("--key", key)?);
-        }
-        (None, None) => {}
+    let ca = match &args.ca {
+        Some(path) => Some(read("--ca", path)?),
+        None => None,
+    };
+    let identity = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => Some((read("--cert", cert)?, read("--key", key)?)),
+        (None, None) => None,
         _ => return Err(bad_input("--cert and --key go together (mutual TLS)")),
+    };
+    Ok((ca, identity))
+}
+
+/// `--ca`, `--cert` and `--key` for an mqtts:// broker.
+fn tls_settings(args: &RelayArgs, mut config: MqttConfig) -> Result<MqttConfig, Failure> {
+    let (ca, identity) = tls_files(args)?;
+    if let Some(pem) = ca {
+        config = config.ca_pem(pem);
+    }
+    if let Some((cert, key)) = identity {
+        config = config.client_identity_pem(cert, key);
     }
     Ok(config)
 }

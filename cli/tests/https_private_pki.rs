@@ -1,0 +1,270 @@
+//! HTTPS receivers behind a private CA, and ones that ask for a client certificate (issue
+//! 57, item 2): a real TLS server on loopback (rustls) with certificates a test CA issues
+//! at test time, the library's relay and the CLI's.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/test_ca.rs"]
+mod test_ca;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::json;
+use sqlite_outbox::transport::HttpConfig;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+use test_ca::{Issued, TestCa};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// An HTTPS receiver on 127.0.0.1 answering every request 204 and counting them; with
+/// `client_ca`, it asks for a client certificate that CA issued and refuses the handshake
+/// without one.
+struct HttpsReceiver {
+    addr: SocketAddr,
+    received: Arc<AtomicUsize>,
+}
+
+impl HttpsReceiver {
+    fn start(server: &Issued, client_ca: Option<&Path>) -> HttpsReceiver {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+                    roots.add(cert.unwrap()).unwrap();
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .unwrap();
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&server.cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
+        let config = Arc::new(builder.with_single_cert(certs, key).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&received);
+        std::thread::Builder::new()
+            .name("https-receiver".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else { continue };
+                    let config = Arc::clone(&config);
+                    let counted = Arc::clone(&counted);
+                    std::thread::spawn(move || {
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                        let Ok(connection) = rustls::ServerConnection::new(config) else {
+                            return;
+                        };
+                        let tls = rustls::StreamOwned::new(connection, stream);
+                        let _ = serve(tls, &counted);
+                    });
+                }
+            })
+            .unwrap();
+        HttpsReceiver { addr, received }
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}/events", self.addr.port())
+    }
+
+    fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads requests off one connection, answering each 204, until it ends.
+fn serve(stream: impl Read + Write, counted: &AtomicUsize) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut length = 0usize;
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body)?;
+        counted.fetch_add(1, Ordering::SeqCst);
+        reader
+            .get_mut()
+            .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")?;
+        reader.get_mut().flush()?;
+    }
+}
+
+fn device(dir: &Path, n: usize) -> Outbox {
+    let outbox = Outbox::open(dir.join("device.db")).unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..n {
+                let _ = outbox.enqueue(tx, Event::new("reading", json!({"i": i})))?;
+            }
+            Ok::<_, sqlite_outbox::Error>(())
+        })
+        .unwrap();
+    outbox
+}
+
+fn relay_to(outbox: &Outbox, url: &str, http: HttpConfig) -> sqlite_outbox::RelayHandle {
+    outbox
+        .relay(
+            common::fast(RelayConfig::new().destination(Destination::http("default", url)))
+                .http_config(
+                    http.connect_timeout(Duration::from_secs(2))
+                        .request_timeout(Duration::from_secs(5)),
+                )
+                .max_attempts(3),
+        )
+        .start()
+        .unwrap()
+}
+
+#[test]
+fn a_receiver_behind_a_private_ca_is_refused_without_spending_attempts_and_reached_with_its_ca() {
+    // Issue 57: 30 events against an HTTPS receiver with a private CA spent every event's
+    // attempts (148 retries in 8 s): a TLS failure was the events' fault.
+    let ca = TestCa::new("factory CA");
+    let receiver = HttpsReceiver::start(&ca.server(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = device(dir.path(), 30);
+    let relay = relay_to(&outbox, &receiver.url(), HttpConfig::new());
+    std::thread::sleep(Duration::from_secs(4));
+    let _ = relay.shutdown();
+    let rows = common::rows(&outbox);
+    let attempts: i64 = rows.iter().map(|r| r.attempts).sum();
+    eprintln!(
+        "without the CA: {attempts} attempts spent, {} dead, last error {:?}",
+        rows.iter().filter(|r| r.dead).count(),
+        rows.iter().find_map(|r| r.last_error.clone())
+    );
+    assert_eq!(receiver.received(), 0);
+    assert_eq!(attempts, 0, "a TLS failure spends no attempt");
+    assert!(rows.iter().all(|r| !r.dead));
+    assert!(
+        rows.iter()
+            .filter_map(|r| r.last_error.as_deref())
+            .any(|e| e.contains("unreachable") && e.to_lowercase().contains("certificate")),
+        "the refusal says it is the certificate: {:?}",
+        rows.iter().find_map(|r| r.last_error.clone())
+    );
+    // With the CA's certificate, every event goes.
+    let pem = std::fs::read(ca.ca_pem()).unwrap();
+    let relay = relay_to(&outbox, &receiver.url(), HttpConfig::new().ca_pem(pem));
+    assert!(common::all_delivered_within(&outbox, PATIENCE));
+    let _ = relay.shutdown();
+    assert_eq!(receiver.received(), 30);
+}
+
+#[test]
+fn a_receiver_that_asks_for_a_client_certificate_gets_the_devices() {
+    let ca = TestCa::new("platform CA");
+    let receiver = HttpsReceiver::start(&ca.server(), Some(&ca.ca_pem()));
+    let device_cert = ca.client("device-42");
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = device(dir.path(), 5);
+    let pem = std::fs::read(ca.ca_pem()).unwrap();
+    // Without a client certificate the handshake is refused: no attempt spent.
+    let relay = relay_to(
+        &outbox,
+        &receiver.url(),
+        HttpConfig::new().ca_pem(pem.clone()),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = relay.shutdown();
+    let rows = common::rows(&outbox);
+    assert_eq!(receiver.received(), 0);
+    assert_eq!(rows.iter().map(|r| r.attempts).sum::<i64>(), 0, "{rows:?}");
+    let relay = relay_to(
+        &outbox,
+        &receiver.url(),
+        HttpConfig::new().ca_pem(pem).client_identity_pem(
+            std::fs::read(&device_cert.cert).unwrap(),
+            std::fs::read(&device_cert.key).unwrap(),
+        ),
+    );
+    assert!(common::all_delivered_within(&outbox, PATIENCE));
+    let _ = relay.shutdown();
+    assert_eq!(receiver.received(), 5);
+}
+
+#[test]
+fn the_cli_relay_takes_a_ca_file_and_a_client_certificate_and_refuses_bad_pem_with_exit_2() {
+    let ca = TestCa::new("site CA");
+    let receiver = HttpsReceiver::start(&ca.server(), Some(&ca.ca_pem()));
+    let device_cert = ca.client("device-7");
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = device(dir.path(), 3);
+    drop(outbox);
+    let db = dir.path().join("device.db");
+    let url = receiver.url();
+    let ca_file = ca.ca_pem();
+    let args = [
+        "relay",
+        "--url",
+        &url,
+        "--ca-file",
+        ca_file.to_str().unwrap(),
+        "--client-cert",
+        device_cert.cert.to_str().unwrap(),
+        "--client-key",
+        device_cert.key.to_str().unwrap(),
+        "--until-empty",
+        "--timeout",
+        "30s",
+    ];
+    let o = common::outbox_cli(&db, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(receiver.received(), 3);
+    // A CA file that holds no certificate: refused at start, naming the setting.
+    let bad = dir.path().join("not-a-ca.pem");
+    std::fs::write(&bad, "hello\n").unwrap();
+    let o = common::outbox_cli(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &url,
+            "--ca-file",
+            bad.to_str().unwrap(),
+            "--until-empty",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("ca_pem holds no PEM certificate"),
+        "{stderr}"
+    );
+}
