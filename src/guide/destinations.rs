@@ -41,7 +41,10 @@
 //! the built-in ones; `outbox relay --ca-file FILE`), and one that asks for a client
 //! certificate (mutual TLS, a device's identity on many IoT platforms) with
 //! [`HttpConfig::client_identity_pem`](crate::transport::HttpConfig::client_identity_pem)
-//! (`--client-cert FILE --client-key FILE`); both are checked at start. A TLS failure (a
+//! (`--client-cert FILE --client-key FILE`); both are checked at start. With the
+//! `platform-verifier` feature,
+//! [`HttpConfig::platform_roots`](crate::transport::HttpConfig::platform_roots) trusts the
+//! operating system's store instead (the roots a company installs on its machines). A TLS failure (a
 //! certificate that does not verify, an expired one, a handshake the receiver refuses)
 //! comes before the request reaches the receiver: it spends no attempt, and the
 //! destination backs off as when it cannot be reached, each event's `last_error` naming

@@ -47,6 +47,7 @@ pub struct HttpConfig {
     binary: bool,
     ca_pem: Option<Vec<u8>>,
     client_identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    platform_roots: bool,
 }
 
 impl HttpConfig {
@@ -104,6 +105,16 @@ impl HttpConfig {
         self
     }
 
+    /// Trusts the operating system's certificate store for HTTPS (Windows, macOS, iOS,
+    /// Android; on Linux the system's CA bundle) instead of Mozilla's roots built in: the
+    /// roots a company installs on its machines are then trusted too. Needs the crate's
+    /// `platform-verifier` feature (refused at start without it); off by default, and
+    /// [`ca_pem`](Self::ca_pem) takes precedence.
+    pub fn platform_roots(mut self, on: bool) -> HttpConfig {
+        self.platform_roots = on;
+        self
+    }
+
     /// Presents this client certificate (its chain, PEM, the device's own first) and its
     /// private key (PEM) to an HTTPS receiver that asks for one (mutual TLS). The key is
     /// never shown by `Debug`; a pair that does not parse is refused at start.
@@ -120,6 +131,14 @@ impl HttpConfig {
     fn tls_config(&self) -> Result<ureq::tls::TlsConfig> {
         use ureq::tls::{ClientCert, PrivateKey, RootCerts, TlsConfig};
         let mut tls = TlsConfig::builder();
+        if self.platform_roots {
+            if !cfg!(feature = "platform-verifier") {
+                return Err(Error::InvalidConfig(
+                    "platform_roots needs the crate's platform-verifier feature".into(),
+                ));
+            }
+            tls = tls.root_certs(RootCerts::PlatformVerifier);
+        }
         if let Some(pem) = &self.ca_pem {
             let roots = certificates(pem, "ca_pem")?;
             tls = tls.root_certs(RootCerts::new_with_certs(&roots));
@@ -200,6 +219,7 @@ impl Default for HttpConfig {
             binary: false,
             ca_pem: None,
             client_identity_pem: None,
+            platform_roots: false,
         }
     }
 }
@@ -216,6 +236,7 @@ impl fmt::Debug for HttpConfig {
             .field("binary", &self.binary)
             .field("ca_pem", &self.ca_pem.is_some())
             .field("client_identity", &self.client_identity_pem.is_some())
+            .field("platform_roots", &self.platform_roots)
             .finish()
     }
 }
@@ -586,6 +607,28 @@ mod tests {
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}");
         }
         assert!(HttpTransport::new("http://127.0.0.1:9/x", HttpConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn tls_settings_that_do_not_parse_are_refused_at_start_without_showing_a_key() {
+        let url = "https://127.0.0.1:9/";
+        let message = |config: HttpConfig| match HttpTransport::new(url, config) {
+            Err(Error::InvalidConfig(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(message(HttpConfig::new().ca_pem("not pem")).contains("holds no PEM certificate"));
+        let secret_key = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n";
+        let why = message(HttpConfig::new().client_identity_pem("", secret_key));
+        assert!(why.contains("client certificate"), "{why}");
+        assert!(!why.contains("c2VjcmV0"), "{why}");
+        let shown = format!(
+            "{:?}",
+            HttpConfig::new().client_identity_pem("c", secret_key)
+        );
+        assert!(!shown.contains("c2VjcmV0"), "{shown}");
+        // The operating system's roots need the feature.
+        let platform = HttpTransport::new(url, HttpConfig::new().platform_roots(true));
+        assert_eq!(platform.is_ok(), cfg!(feature = "platform-verifier"));
     }
 
     #[test]
