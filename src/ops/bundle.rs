@@ -262,7 +262,12 @@ impl Outbox {
         let file = out.into_inner().map_err(|e| Error::Io(e.into_error()))?;
         file.sync_all()?;
         std::fs::rename(partial, path)?;
-        if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        // The rename made durable where a folder can be synced (unix); Windows refuses to
+        // open one, and NTFS's journal keeps the rename.
+        if let Some(folder) = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && crate::platform::can_sync_folders_here())
+        {
             std::fs::File::open(folder)?.sync_all()?;
         }
         Ok(sha256)

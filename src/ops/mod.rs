@@ -9,5 +9,6 @@
 pub mod admin;
 pub mod bundle;
 mod configure;
+pub(crate) mod drain;
 pub(crate) mod redeliver;
 mod subscribe;

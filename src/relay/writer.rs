@@ -310,10 +310,14 @@ impl Writer {
 
     /// How often the writer polls `data_version` and claims without a sign of new work:
     /// [`WATCHED_POLL_INTERVAL`] (or the poll interval, if longer) while the WAL watch
-    /// reports commits, the poll interval otherwise.
+    /// reports commits, on a system whose watch reports writes to the open WAL (Linux,
+    /// Android); the poll interval otherwise, and everywhere else (a watch set up on macOS,
+    /// Windows or iOS reports no such write: another process's commit would wait 5 s).
     fn poll_period(&self) -> Duration {
         match &self.wal_watch {
-            Some(watch) if watch.is_watching() => WATCHED_POLL_INTERVAL.max(self.poll_interval),
+            Some(watch) if watch.is_watching() && crate::platform::watch_reports_writes_here() => {
+                WATCHED_POLL_INTERVAL.max(self.poll_interval)
+            }
             _ => self.poll_interval,
         }
     }

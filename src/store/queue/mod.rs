@@ -149,6 +149,20 @@ macro_rules! expired {
 /// The condition "pending", for queries that read (stats, gauges, listings).
 pub(crate) const PENDING: &str = pending!("");
 
+/// The last error recorded on a pending event: the one tried most recently (its next try
+/// is the latest), for saying why events are left.
+pub(crate) fn last_pending_error(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        &format!(
+            "SELECT last_error FROM outbox_events WHERE {PENDING} AND last_error IS NOT NULL
+              ORDER BY available_at DESC LIMIT 1"
+        ),
+        [],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
 /// The condition "dead", for queries that read.
 pub(crate) const DEAD: &str = dead!();
 

@@ -11,8 +11,6 @@ use clap::Args;
 use outbox_cli::ingest::{check_keys_file, IngestConfig, IngestServer};
 use sqlite_outbox::receive::Secret;
 
-use tokio::signal::unix::{signal, SignalKind};
-
 use crate::failure::{bad_input, failed, Outcome};
 use crate::parse_duration;
 
@@ -164,19 +162,16 @@ pub fn run(args: IngestArgs) -> Outcome {
         let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
         config = config.secret(secret);
     }
-    // SIGINT and SIGTERM stop, SIGHUP re-reads the keys file: all three are taken before the
-    // server starts, so none arriving early ends the process by its default action.
+    // The stop signals (and, on unix, SIGHUP) are taken before the server starts, so none
+    // arriving early ends the process by its default action.
     let signals = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .map_err(|e| failed(format!("cannot start the signal runtime: {e}")))?;
-    let signals_of = |kind| {
+    let mut stop = {
         let _entered = signals.enter();
-        signal(kind).map_err(|e| failed(format!("cannot listen for signals: {e}")))
+        StopSignals::listen().map_err(|e| failed(format!("cannot listen for signals: {e}")))?
     };
-    let mut interrupt = signals_of(SignalKind::interrupt())?;
-    let mut terminate = signals_of(SignalKind::terminate())?;
-    let mut hangup = signals_of(SignalKind::hangup())?;
     let server = IngestServer::start(config)?;
     // The one line a supervisor or a test reads to learn the port.
     println!("listening on http://{}", server.local_addr());
@@ -184,18 +179,67 @@ pub fn run(args: IngestArgs) -> Outcome {
         println!("metrics on http://{addr}/metrics");
     }
     let _ = std::io::stdout().flush();
-    signals.block_on(async {
+    signals.block_on(stop.serve(&server));
+    server.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The signals `outbox ingest` answers: on unix, SIGINT and SIGTERM stop it and SIGHUP
+/// re-reads `--keys`; on Windows, Ctrl-C and closing the console stop it (keys are re-read
+/// there by a restart, or taken from `--keys-table`, re-read within a second).
+#[cfg(unix)]
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl StopSignals {
+    fn listen() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Until a stop signal; each SIGHUP re-reads the keys file.
+    async fn serve(&mut self, server: &IngestServer) {
         loop {
             tokio::select! {
-                _ = interrupt.recv() => break,
-                _ = terminate.recv() => break,
-                _ = hangup.recv() => {
-                    // A file that does not read is logged and changes nothing.
+                _ = self.interrupt.recv() => return,
+                _ = self.terminate.recv() => return,
+                _ = self.hangup.recv() => {
+                    // A file that does not read is logged, counted and changes nothing.
                     let _ = server.reload_keys();
                 }
             }
         }
-    });
-    server.shutdown();
-    Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[cfg(windows)]
+struct StopSignals {
+    ctrl_c: tokio::signal::windows::CtrlC,
+    close: tokio::signal::windows::CtrlClose,
+}
+
+#[cfg(windows)]
+impl StopSignals {
+    fn listen() -> std::io::Result<StopSignals> {
+        Ok(StopSignals {
+            ctrl_c: tokio::signal::windows::ctrl_c()?,
+            close: tokio::signal::windows::ctrl_close()?,
+        })
+    }
+
+    /// Until Ctrl-C or the console closes.
+    async fn serve(&mut self, _server: &IngestServer) {
+        tokio::select! {
+            _ = self.ctrl_c.recv() => {}
+            _ = self.close.recv() => {}
+        }
+    }
 }
