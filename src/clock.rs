@@ -1,6 +1,7 @@
 //! Time as the outbox sees it, so backoff and lease expiry can be tested without sleeping.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use portable_atomic::AtomicI64;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -7,7 +7,8 @@
 //! asked again from the file with [`Outbox::status`](crate::Outbox::status), so a lost
 //! notice costs a query, never a wrong answer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use portable_atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};

@@ -18,7 +18,8 @@
 //! without a real-time clock, or by hand) neither stretches a 30 s backoff into a day nor
 //! cuts a pause short.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use portable_atomic::AtomicI64;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 

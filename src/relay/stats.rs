@@ -1,6 +1,7 @@
 //! What a relay has done: running totals shared by its threads, and the shutdown report.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use portable_atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 
 use crate::store::queue::WriteBack;
 

@@ -1,10 +1,11 @@
 //! The database file: opening it (or refusing a foreign one untouched), the connection pool,
 //! per-connection PRAGMAs and schema migrations.
 
+use portable_atomic::AtomicU64;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use r2d2_sqlite::SqliteConnectionManager;

@@ -13,8 +13,9 @@
 //!   above the header's resolution and a slow answer's latency, well below the 5 minute
 //!   tolerance. It is logged once when it starts and once if it stops.
 
+use portable_atomic::AtomicI64;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

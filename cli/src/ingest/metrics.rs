@@ -3,9 +3,10 @@
 //!
 //! Everything here is an atomic or a short lock: the counters are bumped on every request.
 
+use portable_atomic::AtomicU64;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use super::lock;
