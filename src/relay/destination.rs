@@ -22,7 +22,8 @@ pub(crate) struct Batching {
 enum Target {
     Http {
         url: String,
-        config: HttpConfig,
+        /// Boxed: with its TLS and proxy settings it is most of a destination's size.
+        config: Box<HttpConfig>,
         /// `whsec_…` texts as given; parsed (and refused if malformed) at `start()`, so a
         /// setter never fails mid-chain. Never shown: `Debug` prints their count.
         secrets: Vec<String>,
@@ -102,7 +103,7 @@ impl Destination {
             name.into(),
             Target::Http {
                 url: url.into(),
-                config: HttpConfig::default(),
+                config: Box::default(),
                 secrets: Vec::new(),
                 signing_key: None,
             },
@@ -186,7 +187,7 @@ impl Destination {
     /// Sets timeouts and extra headers. Defaults to [`HttpConfig::default`].
     pub fn http_config(mut self, http: HttpConfig) -> Destination {
         if let Target::Http { config, .. } = &mut self.target {
-            *config = http;
+            **config = http;
         }
         self
     }
@@ -335,7 +336,7 @@ impl Destination {
                     .map_err(invalid)?;
                 let mut transport = HttpTransport::with_secrets(
                     url,
-                    config.clone(),
+                    HttpConfig::clone(config),
                     secrets,
                     self.batch.is_some(),
                 )?;

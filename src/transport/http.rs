@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use ureq::Agent;
 
+use super::proxy::{self, ProxySetting};
 use super::resolver::CachingResolver;
 
 use crate::error::{Error, Result};
@@ -48,6 +49,7 @@ pub struct HttpConfig {
     ca_pem: Option<Vec<u8>>,
     client_identity_pem: Option<(Vec<u8>, Vec<u8>)>,
     platform_roots: bool,
+    proxy: ProxySetting,
 }
 
 impl HttpConfig {
@@ -102,6 +104,27 @@ impl HttpConfig {
     /// on-premises gateway's). A PEM that holds no certificate is refused at start.
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> HttpConfig {
         self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Sends every request through the HTTP proxy at `url` (`http://host:port`, with
+    /// `user:password@` when it asks for credentials: sent as `Proxy-Authorization: Basic`,
+    /// never logged or shown): plain HTTP in absolute form, HTTPS through `CONNECT`. Without
+    /// this or [`proxy_from_env`](Self::proxy_from_env) no proxy is used, whatever the
+    /// environment says. A proxy that refuses (`407`) or cannot reach the receiver (`502`,
+    /// `504` from the proxy) is the network being down: no attempt spent, the destination
+    /// waits as when unreachable, a log line names the proxy. Redirects stay refused.
+    pub fn proxy(mut self, url: impl Into<String>) -> HttpConfig {
+        self.proxy = ProxySetting::Url(url.into());
+        self
+    }
+
+    /// Uses the proxy the environment names, read at start the way curl reads it:
+    /// `https_proxy` (or `HTTPS_PROXY`) for https destinations, `http_proxy` for http ones,
+    /// then `all_proxy` (or `ALL_PROXY`); none for a host `no_proxy` (or `NO_PROXY`) lists.
+    /// Opt-in: without it the environment is ignored.
+    pub fn proxy_from_env(mut self) -> HttpConfig {
+        self.proxy = ProxySetting::FromEnv;
         self
     }
 
@@ -166,6 +189,18 @@ impl HttpConfig {
     }
 }
 
+/// A proxy URL as ureq takes it, or why not (never repeating a password).
+fn parse_proxy(url: &str) -> Result<ureq::Proxy> {
+    let shown = proxy::shown(url);
+    if !url.to_ascii_lowercase().starts_with("http://") {
+        return Err(Error::InvalidConfig(format!(
+            "proxy {shown} is not an http:// proxy URL"
+        )));
+    }
+    ureq::Proxy::new(url)
+        .map_err(|_| Error::InvalidConfig(format!("proxy {shown} is not a valid proxy URL")))
+}
+
 /// The certificates in `pem`, or why not: `what` names the setting.
 fn certificates(pem: &[u8], what: &str) -> Result<Vec<ureq::tls::Certificate<'static>>> {
     let mut certificates = Vec::new();
@@ -220,6 +255,7 @@ impl Default for HttpConfig {
             ca_pem: None,
             client_identity_pem: None,
             platform_roots: false,
+            proxy: ProxySetting::Off,
         }
     }
 }
@@ -237,6 +273,14 @@ impl fmt::Debug for HttpConfig {
             .field("ca_pem", &self.ca_pem.is_some())
             .field("client_identity", &self.client_identity_pem.is_some())
             .field("platform_roots", &self.platform_roots)
+            .field(
+                "proxy",
+                &match &self.proxy {
+                    ProxySetting::Off => "off".to_string(),
+                    ProxySetting::Url(url) => proxy::shown(url),
+                    ProxySetting::FromEnv => "from the environment".to_string(),
+                },
+            )
             .finish()
     }
 }
@@ -261,6 +305,10 @@ impl fmt::Debug for HttpConfig {
 /// over plain TCP and TLS alike: one packet per event on a metered uplink rather than two.
 pub struct HttpTransport {
     agent: Agent,
+    /// The proxy requests go through, as it may be shown (no password).
+    proxy: Option<String>,
+    /// Whether the proxy is refusing or failing now: its spell is logged once.
+    proxy_refusing: std::sync::atomic::AtomicBool,
     url: String,
     /// `url`, parsed once: ureq would parse the text again for every request.
     uri: ureq::http::Uri,
@@ -348,22 +396,42 @@ impl HttpTransport {
             })?;
         }
         let tls = config.tls_config()?;
+        let proxy_url = match &config.proxy {
+            ProxySetting::Off => None,
+            ProxySetting::Url(url) => Some(url.clone()),
+            ProxySetting::FromEnv => proxy::from_env(
+                uri.scheme_str().unwrap_or("http"),
+                uri.host().unwrap_or(""),
+                |name| std::env::var(name).ok(),
+            ),
+        };
+        let proxy = match &proxy_url {
+            None => None,
+            Some(url) => Some(parse_proxy(url)?),
+        };
         let agent_config = agent_config(
             config.connect_timeout,
             config.request_timeout,
             config.max_idle_connections,
         )
-        .tls_config(tls)
-        .build();
-        // A lookup per host every 30 s, not per request (see `resolver`); each request in
-        // one write, TLS or not, and socket timeouts set only when they change (see `tcp`).
-        let agent = Agent::with_parts(
-            agent_config,
-            super::tcp::connector(),
-            CachingResolver::default(),
-        );
+        .tls_config(tls);
+        let agent = match proxy {
+            // A lookup per host every 30 s, not per request (see `resolver`); each request
+            // in one write, TLS or not, and socket timeouts set only when they change (see
+            // `tcp`).
+            None => Agent::with_parts(
+                agent_config.build(),
+                super::tcp::connector(),
+                CachingResolver::default(),
+            ),
+            // Through a proxy, ureq's own connectors: CONNECT for https, the absolute form
+            // for http, and the proxy's name looked up by ureq.
+            Some(proxy) => Agent::new_with_config(agent_config.proxy(Some(proxy)).build()),
+        };
         Ok(HttpTransport {
             agent,
+            proxy: proxy_url.as_deref().map(proxy::shown),
+            proxy_refusing: std::sync::atomic::AtomicBool::new(false),
             url: url.to_string(),
             uri,
             headers: config.headers,
@@ -451,6 +519,25 @@ fn is_tls_failure(io: &std::io::Error) -> bool {
         .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
 }
 
+impl HttpTransport {
+    /// Logs, once a spell, that the proxy stands between this destination and its receiver.
+    fn through_proxy(&self, attempt: Attempt) -> Attempt {
+        if let (Some(proxy), Attempt::Unreachable { reason }) = (&self.proxy, &attempt) {
+            let first = !self
+                .proxy_refusing
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            if first {
+                log::warn!(
+                    "destination {}: through proxy {proxy}: {reason}; its events wait, no \
+                     attempt spent",
+                    self.url
+                );
+            }
+        }
+        attempt
+    }
+}
+
 impl Transport for HttpTransport {
     fn send(&self, events: &[OutboundEvent]) -> Attempt {
         let (body, content_type, message_id) = match (self.batch, events) {
@@ -527,9 +614,18 @@ impl Transport for HttpTransport {
         }
         let mut response = match request.send(&body[..]) {
             Ok(response) => response,
-            Err(e) => return classify(e),
+            Err(e) => return self.through_proxy(classify(e)),
         };
         let status = response.status().as_u16();
+        // The proxy's own refusal (407) or failure to reach the receiver (502, 504): the
+        // network is down for this destination; the events are not at fault.
+        if let (Some(proxy), 407 | 502 | 504) = (&self.proxy, status) {
+            return self.through_proxy(Attempt::Unreachable {
+                reason: format!("proxy {proxy} answered HTTP {status}"),
+            });
+        }
+        self.proxy_refusing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let received = SystemTime::now();
         let date = response
             .headers()

@@ -29,6 +29,7 @@ mod clock_offset;
 mod http;
 #[cfg(feature = "mqtt")]
 mod mqtt;
+mod proxy;
 mod resolver;
 pub(crate) mod sending;
 mod tcp;

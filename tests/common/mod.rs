@@ -44,7 +44,7 @@ pub fn unix_secs(at: std::time::SystemTime) -> i64 {
 }
 
 /// The `outbox` CLI on `db` with `args`, without the environment's OUTBOX_* settings.
-fn cli_command(db: &std::path::Path, args: &[&str]) -> std::process::Command {
+pub fn cli_command(db: &std::path::Path, args: &[&str]) -> std::process::Command {
     // Set by cargo for the tests of the package with the binary (cli/): the tests of the
     // library at the top share these helpers but never run the CLI.
     let Some(binary) = option_env!("CARGO_BIN_EXE_outbox") else {

@@ -31,6 +31,14 @@ pub struct RelayArgs {
     /// properties) instead of the JSON envelope.
     #[arg(long)]
     mqtt_binary: bool,
+    /// http(s):// only: send through this HTTP proxy (`http://[user:password@]host:port`;
+    /// HTTPS goes through CONNECT). Without it or --proxy-from-env, no proxy is used.
+    #[arg(long, value_name = "URL", conflicts_with = "proxy_from_env")]
+    proxy: Option<String>,
+    /// http(s):// only: use the proxy the environment names, as curl reads it (https_proxy,
+    /// http_proxy, all_proxy, no_proxy).
+    #[arg(long)]
+    proxy_from_env: bool,
     /// https:// or mqtts://: a PEM file of CA certificates to trust for the receiver's or
     /// broker's certificate instead of Mozilla's roots (built in): a private CA.
     #[arg(long, visible_alias = "ca-file")]
@@ -231,6 +239,12 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     if let Some(pem) = ca {
         http = http.ca_pem(pem);
     }
+    if let Some(url) = &args.proxy {
+        http = http.proxy(url);
+    }
+    if args.proxy_from_env {
+        http = http.proxy_from_env();
+    }
     if let Some((cert, key)) = identity {
         http = http.client_identity_pem(cert, key);
     }
@@ -282,6 +296,11 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         return Err(bad_input(
             "--secret, --secret-file and --signing-key sign HTTP requests; with an mqtt:// URL \
              they would sign nothing",
+        ));
+    }
+    if args.proxy.is_some() || args.proxy_from_env {
+        return Err(bad_input(
+            "--proxy and --proxy-from-env are for http:// and https:// URLs",
         ));
     }
     let mut config = MqttConfig::new()
