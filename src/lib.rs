@@ -131,6 +131,7 @@
 //! | [`guide::receiving`] | verifying and applying events once; `outbox ingest` |
 //! | [`guide::tracing`] | W3C trace context and OpenTelemetry spans |
 //! | [`guide::operating`] | outcomes back to the app, replay, bundles, metrics, migrations |
+//! | [`guide::platforms`] | Windows, macOS, iOS, Android, 32-bit gateways, proxies, where the file goes |
 //! | [`guide::async_apps`] | tokio and sqlx |
 //!
 //! An app that sends needs the crate root (16 names and the [`rusqlite`] it was built

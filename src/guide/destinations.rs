@@ -33,6 +33,22 @@
 //! an event that matches none is refused with [`Error::NoRoute`](crate::Error::NoRoute) rather than kept where
 //! nobody delivers it.
 //!
+//! # Through an HTTP proxy
+//!
+//! Desktop apps in companies, schools and hospitals reach the internet through a proxy.
+//! [`HttpConfig::proxy`](crate::transport::HttpConfig::proxy)`("http://user:password@proxy:3128")`
+//! (`outbox relay --proxy URL`) sends every request through it, tunnelled with `CONNECT`
+//! (HTTPS, and plain HTTP too: ureq tunnels both, so a proxy that allows `CONNECT` to port
+//! 443 only serves https:// destinations), the credentials as `Proxy-Authorization: Basic`
+//! and never logged; [`HttpConfig::proxy_from_env`](crate::transport::HttpConfig::proxy_from_env)
+//! (`--proxy-from-env`) takes the environment's the way curl does (`https_proxy` or
+//! `HTTPS_PROXY` for https, `http_proxy` for http, then `all_proxy`; `no_proxy` exempts
+//! hosts and their subdomains). Without either, the environment is ignored: a variable an
+//! app did not expect never reroutes its events. A proxy that answers `407`, refuses the
+//! tunnel, or answers `502`/`504` for a receiver it cannot reach is the network being down
+//! for that destination: no attempt is spent, the destination waits as when unreachable,
+//! and one log line a spell names the proxy (without its password).
+//!
 //! # HTTPS behind a private CA, and client certificates
 //!
 //! An HTTPS receiver trusted by Mozilla's roots (built in) needs nothing. One whose

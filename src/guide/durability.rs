@@ -14,6 +14,14 @@
 //! | **Full** | every commit that returned | every commit that returned (one fsync per transaction) |
 //! | both | the file is never corrupt | the file is never corrupt |
 //!
+//! **On each system.** On Linux, Android and Windows a sync reaches the medium. On Apple
+//! systems (macOS, iOS) `fsync` leaves the drive's write cache as it is, so every outbox
+//! connection there also sets `PRAGMA checkpoint_fullfsync=ON` (the checkpoint's syncs,
+//! which `Normal`'s promise rests on) and, at `Full`, `PRAGMA fullfsync=ON` (every sync an
+//! `F_FULLFSYNC`): without them a Mac's `Full` promised less than Linux's `Normal`. The
+//! power-loss suite runs on Linux only (FUSE); the Apple choice is unit-tested as a plain
+//! function in `src/platform.rs` (see [`guide::platforms`](crate::guide::platforms)).
+//!
 //! **No ghosts, in either mode.** A relay never sends an event before the transaction that
 //! committed it is on disk, whatever the app chose: after the claim that takes events for
 //! sending has committed, and before they go out, the relay syncs the WAL file when another

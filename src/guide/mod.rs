@@ -10,6 +10,7 @@ pub mod enqueueing;
 pub mod metered_links;
 pub mod offline;
 pub mod operating;
+pub mod platforms;
 pub mod promises;
 pub mod receiving;
 pub mod relay;
