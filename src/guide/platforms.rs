@@ -53,8 +53,8 @@
 //!
 //! # Small devices
 //!
-//! A relay's memory is its threads (a few, each with a small stack) plus the events it
-//! holds: at most [`RelayConfig::max_in_flight`](crate::RelayConfig::max_in_flight) claimed
+//! A relay's memory is its threads (a writer, the destinations' workers, a checkpointer)
+//! plus the events it holds: at most [`RelayConfig::max_in_flight`](crate::RelayConfig::max_in_flight) claimed
 //! events a destination (400 by default) and at most 16 MiB of their data, each request's
 //! body once more while it is sent. On a gateway with a few megabytes to spare, cap it:
 //! `max_in_flight(8)`, one or two workers, and [`Destination::batch`](crate::Destination::batch)
