@@ -7,20 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{closed_port, fast, rows, Reply, TestReceiver};
-use serde_json::json;
-use sqlite_outbox::{Destination, DrainEnd, Event, Outbox, RelayConfig};
+use sqlite_outbox::{Destination, DrainEnd, Outbox, RelayConfig};
 
 fn outbox_with(dir: &std::path::Path, n: usize) -> Outbox {
-    let outbox = Outbox::open(dir.join("phone.db")).unwrap();
-    outbox
-        .transaction(|tx| {
-            for i in 0..n {
-                let _ = outbox.enqueue(tx, Event::new("note.saved", json!({"i": i})))?;
-            }
-            Ok::<_, sqlite_outbox::Error>(())
-        })
-        .unwrap();
-    outbox
+    common::outbox_with_events(&dir.join("phone.db"), "note.saved", n)
 }
 
 /// Test settings (5 s a request) with the shortest lease they allow: an event whose

@@ -9,43 +9,13 @@ mod https_receiver;
 #[path = "../../tests/common/test_ca.rs"]
 mod test_ca;
 
-use std::path::Path;
 use std::time::Duration;
 
 use https_receiver::HttpsReceiver;
-use serde_json::json;
 use sqlite_outbox::transport::HttpConfig;
-use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
 use test_ca::TestCa;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn device(dir: &Path, n: usize) -> Outbox {
-    let outbox = Outbox::open(dir.join("device.db")).unwrap();
-    outbox
-        .transaction(|tx| {
-            for i in 0..n {
-                let _ = outbox.enqueue(tx, Event::new("reading", json!({"i": i})))?;
-            }
-            Ok::<_, sqlite_outbox::Error>(())
-        })
-        .unwrap();
-    outbox
-}
-
-fn relay_to(outbox: &Outbox, url: &str, http: HttpConfig) -> sqlite_outbox::RelayHandle {
-    outbox
-        .relay(
-            common::fast(RelayConfig::new().destination(Destination::http("default", url)))
-                .http_config(
-                    http.connect_timeout(Duration::from_secs(2))
-                        .request_timeout(Duration::from_secs(5)),
-                )
-                .max_attempts(3),
-        )
-        .start()
-        .unwrap()
-}
 
 #[test]
 fn a_receiver_behind_a_private_ca_is_refused_without_spending_attempts_and_reached_with_its_ca() {
@@ -54,8 +24,8 @@ fn a_receiver_behind_a_private_ca_is_refused_without_spending_attempts_and_reach
     let ca = TestCa::new("factory CA");
     let receiver = HttpsReceiver::start(&ca.server(), None);
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 30);
-    let relay = relay_to(&outbox, &receiver.url(), HttpConfig::new());
+    let outbox = common::outbox_with_events(&dir.path().join("device.db"), "reading", 30);
+    let relay = common::relay_over_http(&outbox, &receiver.url(), HttpConfig::new(), 3);
     std::thread::sleep(Duration::from_secs(4));
     let _ = relay.shutdown();
     let rows = common::rows(&outbox);
@@ -77,7 +47,7 @@ fn a_receiver_behind_a_private_ca_is_refused_without_spending_attempts_and_reach
     );
     // With the CA's certificate, every event goes.
     let pem = std::fs::read(ca.ca_pem()).unwrap();
-    let relay = relay_to(&outbox, &receiver.url(), HttpConfig::new().ca_pem(pem));
+    let relay = common::relay_over_http(&outbox, &receiver.url(), HttpConfig::new().ca_pem(pem), 3);
     assert!(common::all_delivered_within(&outbox, PATIENCE));
     let _ = relay.shutdown();
     assert_eq!(receiver.received(), 30);
@@ -89,26 +59,28 @@ fn a_receiver_that_asks_for_a_client_certificate_gets_the_devices() {
     let receiver = HttpsReceiver::start(&ca.server(), Some(&ca.ca_pem()));
     let device_cert = ca.client("device-42");
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 5);
+    let outbox = common::outbox_with_events(&dir.path().join("device.db"), "reading", 5);
     let pem = std::fs::read(ca.ca_pem()).unwrap();
     // Without a client certificate the handshake is refused: no attempt spent.
-    let relay = relay_to(
+    let relay = common::relay_over_http(
         &outbox,
         &receiver.url(),
         HttpConfig::new().ca_pem(pem.clone()),
+        3,
     );
     std::thread::sleep(Duration::from_secs(3));
     let _ = relay.shutdown();
     let rows = common::rows(&outbox);
     assert_eq!(receiver.received(), 0);
     assert_eq!(rows.iter().map(|r| r.attempts).sum::<i64>(), 0, "{rows:?}");
-    let relay = relay_to(
+    let relay = common::relay_over_http(
         &outbox,
         &receiver.url(),
         HttpConfig::new().ca_pem(pem).client_identity_pem(
             std::fs::read(&device_cert.cert).unwrap(),
             std::fs::read(&device_cert.key).unwrap(),
         ),
+        3,
     );
     assert!(common::all_delivered_within(&outbox, PATIENCE));
     let _ = relay.shutdown();
@@ -121,7 +93,7 @@ fn the_cli_relay_takes_a_ca_file_and_a_client_certificate_and_refuses_bad_pem_wi
     let receiver = HttpsReceiver::start(&ca.server(), Some(&ca.ca_pem()));
     let device_cert = ca.client("device-7");
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 3);
+    let outbox = common::outbox_with_events(&dir.path().join("device.db"), "reading", 3);
     drop(outbox);
     let db = dir.path().join("device.db");
     let url = receiver.url();

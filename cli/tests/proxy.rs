@@ -19,37 +19,10 @@ use forward_proxy::ForwardProxy;
 use https_receiver::HttpsReceiver;
 use serde_json::json;
 use sqlite_outbox::transport::HttpConfig;
-use sqlite_outbox::{Destination, Event, Outbox, RelayConfig};
+use sqlite_outbox::{Event, Outbox};
 use test_ca::TestCa;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn device(dir: &std::path::Path, n: usize) -> Outbox {
-    let outbox = Outbox::open(dir.join("desktop.db")).unwrap();
-    outbox
-        .transaction(|tx| {
-            for i in 0..n {
-                let _ = outbox.enqueue(tx, Event::new("doc.saved", json!({"i": i})))?;
-            }
-            Ok::<_, sqlite_outbox::Error>(())
-        })
-        .unwrap();
-    outbox
-}
-
-fn relay(outbox: &Outbox, url: &str, http: HttpConfig) -> sqlite_outbox::RelayHandle {
-    outbox
-        .relay(
-            common::fast(RelayConfig::new().destination(Destination::http("default", url)))
-                .http_config(
-                    http.connect_timeout(Duration::from_secs(2))
-                        .request_timeout(Duration::from_secs(5)),
-                )
-                .max_attempts(2),
-        )
-        .start()
-        .unwrap()
-}
 
 #[test]
 fn https_goes_through_a_proxy_that_asks_for_credentials_and_a_407_spell_spends_nothing() {
@@ -57,15 +30,16 @@ fn https_goes_through_a_proxy_that_asks_for_credentials_and_a_407_spell_spends_n
     let receiver = HttpsReceiver::start(&ca.server(), None);
     let proxy = ForwardProxy::start(Some("alice:s3cret"));
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 10);
+    let outbox = common::outbox_with_events(&dir.path().join("desktop.db"), "doc.saved", 10);
     let http = || HttpConfig::new().ca_pem(std::fs::read(ca.ca_pem()).unwrap());
 
     // A 407 spell: the proxy refuses everything for two seconds.
     proxy.state.refusing.store(true, Ordering::SeqCst);
-    let handle = relay(
+    let handle = common::relay_over_http(
         &outbox,
         &receiver.url(),
         http().proxy(proxy.url(Some("alice:s3cret"))),
+        2,
     );
     std::thread::sleep(Duration::from_secs(2));
     let rows = common::rows(&outbox);
@@ -98,11 +72,12 @@ fn wrong_proxy_credentials_spend_no_attempt() {
     let receiver = TestReceiver::start(0, |_| Reply::Status(204));
     let proxy = ForwardProxy::start(Some("alice:s3cret"));
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 3);
-    let handle = relay(
+    let outbox = common::outbox_with_events(&dir.path().join("desktop.db"), "doc.saved", 3);
+    let handle = common::relay_over_http(
         &outbox,
         &receiver.url(),
         HttpConfig::new().proxy(proxy.url(Some("alice:wrong"))),
+        2,
     );
     std::thread::sleep(Duration::from_secs(2));
     let _ = handle.shutdown();
@@ -117,7 +92,7 @@ fn the_cli_ignores_proxy_variables_unless_told_and_never_shows_the_password() {
     let receiver = TestReceiver::start(0, |_| Reply::Status(204));
     let proxy = ForwardProxy::start(Some("bob:hunter2"));
     let dir = tempfile::tempdir().unwrap();
-    let outbox = device(dir.path(), 4);
+    let outbox = common::outbox_with_events(&dir.path().join("desktop.db"), "doc.saved", 4);
     drop(outbox);
     let db = dir.path().join("desktop.db");
     let url = receiver.url();

@@ -427,3 +427,45 @@ pub fn insert_from_python(db: &std::path::Path, event_type: &str, data: &str) {
         .expect("python3 runs");
     assert!(status.success(), "python3's insert failed: {status}");
 }
+
+/// An outbox at `path` with `n` events of `event_type` (data `{"i": i}`) committed in one
+/// transaction.
+pub fn outbox_with_events(
+    path: &std::path::Path,
+    event_type: &str,
+    n: usize,
+) -> sqlite_outbox::Outbox {
+    let outbox = sqlite_outbox::Outbox::open(path).unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..n {
+                let event = sqlite_outbox::Event::new(event_type, serde_json::json!({"i": i}));
+                let _ = outbox.enqueue(tx, event)?;
+            }
+            Ok::<_, sqlite_outbox::Error>(())
+        })
+        .unwrap();
+    outbox
+}
+
+/// A relay of [`fast`] settings delivering to `url` with `http` (2 s to connect, 5 s a
+/// request), giving each event `max_attempts`.
+pub fn relay_over_http(
+    outbox: &sqlite_outbox::Outbox,
+    url: &str,
+    http: sqlite_outbox::transport::HttpConfig,
+    max_attempts: u32,
+) -> sqlite_outbox::RelayHandle {
+    let destination = sqlite_outbox::Destination::http("default", url);
+    outbox
+        .relay(
+            fast(sqlite_outbox::RelayConfig::new().destination(destination))
+                .http_config(
+                    http.connect_timeout(Duration::from_secs(2))
+                        .request_timeout(Duration::from_secs(5)),
+                )
+                .max_attempts(max_attempts),
+        )
+        .start()
+        .unwrap()
+}
