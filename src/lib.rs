@@ -149,7 +149,8 @@
 // `python3 scripts/modgraph.py src` checks it.
 //
 // - the foundation, at the root: `error`, `clock`, `outbound` (a claimed event, the one value
-//   the store, the wire and the transport share), `state` (where a delivery stands);
+//   the store, the wire and the transport share), `state` (where a delivery stands),
+//   `platform` (what differs between the systems the crate runs on);
 // - `wire/`: formats and signatures;
 // - `event`: the app's event and its checks;
 // - `observe/`: metrics, spans, delivery notices;
@@ -180,12 +181,12 @@ pub mod wire;
 pub use error::{Error, Result};
 pub use event::{Enqueued, Event};
 pub use observe::notices;
-pub use ops::drain::{DrainEnd, DrainReport};
 pub use ops::redeliver::Redelivery;
 pub use ops::{admin, bundle};
 pub use outbox::{Outbox, OutboxBuilder};
 pub use relay::config::RelayConfig;
 pub use relay::destination::Destination;
+pub use relay::drain::{DrainEnd, DrainReport};
 pub use relay::stats::{RelayStats, ShutdownReport};
 pub use relay::{Relay, RelayHandle};
 pub use store::database::Synchronous;

@@ -9,6 +9,5 @@
 pub mod admin;
 pub mod bundle;
 mod configure;
-pub(crate) mod drain;
 pub(crate) mod redeliver;
 mod subscribe;

@@ -31,6 +31,7 @@ mod checkpointer;
 pub(crate) mod config;
 pub(crate) mod decide;
 pub(crate) mod destination;
+pub(crate) mod drain;
 pub(crate) mod gate;
 mod housekeeping;
 pub(crate) mod lane;
