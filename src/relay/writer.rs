@@ -177,7 +177,7 @@ impl Writer {
             counters,
             housekeeping: Housekeeping::new(config, relay_id),
             barrier: Barrier::new(outbox.synchronous(), config.durability_barrier),
-            lease_prefix: format!("{relay_id}:{:016x}:", fastrand::u64(..)),
+            lease_prefix: new_lease_prefix(relay_id),
             claim_seq: 0,
             stopping: false,
             data_version: 0,
@@ -221,6 +221,11 @@ impl Writer {
                     lane.finished(report.events());
                 }
             }
+            // A new incarnation, a new lease prefix: the relay spares its own leases from
+            // expiry and from its claims (see `queue::expire`), so leases the lost state held
+            // would otherwise never run out while this relay lives, and their events would
+            // wait for it to stop. With the old prefix foreign, they expire and come back.
+            self.lease_prefix = new_lease_prefix(&self.relay_id);
             // Wait out the pause unless the relay is being stopped.
             if !matches!(
                 self.stop.recv_timeout(pause),
@@ -981,6 +986,12 @@ fn restore_page_cache(conn: &rusqlite::Connection, size: i64, relay_id: &str) {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The owner prefix of this writer's leases: the relay's id and a random part, new for each
+/// incarnation of the writer.
+fn new_lease_prefix(relay_id: &str) -> String {
+    format!("{relay_id}:{:016x}:", fastrand::u64(..))
 }
 
 #[cfg(test)]
