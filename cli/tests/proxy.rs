@@ -68,6 +68,48 @@ fn https_goes_through_a_proxy_that_asks_for_credentials_and_a_407_spell_spends_n
 }
 
 #[test]
+fn plain_http_goes_through_the_proxy_in_absolute_form_with_its_credentials() {
+    let receiver = TestReceiver::start(0, |_| Reply::Status(204));
+    let proxy = ForwardProxy::start(Some("alice:s3cret"));
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = common::outbox_with_events(&dir.path().join("desktop.db"), "doc.saved", 6);
+    // A 407 spell first: nothing spent, then everything goes.
+    proxy.state.refusing.store(true, Ordering::SeqCst);
+    let handle = common::relay_over_http(
+        &outbox,
+        &receiver.url(),
+        HttpConfig::new().proxy(proxy.url(Some("alice:s3cret"))),
+        2,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let rows = common::rows(&outbox);
+    assert!(proxy.state.refused.load(Ordering::SeqCst) > 0);
+    assert_eq!(rows.iter().map(|r| r.attempts).sum::<i64>(), 0, "{rows:?}");
+    proxy.state.refusing.store(false, Ordering::SeqCst);
+    assert!(common::all_delivered_within(&outbox, PATIENCE));
+    let _ = handle.shutdown();
+    assert_eq!(receiver.count(), 6);
+    // Every request went in absolute form, none through a tunnel, each with the
+    // credentials; the receiver got them in origin form, without the proxy's header.
+    assert_eq!(proxy.state.tunnels.load(Ordering::SeqCst), 0);
+    assert_eq!(proxy.state.forwarded.load(Ordering::SeqCst), 6);
+    let lines = proxy.state.request_lines.lock().unwrap().clone();
+    let expected = format!("POST {}", receiver.url());
+    assert!(lines.iter().all(|l| *l == expected), "{lines:?}");
+    assert!(proxy
+        .state
+        .authorizations
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|a| a == "Basic YWxpY2U6czNjcmV0"));
+    assert!(receiver
+        .received()
+        .iter()
+        .all(|r| !r.headers.contains_key("proxy-authorization")));
+}
+
+#[test]
 fn wrong_proxy_credentials_spend_no_attempt() {
     let receiver = TestReceiver::start(0, |_| Reply::Status(204));
     let proxy = ForwardProxy::start(Some("alice:s3cret"));
@@ -133,7 +175,7 @@ fn the_cli_ignores_proxy_variables_unless_told_and_never_shows_the_password() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert_eq!(receiver.count(), 8);
-    assert!(proxy.state.tunnels.load(Ordering::SeqCst) > 0);
+    assert!(proxy.state.forwarded.load(Ordering::SeqCst) > 0);
     assert!(!stderr.contains("hunter2"), "{stderr}");
     // A proxy URL that is not http:// is refused at start, without its password.
     let o = run(&["--proxy", "socks5://bob:hunter2@127.0.0.1:1"], &[]);

@@ -37,10 +37,10 @@
 //!
 //! Desktop apps in companies, schools and hospitals reach the internet through a proxy.
 //! [`HttpConfig::proxy`](crate::transport::HttpConfig::proxy)`("http://user:password@proxy:3128")`
-//! (`outbox relay --proxy URL`) sends every request through it, tunnelled with `CONNECT`
-//! (HTTPS, and plain HTTP too: ureq tunnels both, so a proxy that allows `CONNECT` to port
-//! 443 only serves https:// destinations), the credentials as `Proxy-Authorization: Basic`
-//! and never logged; [`HttpConfig::proxy_from_env`](crate::transport::HttpConfig::proxy_from_env)
+//! (`outbox relay --proxy URL`) sends every request through it: HTTPS tunnelled with
+//! `CONNECT`, plain HTTP to the proxy itself in absolute form (`POST http://host/path`, as
+//! a proxy that allows `CONNECT` to port 443 only still expects), the credentials as
+//! `Proxy-Authorization: Basic` and never logged; [`HttpConfig::proxy_from_env`](crate::transport::HttpConfig::proxy_from_env)
 //! (`--proxy-from-env`) takes the environment's the way curl does (`https_proxy` or
 //! `HTTPS_PROXY` for https, `http_proxy` for http, then `all_proxy`; `no_proxy` exempts
 //! hosts and their subdomains). Without either, the environment is ignored: a variable an

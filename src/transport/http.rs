@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use ureq::Agent;
 
+use super::absolute_form::{AbsoluteForm, ProxyResolver};
 use super::proxy::{self, ProxySetting};
 use super::resolver::CachingResolver;
 
@@ -424,8 +425,23 @@ impl HttpTransport {
                 super::tcp::connector(),
                 CachingResolver::default(),
             ),
-            // Through a proxy, ureq's own connectors: CONNECT for https, the absolute form
-            // for http, and the proxy's name looked up by ureq.
+            // Plain HTTP through a proxy: these same connections, to the proxy, each
+            // request in absolute form (see `absolute_form`).
+            Some(proxy) if uri.scheme_str() == Some("http") => {
+                let resolver = ProxyResolver::new(&proxy).map_err(|_| {
+                    Error::InvalidConfig(format!(
+                        "proxy {} is not a valid proxy URL",
+                        proxy::shown(proxy_url.as_deref().unwrap_or(""))
+                    ))
+                })?;
+                Agent::with_parts(
+                    agent_config.build(),
+                    super::tcp::connector_through_proxy(AbsoluteForm::new(&uri, &proxy)),
+                    resolver,
+                )
+            }
+            // HTTPS through a proxy: ureq's own connectors, a CONNECT tunnel per connection,
+            // the proxy's name looked up by ureq.
             Some(proxy) => Agent::new_with_config(agent_config.proxy(Some(proxy)).build()),
         };
         Ok(HttpTransport {

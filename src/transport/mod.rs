@@ -25,6 +25,7 @@
 //! encode and sign), `observe` (send spans) and the foundation; never the file or the relay,
 //! whose workers call it.
 
+mod absolute_form;
 mod clock_offset;
 mod http;
 #[cfg(feature = "mqtt")]

@@ -31,6 +31,8 @@ use ureq::unversioned::transport::{
 };
 use ureq::{Error, Timeout};
 
+use super::absolute_form::AbsoluteForm;
+
 /// The most request bytes held back to go out in one write.
 const MAX_HELD: usize = 64 * 1024;
 
@@ -43,12 +45,27 @@ const MIN_CONNECT_PER_ADDRESS: Duration = Duration::from_millis(10);
 /// The HTTP transport's connector chain: these TCP connections, with TLS over them for
 /// `https://` URLs. No proxy connectors: the transport's agent is configured with no proxy.
 pub(crate) fn connector() -> ChainedConnector<(), OneWriteTcpConnector, RustlsConnector> {
-    OneWriteTcpConnector.chain(RustlsConnector::default())
+    OneWriteTcpConnector::default().chain(RustlsConnector::default())
+}
+
+/// The connector chain of a plain `http://` destination through a forward proxy: these
+/// TCP connections (to the proxy, which the agent's resolver looks up), every request in
+/// absolute form (see [`super::absolute_form`]).
+pub(crate) fn connector_through_proxy(
+    form: Arc<AbsoluteForm>,
+) -> ChainedConnector<(), OneWriteTcpConnector, RustlsConnector> {
+    OneWriteTcpConnector {
+        absolute_form: Some(form),
+    }
+    .chain(RustlsConnector::default())
 }
 
 /// Opens plain TCP connections for ureq (first in the connector chain).
 #[derive(Debug, Default)]
-pub(crate) struct OneWriteTcpConnector;
+pub(crate) struct OneWriteTcpConnector {
+    /// Set when the connections go to a forward proxy.
+    absolute_form: Option<Arc<AbsoluteForm>>,
+}
 
 impl Connector<()> for OneWriteTcpConnector {
     type Out = OneWriteTcp;
@@ -75,6 +92,8 @@ impl Connector<()> for OneWriteTcpConnector {
             held: Vec::new(),
             read_timeout: None,
             write_timeout: None,
+            absolute_form: self.absolute_form.clone(),
+            request_begins: true,
         }))
     }
 }
@@ -128,6 +147,11 @@ pub(crate) struct OneWriteTcp {
     /// The timeouts last set on the socket.
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
+    /// How request heads are rewritten for a forward proxy, if the connection goes to one.
+    absolute_form: Option<Arc<AbsoluteForm>>,
+    /// Whether the next bytes handed over begin a request: true on a new connection and
+    /// once an answer is awaited (ureq sends nothing of a request after that).
+    request_begins: bool,
 }
 
 impl std::fmt::Debug for OneWriteTcp {
@@ -167,8 +191,24 @@ impl Transport for OneWriteTcp {
     }
 
     fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), Error> {
-        self.held
-            .extend_from_slice(&self.buffers.output()[..amount]);
+        if amount == 0 {
+            return Ok(());
+        }
+        let output = &self.buffers.output()[..amount];
+        match &self.absolute_form {
+            // ureq hands a request's head over whole, in its first piece.
+            Some(form) if self.request_begins => {
+                let head = form.rewrite(output).ok_or_else(|| {
+                    Error::Io(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a request to the proxy did not begin with its request line",
+                    ))
+                })?;
+                self.held.extend_from_slice(&head);
+            }
+            _ => self.held.extend_from_slice(output),
+        }
+        self.request_begins = false;
         if self.held.len() > MAX_HELD {
             // A large request: what is held goes now, the rest as it comes.
             return self.write_held(timeout);
@@ -178,6 +218,7 @@ impl Transport for OneWriteTcp {
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
         self.write_held(timeout)?;
+        self.request_begins = true;
         let timeout = timeout.for_read();
         let limit = socket_timeout(timeout)?;
         if limit != self.read_timeout {
@@ -269,6 +310,8 @@ mod tests {
             held: Vec::new(),
             read_timeout: None,
             write_timeout: None,
+            absolute_form: None,
+            request_begins: true,
         };
         (transport, server)
     }
@@ -308,6 +351,41 @@ mod tests {
         let n = server.read(&mut buf).unwrap();
         assert_eq!(&buf[..n], [&head[..], b"body"].concat().as_slice());
         assert!(transport.is_open());
+    }
+
+    #[test]
+    fn through_a_proxy_every_request_on_a_connection_goes_in_absolute_form() {
+        let (mut transport, mut server) = connected();
+        transport.absolute_form = Some(AbsoluteForm::new(
+            &"http://receiver:8080/events".parse().unwrap(),
+            &ureq::Proxy::new("http://proxy:3128").unwrap(),
+        ));
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        for n in 0..2 {
+            let body = format!("{{\"n\":{n}}}");
+            transmit(
+                &mut transport,
+                b"POST /events HTTP/1.1\r\ncontent-length: 7\r\n\r\n",
+            );
+            // The body is never taken for a request line.
+            transmit(&mut transport, body.as_bytes());
+            server
+                .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .unwrap();
+            assert!(transport.await_input(NextTimeout::default()).unwrap());
+            let got = server.read(&mut buf).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&buf[..got]),
+                format!(
+                    "POST http://receiver:8080/events HTTP/1.1\r\ncontent-length: 7\r\n\r\n{body}"
+                )
+            );
+            let input = transport.buffers().input().len();
+            transport.buffers().input_consume(input);
+        }
     }
 
     #[test]

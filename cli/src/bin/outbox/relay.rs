@@ -32,7 +32,8 @@ pub struct RelayArgs {
     #[arg(long)]
     mqtt_binary: bool,
     /// http(s):// only: send through this HTTP proxy (`http://[user:password@]host:port`;
-    /// HTTPS goes through CONNECT). Without it or --proxy-from-env, no proxy is used.
+    /// HTTPS goes through CONNECT, plain HTTP in absolute form). Without it or
+    /// --proxy-from-env, no proxy is used.
     #[arg(long, value_name = "URL", conflicts_with = "proxy_from_env")]
     proxy: Option<String>,
     /// http(s):// only: use the proxy the environment names, as curl reads it (https_proxy,
