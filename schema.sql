@@ -820,3 +820,81 @@ BEGIN
            THEN RAISE(ABORT, 'outbox: full: the max_pending_bytes setting is reached and no drop_oldest policy makes room')
            END;
 END;
+
+-- version 15
+
+-- Stream numbers: every event gets, when its transaction commits, the next number of a
+-- gapless sequence per destination and source (1, 2, 3, ...), so the fleet can tell which
+-- numbers it lacks. `outbox_streams` holds each stream's highest number given; a
+-- rolled-back transaction rolls its numbers back with it. `Outbox::enqueue` and
+-- `enqueue_many` set `stream_seq` themselves (src/store/queue/numbering.rs); any other
+-- writer (the SQL contract, a hand-written INSERT) leaves it NULL and the trigger below
+-- numbers the row. Rows delivered before this version keep no number.
+ALTER TABLE outbox_events ADD COLUMN stream_seq INTEGER;
+
+CREATE TABLE outbox_streams (
+    destination TEXT    NOT NULL,
+    source      TEXT    NOT NULL,
+    high_water  INTEGER NOT NULL,
+    PRIMARY KEY (destination, source)
+) WITHOUT ROWID;
+
+UPDATE outbox_events
+   SET source = COALESCE(source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                         '/sqlite-outbox')
+ WHERE source IS NULL AND delivered_at IS NULL;
+UPDATE outbox_events SET stream_seq = n.seq
+  FROM (SELECT id, row_number() OVER (PARTITION BY destination, source ORDER BY id) AS seq
+          FROM outbox_events WHERE delivered_at IS NULL) AS n
+ WHERE n.id = outbox_events.id;
+INSERT INTO outbox_streams (destination, source, high_water)
+SELECT destination, source, MAX(stream_seq) FROM outbox_events
+ WHERE stream_seq IS NOT NULL GROUP BY destination, source;
+
+CREATE TRIGGER outbox_events_numbered AFTER INSERT ON outbox_events
+WHEN NEW.stream_seq IS NULL
+BEGIN
+    INSERT INTO outbox_streams (destination, source, high_water)
+    VALUES (NEW.destination,
+            COALESCE(NEW.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                     '/sqlite-outbox'),
+            1)
+    ON CONFLICT (destination, source) DO UPDATE SET high_water = high_water + 1;
+    UPDATE outbox_events
+       SET source = COALESCE(NEW.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                             '/sqlite-outbox'),
+           stream_seq = (SELECT high_water FROM outbox_streams
+                          WHERE destination = NEW.destination
+                            AND source = COALESCE(NEW.source,
+                                    (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                                    '/sqlite-outbox'))
+     WHERE id = NEW.id;
+END;
+
+-- The fates of numbered events that left the file undelivered, kept so the fleet can be
+-- told (src/relay/accounting.rs): replaced by coalescing, dropped by a storage limit (this
+-- crate's own deletes record those), and rows deleted after they expired, were exported or
+-- went dead (purged), recorded by the trigger below. A pending row deleted by hand is
+-- recorded nowhere: the fleet names its number as missing, as it should.
+CREATE TABLE outbox_fates (
+    destination TEXT    NOT NULL,
+    source      TEXT    NOT NULL,
+    stream_seq  INTEGER NOT NULL,
+    fate        TEXT    NOT NULL CHECK (fate IN ('expired', 'dropped', 'coalesced', 'purged', 'exported')),
+    PRIMARY KEY (destination, source, stream_seq)
+) WITHOUT ROWID;
+
+CREATE TRIGGER outbox_events_fate AFTER DELETE ON outbox_events
+WHEN OLD.delivered_at IS NULL AND OLD.dead_at IS NOT NULL AND OLD.stream_seq IS NOT NULL
+BEGIN
+    INSERT OR REPLACE INTO outbox_fates (destination, source, stream_seq, fate)
+    VALUES (OLD.destination,
+            COALESCE(OLD.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                     '/sqlite-outbox'),
+            OLD.stream_seq,
+            CASE WHEN OLD.dead_at = -1 THEN 'coalesced'
+                 WHEN OLD.dead_at = -2 THEN 'dropped'
+                 WHEN OLD.expired_at IS NOT NULL THEN 'expired'
+                 WHEN OLD.exported_at IS NOT NULL THEN 'exported'
+                 ELSE 'purged' END);
+END;

@@ -42,6 +42,10 @@ pub struct OutboundEvent {
     pub tracestate: Option<String>,
     /// The CloudEvents `dataschema` URI, if set.
     pub dataschema: Option<String>,
+    /// The event's number in its stream (this destination and its source): gapless, from
+    /// 1, given when its transaction committed (`None` for rows delivered before numbering
+    /// began, and outside a relay). Sent as the `outboxseq` extension attribute.
+    pub stream_seq: Option<i64>,
     /// When the claim ends by the claiming relay's monotonic clock (`None` outside a
     /// relay): the relay judges its own leases by this, since the wall clock steps.
     pub(crate) lease_ends: Option<std::time::Instant>,
@@ -88,6 +92,7 @@ impl OutboundEvent {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            stream_seq: None,
             lease_ends: None,
         }
     }

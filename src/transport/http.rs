@@ -785,6 +785,7 @@ mod tests {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            stream_seq: None,
             lease_ends: None,
         };
         assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));

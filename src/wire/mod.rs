@@ -32,6 +32,14 @@ pub use crate::wire::trace_context::{
     check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,
 };
 
+/// The CloudEvents extension attribute naming an event's stream on its device: the name of
+/// the destination it was sent to (with its `source`, the stream's identity).
+pub const STREAM_ATTRIBUTE: &str = "outboxstream";
+
+/// The CloudEvents extension attribute holding an event's gapless number in its stream
+/// (an integer from 1).
+pub const STREAM_SEQ_ATTRIBUTE: &str = "outboxseq";
+
 /// Bytes of a structured event besides its strings and data: member names, quotes, the
 /// spec version, the content type and the time. Generous, so that
 /// [`encoded_size_bound`] is a true upper bound.
@@ -58,6 +66,10 @@ struct StructuredEvent<'a> {
     traceparent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tracestate: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outboxstream: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outboxseq: Option<i64>,
     data: &'a RawValue,
 }
 
@@ -77,6 +89,8 @@ impl<'a> StructuredEvent<'a> {
             sequence: sequence(event),
             traceparent: event.traceparent.as_deref(),
             tracestate: event.tracestate.as_deref(),
+            outboxstream: event.stream_seq.map(|_| event.destination.as_str()),
+            outboxseq: event.stream_seq,
             data,
         })
     }
@@ -122,6 +136,12 @@ pub fn attributes(event: &OutboundEvent) -> Vec<(&'static str, String)> {
     }
     if let Some(tracestate) = &event.tracestate {
         attributes.push(("tracestate", tracestate.clone()));
+    }
+    // The stream number (see the wire notes in guide::destinations): the device's
+    // destination name and the event's gapless number in it.
+    if let Some(seq) = event.stream_seq {
+        attributes.push((STREAM_ATTRIBUTE, event.destination.clone()));
+        attributes.push((STREAM_SEQ_ATTRIBUTE, seq.to_string()));
     }
     attributes
 }
@@ -200,7 +220,8 @@ pub(crate) fn encoded_size_bound(event: &OutboundEvent) -> usize {
         + event.partition_key.as_ref().map_or(0, String::len)
         + event.dataschema.as_ref().map_or(0, String::len)
         + event.traceparent.as_ref().map_or(0, String::len)
-        + event.tracestate.as_ref().map_or(0, String::len);
+        + event.tracestate.as_ref().map_or(0, String::len)
+        + event.stream_seq.map_or(0, |_| event.destination.len() + 20);
     FIXED_OVERHEAD + 6 * strings + event.payload.len()
 }
 
@@ -227,6 +248,7 @@ mod tests {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            stream_seq: None,
             lease_ends: None,
         }
     }

@@ -50,7 +50,7 @@ pub(crate) const CLAIM_SQL: &str = "UPDATE outbox_events
       WHERE id IN (SELECT value FROM json_each(?4))
      RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
                idempotency_key, payload, created_at, attempts, expires_at, traceparent,
-               tracestate, dataschema";
+               tracestate, dataschema, stream_seq";
 
 /// The candidates of [`CLAIM_CANDIDATES_SQL`] with `params`, in order, as many as fit in
 /// `max_bytes` of data (the first whatever its size): a row goes while the rows before it
@@ -311,6 +311,7 @@ pub(crate) fn decode_event(
         traceparent: r.get(11)?,
         tracestate: r.get(12)?,
         dataschema: r.get(13)?,
+        stream_seq: r.get(14)?,
         lease_ends: None,
     })
 }

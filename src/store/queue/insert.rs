@@ -48,17 +48,23 @@ pub(crate) fn insert(
     let mut stmt = tx.prepare_cached(concat!(
         "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
              source, subject, partition_key, payload, created_at, available_at, coalesce_key,
-             droppable, priority, expires_at, traceparent, tracestate, dataschema)
+             droppable, priority, expires_at, traceparent, tracestate, dataschema, stream_seq)
          VALUES ((",
         id_after_deletes!(),
         "),
                  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
         due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17)
+        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18)
          ON CONFLICT DO NOTHING"
     ))?;
     let mut any = false;
     for destination in destinations {
+        // The stream's next number (a row without a source is numbered by the schema's
+        // trigger, under the default source).
+        let seq = match row.source {
+            Some(source) => Some(numbering::take(tx, destination, source, 1)?),
+            None => None,
+        };
         // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
         // transaction the way a constraint error would. Keys are per destination.
         let n = stmt.execute(params![
@@ -79,10 +85,13 @@ pub(crate) fn insert(
             row.traceparent,
             row.tracestate,
             row.dataschema,
+            seq,
         ])?;
         if n == 1 {
             any = true;
             inserted(destination);
+        } else if let Some(source) = row.source {
+            numbering::give_back(tx, destination, source)?;
         }
     }
     Ok(any)
@@ -94,7 +103,7 @@ pub(super) const RUN_STATEMENT_LONG: usize = 100;
 /// time, then one by one: three compiled statements serve every run from the cache.
 pub(super) const RUN_STATEMENT_SHORT: usize = 10;
 /// The columns [`insert_run`] binds for each row, in order.
-const RUN_COLUMNS: usize = 16;
+const RUN_COLUMNS: usize = 17;
 
 /// The `INSERT` of `rows` rows (1, [`RUN_STATEMENT_SHORT`] or [`RUN_STATEMENT_LONG`]) of
 /// [`insert_run`], each row binding [`RUN_COLUMNS`] parameters.
@@ -117,7 +126,7 @@ pub(super) fn insert_run_sql(rows: usize) -> &'static str {
         format!(
             "INSERT OR FAIL INTO outbox_events (id, event_id, destination, event_type, source, subject,
                  partition_key, payload, created_at, available_at, droppable, priority,
-                 expires_at, traceparent, tracestate, dataschema)
+                 expires_at, traceparent, tracestate, dataschema, stream_seq)
              VALUES {}",
             values.join(", ")
         )
@@ -193,6 +202,32 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             available_at.push(if parked { PARKED } else { row.now });
         }
     }
+    // Stream numbers, in the rows' order: one counter update per stream for the run.
+    let mut streams: Vec<((&str, &str), i64)> = Vec::new();
+    for (destination, row) in rows {
+        if let Some(source) = row.source {
+            match streams
+                .iter_mut()
+                .find(|(s, _)| *s == (*destination, source))
+            {
+                Some((_, n)) => *n += 1,
+                None => streams.push(((destination, source), 1)),
+            }
+        }
+    }
+    for (stream, next) in &mut streams {
+        *next = numbering::take(tx, stream.0, stream.1, *next)?;
+    }
+    let mut seqs = Vec::with_capacity(rows.len());
+    for (destination, row) in rows {
+        seqs.push(row.source.and_then(|source| {
+            let (_, next) = streams
+                .iter_mut()
+                .find(|(s, _)| *s == (*destination, source))?;
+            *next += 1;
+            Some(*next - 1)
+        }));
+    }
     let mut start = 0;
     while start < rows.len() {
         let left = rows.len() - start;
@@ -221,6 +256,7 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             stmt.raw_bind_parameter(base + 14, row.traceparent)?;
             stmt.raw_bind_parameter(base + 15, row.tracestate)?;
             stmt.raw_bind_parameter(base + 16, row.dataschema)?;
+            stmt.raw_bind_parameter(base + 17, seqs[at])?;
         }
         stmt.raw_execute()?;
         start += n;
@@ -263,14 +299,17 @@ pub(crate) fn coalesce(
         "DELETE FROM outbox_events
           WHERE event_type = ?1 AND coalesce_key = ?2 AND destination = ?3 AND ",
         pending!(""),
-        " AND lease_owner IS NULL RETURNING id, partition_key"
+        " AND lease_owner IS NULL RETURNING id, partition_key, source, stream_seq"
     ))?;
     for destination in destinations {
+        let mut fates = Vec::new();
         let gone: Vec<(i64, Option<String>)> = delete
             .query_map(params![event_type, key, destination], |r| {
+                fates.push((destination.to_string(), r.get(2)?, r.get(3)?));
                 Ok((r.get(0)?, r.get(1)?))
             })?
             .collect::<rusqlite::Result<_>>()?;
+        numbering::record_fates(tx, "coalesced", &fates)?;
         replaced += gone.len();
         highest_deleted = highest_deleted.max(gone.iter().map(|(id, _)| *id).max());
         // A replaced event may have been its key's head.
@@ -326,17 +365,22 @@ pub(crate) fn drop_oldest(tx: &Connection, need: &RoomNeeded) -> Result<Option<u
         return Ok(None);
     }
     let mut delete = tx.prepare_cached(
-        "DELETE FROM outbox_events WHERE id = ?1 RETURNING partition_key, destination",
+        "DELETE FROM outbox_events WHERE id = ?1
+         RETURNING partition_key, destination, source, stream_seq",
     )?;
     let mut heads = Vec::new();
+    let mut fates = Vec::with_capacity(victims.len());
     for id in &victims {
-        let (key, destination): (Option<String>, String) =
-            delete.query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let (key, destination): (Option<String>, String) = delete.query_row([id], |r| {
+            fates.push((r.get(1)?, r.get(2)?, r.get(3)?));
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
         if let Some(key) = key {
             heads.push((key, destination));
         }
     }
     drop(delete);
+    numbering::record_fates(tx, "dropped", &fates)?;
     keep_ids_rising(tx, victims.iter().copied().max())?;
     // A dropped event may have been its key's head.
     for (key, destination) in heads {

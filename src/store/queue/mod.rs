@@ -231,6 +231,7 @@ pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 mod ack;
 mod claim;
 mod insert;
+pub(crate) mod numbering;
 mod retention;
 pub(crate) mod tally;
 
@@ -464,7 +465,13 @@ mod tests {
         assert!(got
             .iter()
             .all(|e| e.lease_owner == "r1" && e.lease_expires_at == 1_100));
-        assert_eq!(got[0].source, "/test");
+        // A row written without a source took the file's default one when it was numbered
+        // (schema version 15), not the claim's.
+        assert_eq!(got[0].source, "/sqlite-outbox");
+        assert_eq!(
+            got.iter().map(|e| e.stream_seq).collect::<Vec<_>>(),
+            vec![Some(1), Some(2)]
+        );
         // Leased rows are not claimable by anyone else while the lease holds.
         assert!(claim_events(&conn, &req("r2", 500, 10)).is_empty());
     }

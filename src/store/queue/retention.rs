@@ -197,7 +197,7 @@ pub(crate) fn lease_for_export(
                   WHERE id IN (SELECT value FROM json_each(?4))
                  RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
                            idempotency_key, payload, created_at, attempts, expires_at,
-                           traceparent, tracestate, dataschema",
+                           traceparent, tracestate, dataschema, stream_seq",
             )?
             .query_map(
                 params![

@@ -148,6 +148,7 @@ mod tests {
             traceparent: None,
             tracestate: None,
             dataschema: None,
+            stream_seq: None,
             lease_ends: None,
         }
     }
