@@ -848,6 +848,23 @@ impl Outbox {
         PooledConnection::get(&self.inner.pool)
     }
 
+    /// The streams of `destination`, one `(source, accounting)` per source: each stream's
+    /// high water, the numbers still pending and the fates of the numbers that left
+    /// undelivered (see [`wire::StreamAccount`](crate::wire::StreamAccount)), as a relay
+    /// tells the destination.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when no connection frees up; [`Error::Sqlite`] if the file cannot be
+    /// read.
+    pub fn stream_accounts(
+        &self,
+        destination: &str,
+    ) -> Result<Vec<(String, crate::wire::StreamAccount)>> {
+        let mut conn = self.connection()?;
+        crate::store::stream_accounts::read(&mut conn, destination)
+    }
+
     /// Opens a connection of its own, outside the pool (it counts against no pool limit),
     /// with the outbox's PRAGMAs: for a relay's background checkpoints.
     pub(crate) fn unpooled_connection(&self) -> Result<rusqlite::Connection> {

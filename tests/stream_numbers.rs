@@ -40,12 +40,12 @@ fn every_writer_takes_the_next_number_of_its_stream_and_a_rollback_takes_none() 
         .open(&db)
         .unwrap();
     // One event, routed to two destinations: a number in each stream.
-    outbox
+    let _ = outbox
         .transaction(|tx| outbox.enqueue(tx, Event::new("order.placed", json!({"n": 1}))))
         .unwrap();
     // A rolled-back transaction takes no number.
     let failed: Result<(), Error> = outbox.transaction(|tx| {
-        outbox.enqueue(tx, Event::new("order.placed", json!({"n": "lost"})))?;
+        let _ = outbox.enqueue(tx, Event::new("order.placed", json!({"n": "lost"})))?;
         Err(Error::InvalidConfig("the app's own write failed".into()))
     });
     assert!(failed.is_err());
@@ -67,7 +67,7 @@ fn every_writer_takes_the_next_number_of_its_stream_and_a_rollback_takes_none() 
         .unwrap();
     // A repeated idempotency key takes none; another source is another stream.
     for _ in 0..2 {
-        outbox
+        let _ = outbox
             .transaction(|tx| {
                 outbox.enqueue(
                     tx,
@@ -76,7 +76,7 @@ fn every_writer_takes_the_next_number_of_its_stream_and_a_rollback_takes_none() 
             })
             .unwrap();
     }
-    outbox
+    let _ = outbox
         .transaction(|tx| {
             outbox.enqueue(
                 tx,
@@ -86,9 +86,9 @@ fn every_writer_takes_the_next_number_of_its_stream_and_a_rollback_takes_none() 
         .unwrap();
     // The SQL contract from another process, and a coalesced event.
     common::insert_from_python(&db, "order.placed", "{\"from\": \"python\"}");
-    outbox
+    let _ = outbox
         .transaction(|tx| {
-            outbox.enqueue(tx, Event::new("log.line", json!({})).coalesce_key("k"))?;
+            let _ = outbox.enqueue(tx, Event::new("log.line", json!({})).coalesce_key("k"))?;
             outbox.enqueue(tx, Event::new("log.line", json!({})).coalesce_key("k"))
         })
         .unwrap();
@@ -154,4 +154,152 @@ fn the_number_and_the_stream_go_on_the_wire() {
             ("default".to_string(), 3)
         ]
     );
+}
+
+#[test]
+fn every_number_that_left_undelivered_is_accounted_by_its_fate_and_a_hand_deleted_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let outbox = Outbox::builder()
+        .default_source("/device/17")
+        .max_pending(12)
+        .storage_policy("telemetry.*", sqlite_outbox::StoragePolicy::DropOldest)
+        .open(&db)
+        .unwrap();
+    let enqueue = |event: Event| {
+        let _ = outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+    };
+    // 1-4 telemetry (droppable), 5-6 coalesced then replaced by 7, 8-12 plain.
+    for i in 0..4 {
+        enqueue(Event::new("telemetry.temp", json!({"i": i})));
+    }
+    for i in 0..3 {
+        enqueue(Event::new("ui.state", json!({"i": i})).coalesce_key("window"));
+    }
+    for i in 0..5 {
+        enqueue(Event::new("doc.saved", json!({"i": i})));
+    }
+    // 13, 14: the store is full (10 pending of 12... plus two): two telemetry events dropped.
+    enqueue(Event::new("doc.saved", json!({"i": 13})));
+    enqueue(Event::new("doc.saved", json!({"i": 14})));
+    enqueue(Event::new("doc.saved", json!({"i": 15})));
+    enqueue(Event::new("doc.saved", json!({"i": 16})));
+    // The SQL contract coalesces too: 17 replaces 7.
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "INSERT INTO outbox_enqueue (type, data, coalesce_key) VALUES ('ui.state', '{}', 'window')",
+            [],
+        )
+        .unwrap();
+    // 11 goes dead and is purged; then 8 and 9 go dead and 10 expires (as a relay marks
+    // them).
+    let mark = |sql: &str| outbox.connection().unwrap().execute_batch(sql).unwrap();
+    mark("UPDATE outbox_events SET dead_at = 1, last_error = 'refused' WHERE stream_seq = 11");
+    assert_eq!(outbox.purge_dead(None).unwrap().deleted, 1);
+    mark(
+        "UPDATE outbox_events SET dead_at = 1, last_error = 'refused' WHERE stream_seq IN (8, 9);
+         UPDATE outbox_events SET dead_at = 1, expired_at = 1 WHERE stream_seq = 10;",
+    );
+    // The two oldest pending (3 and 4) exported to a bundle.
+    let secret =
+        sqlite_outbox::receive::Secret::from_bytes(*b"0123456789abcdef0123456789abcdef").unwrap();
+    let report = outbox
+        .export(&dir.path().join("out.bundle"), &secret, "default", 2)
+        .unwrap();
+    assert_eq!(report.count, 2);
+    // 14 and 15 deleted by hand: accounted nowhere.
+    outbox
+        .connection()
+        .unwrap()
+        .execute("DELETE FROM outbox_events WHERE stream_seq IN (14, 15)", [])
+        .unwrap();
+
+    let accounts = outbox.stream_accounts("default").unwrap();
+    assert_eq!(accounts.len(), 1);
+    let (source, account) = &accounts[0];
+    assert_eq!(source, "/device/17");
+    assert_eq!(account.stream, "default");
+    assert_eq!(account.high_water, 17);
+    assert_eq!(account.accounted.dropped, vec![[1, 2]]);
+    assert_eq!(account.accounted.coalesced, vec![[5, 7]]);
+    assert_eq!(account.accounted.dead, vec![[8, 9]]);
+    assert_eq!(account.accounted.expired, vec![[10, 10]]);
+    assert_eq!(account.accounted.purged, vec![[11, 11]]);
+    assert_eq!(account.accounted.exported, vec![[3, 4]]);
+    assert_eq!(account.pending, vec![[12, 13], [16, 17]]);
+}
+
+#[test]
+fn the_relay_tells_the_destination_each_streams_accounting_and_a_last_time_as_it_stops() {
+    let receiver = TestReceiver::start(0, |r| {
+        if r.body["data"]["bad"] == true {
+            Reply::Status(422)
+        } else {
+            Reply::Status(204)
+        }
+    });
+    let quiet = TestReceiver::start(0, |_| Reply::Status(204));
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Outbox::builder()
+        .default_source("/device/17")
+        .route("*", "fleet")
+        .route("*", "quiet")
+        .open(dir.path().join("app.db"))
+        .unwrap();
+    outbox
+        .transaction(|tx| {
+            for i in 0..5 {
+                let _ = outbox.enqueue(
+                    tx,
+                    Event::new("doc.saved", json!({"i": i, "bad": i % 2 == 1})),
+                )?;
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    let config = common::fast(
+        sqlite_outbox::RelayConfig::new()
+            .destination(sqlite_outbox::Destination::http("fleet", receiver.url()))
+            .destination(sqlite_outbox::Destination::http("quiet", quiet.url()).accounting(false)),
+    )
+    .max_attempts(1)
+    .accounting_interval(Duration::from_secs(1));
+    let handle = outbox.relay(config).start().unwrap();
+    // Two events go dead (422): a change of fate, told within a quarter interval.
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        receiver
+            .accountings()
+            .iter()
+            .any(|a| a["data"]["accounted"]["dead"] == json!([[2, 2], [4, 4]]))
+    }));
+    // One more event, then the relay stops: its last word is the final state.
+    let _ = outbox
+        .transaction(|tx| outbox.enqueue(tx, Event::new("doc.saved", json!({"i": 5}))))
+        .unwrap();
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        common::query_rows(
+            &outbox,
+            "SELECT COUNT(*) FROM outbox_events WHERE destination = 'fleet' AND delivered_at IS NULL AND dead_at IS NULL",
+            |r| r.get::<_, i64>(0),
+        ) == vec![0]
+    }));
+    let report = handle.shutdown();
+    assert_eq!(report.detached_threads, 0);
+    let told = receiver.accountings();
+    let last = told.last().unwrap();
+    assert_eq!(last["type"], sqlite_outbox::wire::ACCOUNTING_TYPE);
+    assert_eq!(last["source"], "/device/17");
+    assert_eq!(
+        last["data"],
+        json!({"stream": "fleet", "high_water": 6, "pending": [],
+               "accounted": {"expired": [], "dropped": [], "coalesced": [], "dead": [[2, 2], [4, 4]],
+                             "purged": [], "exported": []}})
+    );
+    // It went as the library reads it, and the destination that turned it off got none.
+    let accounts = outbox.stream_accounts("fleet").unwrap();
+    assert_eq!(serde_json::to_value(&accounts[0].1).unwrap(), last["data"]);
+    assert!(quiet.accountings().is_empty());
+    assert_eq!(quiet.count(), 6);
 }

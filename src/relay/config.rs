@@ -34,6 +34,7 @@ pub struct RelayConfig {
     /// Whether claims wait for their events' commits to be on disk (always, but for the
     /// benches that measure what that costs: [`crate::internal::without_durability_barrier`]).
     pub(crate) durability_barrier: bool,
+    pub(crate) accounting_interval: Duration,
 }
 
 impl fmt::Debug for RelayConfig {
@@ -59,6 +60,10 @@ impl fmt::Debug for RelayConfig {
 }
 
 impl RelayConfig {
+    /// How often, at most, a destination is told its streams' accounting when nothing but
+    /// pending numbers changed: 2 minutes.
+    pub const DEFAULT_ACCOUNTING_INTERVAL: Duration = Duration::from_secs(120);
+
     /// How long delivered events are kept by default: 7 days.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -100,6 +105,7 @@ impl RelayConfig {
             retention: Some(Self::DEFAULT_RETENTION),
             retention_interval: Duration::from_secs(3600),
             durability_barrier: true,
+            accounting_interval: Self::DEFAULT_ACCOUNTING_INTERVAL,
         }
     }
 
@@ -224,6 +230,17 @@ impl RelayConfig {
     /// Defaults to 1 hour.
     pub fn retention_interval(mut self, interval: Duration) -> Self {
         self.retention_interval = interval;
+        self
+    }
+
+    /// How often each destination that takes accounting
+    /// ([`Destination::accounting`]) is told its streams' state while it is reachable
+    /// (default [`DEFAULT_ACCOUNTING_INTERVAL`](Self::DEFAULT_ACCOUNTING_INTERVAL), from 1 s
+    /// to a day). A change of fate (an event expired, dropped, coalesced, dead, purged or
+    /// exported) is told within a quarter of it (at most 15 s), and the relay tells the
+    /// latest state once more as it stops.
+    pub fn accounting_interval(mut self, interval: Duration) -> Self {
+        self.accounting_interval = interval;
         self
     }
 
@@ -404,6 +421,13 @@ impl RelayConfig {
                 least: Duration::ZERO,
                 most: hour,
                 why: "shutdown must end",
+            },
+            Range {
+                setting: "accounting_interval",
+                value: self.accounting_interval,
+                least: Duration::from_secs(1),
+                most: day,
+                why: "the fleet hears from a device at least daily",
             },
             Range {
                 setting: "retention_interval",

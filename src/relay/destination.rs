@@ -61,6 +61,9 @@ pub struct Destination {
     bandwidth: Option<u64>,
     compression: Compression,
     linger: Option<std::time::Duration>,
+    /// Whether the relay sends this destination its streams' accounting (`None`: the
+    /// target's default).
+    accounting: Option<bool>,
 }
 
 impl fmt::Debug for Destination {
@@ -85,6 +88,7 @@ impl fmt::Debug for Destination {
         d.field("batch", &self.batch)
             .field("compression", &self.compression)
             .field("linger", &self.linger)
+            .field("accounting", &self.sends_accounting())
             .field("workers", &self.workers)
             .finish()
     }
@@ -142,6 +146,7 @@ impl Destination {
             bandwidth: None,
             compression: Compression::None,
             linger: None,
+            accounting: None,
         }
     }
 
@@ -229,6 +234,22 @@ impl Destination {
     }
 
     /// How long a claim short of a batch waits for more, if it does.
+    /// Whether the relay tells this destination, now and then, what became of every number
+    /// of its streams: events of type [`wire::ACCOUNTING_TYPE`](crate::wire::ACCOUNTING_TYPE)
+    /// (see [`wire::StreamAccount`](crate::wire::StreamAccount)), which `outbox ingest`
+    /// stores for `outbox fleet` and other receivers can ignore. On by default for HTTP
+    /// and MQTT destinations, off for custom transports.
+    pub fn accounting(mut self, on: bool) -> Destination {
+        self.accounting = Some(on);
+        self
+    }
+
+    /// Whether the relay sends this destination its streams' accounting.
+    pub(crate) fn sends_accounting(&self) -> bool {
+        self.accounting
+            .unwrap_or(!matches!(self.target, Target::Custom(_)))
+    }
+
     pub(crate) fn linger_time(&self) -> Option<std::time::Duration> {
         self.linger
     }

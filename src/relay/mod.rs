@@ -24,6 +24,7 @@
 //! started, records what finishes before the deadline, and returns its report. The handle
 //! then joins every thread that has ended by the deadline and counts the rest as detached.
 
+mod accounting;
 pub(crate) mod backlog;
 pub(crate) mod backoff;
 mod barrier;
@@ -60,6 +61,9 @@ use report::Report;
 use stats::{Counters, RelayStats, ShutdownReport};
 use worker::Worker;
 use writer::Writer;
+
+/// The longest a stopping relay waits for the accountant's last round.
+const ACCOUNTING_AT_STOP: Duration = Duration::from_secs(5);
 
 /// A relay, configured but not yet running. Made by [`Outbox::relay`].
 #[derive(Debug)]
@@ -133,12 +137,20 @@ impl Relay {
 
         let mut lanes = Vec::with_capacity(transports.len());
         let clocks = transports.clone();
+        let mut told = Vec::new();
         let mut workers = Vec::new();
         for (index, (destination, transport)) in
             config.destinations.iter().zip(transports).enumerate()
         {
             let worker_count = destination.worker_count().unwrap_or(config.workers);
             let lane = Lane::new(destination, worker_count, &config);
+            if destination.sends_accounting() {
+                told.push(accounting::Told {
+                    name: destination.name().to_string(),
+                    transport: transport.clone(),
+                    gate: lane.gate(),
+                });
+            }
             for n in 0..worker_count {
                 let worker = Worker::new(
                     index,
@@ -157,6 +169,17 @@ impl Relay {
         drop(reports_tx);
         let shutdown_timeout = config.shutdown_timeout;
         let checkpointed = outbox.clone();
+        let accountant = if told.is_empty() {
+            None
+        } else {
+            let (stop_tx, stop) = bounded::<()>(0);
+            let accountant =
+                accounting::Accountant::new(outbox.clone(), told, stop, config.accounting_interval);
+            Some((
+                stop_tx,
+                Watched::spawn("outbox-accounting".to_string(), move || accountant.run())?,
+            ))
+        };
         // The writer tells the checkpointer when something was written, so that neither
         // looks on a timer while nothing is.
         let (kick_tx, kick_rx) = bounded::<()>(1);
@@ -188,6 +211,7 @@ impl Relay {
                 stop_tx: Some(stop_tx),
                 writer: Some(writer),
                 checkpointer: Some((checkpoint_stop_tx, checkpointer)),
+                accountant,
                 workers,
             }),
             shutdown_timeout,
@@ -216,6 +240,8 @@ struct Threads {
     writer: Option<Watched<ShutdownReport>>,
     /// The checkpointer thread and the sender whose drop stops it.
     checkpointer: Option<(Sender<()>, Watched<()>)>,
+    /// The accountant thread and the sender whose drop makes it tell a last time and stop.
+    accountant: Option<(Sender<()>, Watched<()>)>,
     workers: Vec<Watched<()>>,
 }
 
@@ -295,6 +321,17 @@ impl RelayHandle {
         if let Some((stop, checkpointer)) = threads.checkpointer.take() {
             drop(stop);
             if checkpointer.join_by(worker_deadline).is_none() {
+                report.detached_threads += 1;
+            }
+        }
+        // Last, once every outcome is written: the accountant tells each destination the
+        // streams' final state (one request per stream that changed), within a bound.
+        if let Some((stop, accountant)) = threads.accountant.take() {
+            drop(stop);
+            if accountant
+                .join_by(Instant::now() + ACCOUNTING_AT_STOP)
+                .is_none()
+            {
                 report.detached_threads += 1;
             }
         }

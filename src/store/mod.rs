@@ -4,7 +4,8 @@
 //! app's right of way).
 //!
 //! The layer: it uses the foundation (`error`, `clock`, `outbound`, `state`), the app's
-//! `event` and `observe` (counters); never the wire, the network, the relay or its threads.
+//! `event` and `observe` (counters), and of the wire only the shape of a stream's
+//! accounting; never the network, the relay or its threads.
 
 pub(crate) mod database;
 pub(crate) mod disabled;
@@ -15,5 +16,6 @@ pub(crate) mod queue;
 pub(crate) mod right_of_way;
 pub(crate) mod route;
 pub mod settings;
+pub(crate) mod stream_accounts;
 pub(crate) mod type_pattern;
 pub(crate) mod wake;

@@ -13,6 +13,7 @@ pub(crate) mod retry_after;
 pub(crate) mod signature;
 pub(crate) mod signing_key;
 pub(crate) mod source_header;
+pub(crate) mod stream_account;
 pub(crate) mod trace_context;
 pub(crate) mod verify_error;
 
@@ -28,6 +29,9 @@ pub use crate::wire::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
 pub use crate::wire::retry_after::parse_retry_after;
 pub use crate::wire::signature::signature_header;
 pub use crate::wire::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
+pub use crate::wire::stream_account::{
+    count_of, ranges_of, Fates, Ranges, StreamAccount, ACCOUNTING_TYPE, MAX_ACCOUNT_RANGES,
+};
 pub use crate::wire::trace_context::{
     check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,
 };

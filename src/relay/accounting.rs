@@ -1,0 +1,167 @@
+//! The accountant: a relay thread that tells each destination what became of every number
+//! of its streams ([`StreamAccount`], sent as an event of type [`ACCOUNTING_TYPE`] through
+//! the destination's own transport, signed like any event).
+//!
+//! It tells a stream's state when its fates changed (an event expired, dropped, coalesced,
+//! dead, purged or exported), at least every accounting interval while the destination is
+//! reachable, and once more as the relay stops, so a `relay --until-empty` run leaves the
+//! destination's view up to date. The accounting is computed from the file each time, never
+//! stored as an event: no storage limit can drop it and it never expires. A destination that
+//! is down is skipped (its next round tells the latest state); an answer that is not 2xx is
+//! logged and the state told again next round.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::outbox::Outbox;
+use crate::relay::gate::Gate;
+use crate::transport::{Attempt, OutboundEvent, Transport};
+use crate::wire::{StreamAccount, ACCOUNTING_TYPE};
+
+/// The longest wait between two looks at the fates.
+const MOST_CHECK: Duration = Duration::from_secs(15);
+
+/// One destination the accountant tells.
+pub(crate) struct Told {
+    pub name: String,
+    pub transport: Arc<dyn Transport>,
+    pub gate: Arc<Gate>,
+}
+
+/// What a stream was last told, and when.
+struct LastTold {
+    account: StreamAccount,
+    at: Instant,
+}
+
+/// The accountant thread's state.
+pub(crate) struct Accountant {
+    outbox: Outbox,
+    destinations: Vec<Told>,
+    stop: Receiver<()>,
+    interval: Duration,
+    /// Per `(destination, source)`.
+    last: HashMap<(String, String), LastTold>,
+    started: Instant,
+}
+
+impl Accountant {
+    /// An accountant for `destinations`, stopping (after a last round) when `stop`
+    /// disconnects.
+    pub(crate) fn new(
+        outbox: Outbox,
+        destinations: Vec<Told>,
+        stop: Receiver<()>,
+        interval: Duration,
+    ) -> Accountant {
+        Accountant {
+            outbox,
+            destinations,
+            stop,
+            interval,
+            last: HashMap::new(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Looks every quarter interval (at most 15 s), tells what is due, and tells the latest
+    /// state once more when stopped.
+    pub(crate) fn run(mut self) {
+        let check = (self.interval / 4).clamp(Duration::from_millis(250), MOST_CHECK);
+        loop {
+            match self.stop.recv_timeout(check) {
+                Err(RecvTimeoutError::Timeout) => self.round(false),
+                _ => {
+                    self.round(true);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One look at every destination's streams; `last_round` tells every stream whose state
+    /// changed at all since it was last told.
+    fn round(&mut self, last_round: bool) {
+        for index in 0..self.destinations.len() {
+            let destination = &self.destinations[index];
+            if destination.gate.is_down() || destination.gate.is_closed() {
+                continue;
+            }
+            let name = destination.name.clone();
+            let accounts = match self.outbox.stream_accounts(&name) {
+                Ok(accounts) => accounts,
+                Err(e) => {
+                    log::warn!(
+                        "destination {name}: the streams' accounting could not be read: {e}"
+                    );
+                    continue;
+                }
+            };
+            for (source, account) in accounts {
+                let key = (name.clone(), source);
+                if self.is_due(&key, &account, last_round) {
+                    self.tell(index, key, account);
+                }
+            }
+        }
+    }
+
+    /// Whether a stream's `account` is to be told now.
+    fn is_due(&self, key: &(String, String), account: &StreamAccount, last_round: bool) -> bool {
+        let (told, at) = match self.last.get(key) {
+            Some(last) => (Some(&last.account), last.at),
+            None => (None, self.started),
+        };
+        let fates_changed = match told {
+            Some(told) => told.accounted != account.accounted,
+            None => account.accounted != Default::default(),
+        };
+        let changed = told != Some(account);
+        fates_changed || (changed && (last_round || at.elapsed() >= self.interval))
+    }
+
+    /// Sends one stream's accounting; remembers it once the destination took it.
+    fn tell(&mut self, index: usize, key: (String, String), account: StreamAccount) {
+        let destination = &self.destinations[index];
+        let data = match serde_json::to_value(&account) {
+            Ok(data) => data,
+            Err(e) => {
+                log::error!(
+                    "destination {}: accounting not encoded: {e}",
+                    destination.name
+                );
+                return;
+            }
+        };
+        let mut event = OutboundEvent::new(ACCOUNTING_TYPE, &data);
+        event.source = key.1.clone();
+        event.destination = destination.name.clone();
+        event.created_at = self.outbox.now_ms();
+        match destination.transport.send(std::slice::from_ref(&event)) {
+            Attempt::Answered { status, .. } if (200..300).contains(&status) => {
+                log::debug!(
+                    "destination {}: told the accounting of {} through {}",
+                    destination.name,
+                    key.1,
+                    account.high_water
+                );
+                self.last.insert(
+                    key,
+                    LastTold {
+                        account,
+                        at: Instant::now(),
+                    },
+                );
+            }
+            other => log::info!(
+                "destination {}: the accounting of {} was not taken ({other:?}); told again \
+                 next round",
+                destination.name,
+                key.1
+            ),
+        }
+    }
+}

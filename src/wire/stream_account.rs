@@ -1,0 +1,206 @@
+//! The accounting of a stream: what a device tells its destination about the numbers it
+//! gave (see [`STREAM_SEQ_ATTRIBUTE`](crate::wire::STREAM_SEQ_ATTRIBUTE)), so that the
+//! fleet can tell an event lost from one that left on purpose.
+//!
+//! It travels as a CloudEvent of type [`ACCOUNTING_TYPE`], signed like any event, with the
+//! stream's `source`, the `outboxstream` attribute naming the stream, and this data:
+//!
+//! ```json
+//! {"stream": "fleet", "high_water": 120,
+//!  "pending": [[118, 120]],
+//!  "accounted": {"expired": [[3, 4]], "dropped": [], "coalesced": [[9, 9]], "dead": [],
+//!                "purged": [], "exported": [[40, 59]]}}
+//! ```
+//!
+//! Every list holds inclusive `[first, last]` ranges, ascending and apart. `high_water` is
+//! the highest number the device has committed; `pending` the numbers it still holds to
+//! send; `accounted` the numbers that left without a delivery, by fate. A number the fleet
+//! has stored counts as stored whatever the device says of it (an exported event imported
+//! later, a dead event retried). Receivers that are not `outbox ingest` can ignore events of
+//! this type.
+
+use serde::{Deserialize, Serialize};
+
+/// The CloudEvents `type` reserved for a stream's accounting.
+pub const ACCOUNTING_TYPE: &str = "dev.sqlite-outbox.accounting";
+
+/// The most ranges one accounting may hold in all (a receiver refuses more).
+pub const MAX_ACCOUNT_RANGES: usize = 100_000;
+
+/// Inclusive `[first, last]` ranges of stream numbers, ascending and apart.
+pub type Ranges = Vec<[i64; 2]>;
+
+/// The numbers of a stream that left the device without a delivery, by fate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Fates {
+    /// Not delivered by their deadline.
+    pub expired: Ranges,
+    /// Dropped by a storage limit.
+    pub dropped: Ranges,
+    /// Replaced by a newer event of their coalescing key.
+    pub coalesced: Ranges,
+    /// Out of attempts or refused (a later retry that delivers them supersedes this).
+    pub dead: Ranges,
+    /// Dead, then purged from the file.
+    pub purged: Ranges,
+    /// Written to an offline bundle.
+    pub exported: Ranges,
+}
+
+impl Fates {
+    /// The fates' names and ranges, in a fixed order.
+    pub fn each(&self) -> [(&'static str, &Ranges); 6] {
+        [
+            ("expired", &self.expired),
+            ("dropped", &self.dropped),
+            ("coalesced", &self.coalesced),
+            ("dead", &self.dead),
+            ("purged", &self.purged),
+            ("exported", &self.exported),
+        ]
+    }
+
+    /// The ranges of the fate named `name`, to fill in.
+    pub fn named_mut(&mut self, name: &str) -> Option<&mut Ranges> {
+        Some(match name {
+            "expired" => &mut self.expired,
+            "dropped" => &mut self.dropped,
+            "coalesced" => &mut self.coalesced,
+            "dead" => &mut self.dead,
+            "purged" => &mut self.purged,
+            "exported" => &mut self.exported,
+            _ => return None,
+        })
+    }
+}
+
+/// One stream's accounting: the data of an [`ACCOUNTING_TYPE`] event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct StreamAccount {
+    /// The stream: the destination's name on the device.
+    pub stream: String,
+    /// The highest number the device has committed in this stream.
+    pub high_water: i64,
+    /// The numbers still waiting on the device to be sent.
+    #[serde(default)]
+    pub pending: Ranges,
+    /// The numbers that left without a delivery, by fate.
+    #[serde(default)]
+    pub accounted: Fates,
+}
+
+impl StreamAccount {
+    /// An accounting of `stream` up to `high_water`, with nothing pending or accounted.
+    pub fn new(stream: impl Into<String>, high_water: i64) -> StreamAccount {
+        StreamAccount {
+            stream: stream.into(),
+            high_water,
+            pending: Vec::new(),
+            accounted: Fates::default(),
+        }
+    }
+
+    /// Reads an accounting from an event's data, checking what a receiver relies on: ranges
+    /// ascending, apart and within `1..=high_water`, and at most [`MAX_ACCOUNT_RANGES`] in
+    /// all.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, in words (the data is not this shape, or a range breaks a rule).
+    pub fn from_data(data: &serde_json::Value) -> Result<StreamAccount, String> {
+        let account: StreamAccount = serde_json::from_value(data.clone())
+            .map_err(|e| format!("not a stream accounting: {e}"))?;
+        if account.high_water < 0 {
+            return Err("high_water is negative".into());
+        }
+        if account.stream.is_empty() || account.stream.len() > 255 {
+            return Err("stream must be a name of 1 to 255 bytes".into());
+        }
+        let lists = std::iter::once(("pending", &account.pending)).chain(account.accounted.each());
+        let mut total = 0usize;
+        for (name, ranges) in lists {
+            total += ranges.len();
+            if total > MAX_ACCOUNT_RANGES {
+                return Err(format!(
+                    "more than {MAX_ACCOUNT_RANGES} ranges in one accounting"
+                ));
+            }
+            let mut after = 0i64;
+            for [first, last] in ranges {
+                if *first <= after || first > last || *last > account.high_water {
+                    return Err(format!(
+                        "{name}: range [{first}, {last}] is not ascending, apart and within \
+                         1..={}",
+                        account.high_water
+                    ));
+                }
+                after = *last + 1;
+            }
+        }
+        Ok(account)
+    }
+}
+
+/// Ranges of `numbers` (ascending).
+pub fn ranges_of(numbers: impl IntoIterator<Item = i64>) -> Ranges {
+    let mut ranges: Ranges = Vec::new();
+    for n in numbers {
+        match ranges.last_mut() {
+            Some([_, last]) if n == *last + 1 => *last = n,
+            Some([_, last]) if n <= *last => {}
+            _ => ranges.push([n, n]),
+        }
+    }
+    ranges
+}
+
+/// How many numbers `ranges` hold.
+pub fn count_of(ranges: &[[i64; 2]]) -> i64 {
+    ranges.iter().map(|[a, b]| b - a + 1).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn numbers_fold_into_ranges_and_count_back() {
+        let r = ranges_of([1, 2, 3, 5, 7, 8, 8, 9]);
+        assert_eq!(r, vec![[1, 3], [5, 5], [7, 9]]);
+        assert_eq!(count_of(&r), 7);
+        assert!(ranges_of([]).is_empty());
+    }
+
+    #[test]
+    fn an_accounting_reads_back_and_bad_ranges_are_refused() {
+        let mut account = StreamAccount::new("fleet", 10);
+        account.pending = vec![[9, 10]];
+        account.accounted.expired = vec![[1, 2], [4, 4]];
+        let data = serde_json::to_value(&account).unwrap();
+        assert_eq!(StreamAccount::from_data(&data).unwrap(), account);
+        for bad in [
+            json!({"stream": "s", "high_water": 5, "pending": [[4, 6]]}),
+            json!({"stream": "s", "high_water": 5, "pending": [[3, 2]]}),
+            json!({"stream": "s", "high_water": 5, "pending": [[0, 1]]}),
+            json!({"stream": "s", "high_water": 5, "accounted": {"dead": [[2, 3], [3, 4]]}}),
+            json!({"stream": "s", "high_water": -1}),
+            json!({"stream": "", "high_water": 1}),
+            json!({"stream": "s", "high_water": 5, "accounted": {"stolen": [[1, 1]]}}),
+            json!({"high_water": 5}),
+        ] {
+            assert!(StreamAccount::from_data(&bad).is_err(), "{bad}");
+        }
+        let many: Vec<[i64; 2]> = (1..=MAX_ACCOUNT_RANGES as i64 + 1)
+            .map(|n| [2 * n, 2 * n])
+            .collect();
+        let data = json!({"stream": "s", "high_water": i64::MAX, "pending": many});
+        assert!(StreamAccount::from_data(&data)
+            .unwrap_err()
+            .contains("more than"));
+    }
+}
