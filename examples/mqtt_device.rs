@@ -97,7 +97,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .spawn(move || {
             for event in connection.iter() {
                 match event {
-                    Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
+                    // The relay's accounting of its streams is published too (its type
+                    // in the topic): not a reading.
+                    Ok(MqttEvent::Incoming(Packet::Publish(p)))
+                        if !p.topic.contains(sqlite_outbox::wire::ACCOUNTING_TYPE) =>
+                    {
                         if counted.fetch_add(1, Ordering::Relaxed) == 0 {
                             println!(
                                 "first message on {}: {}",

@@ -6,6 +6,7 @@
 //! [`sqlite_outbox`]; this crate only adds what a device never needs: the argument parser, the
 //! terminal UI, an async runtime and the PostgreSQL client of the ingest server.
 
+pub mod fleet;
 pub mod ingest;
 
 /// The statement `outbox ingest` stores a request's events with: one `text[]` per column

@@ -39,6 +39,20 @@ impl Request {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// Whether the request carries a stream's accounting (a CloudEvent of type
+    /// `sqlite_outbox::wire::ACCOUNTING_TYPE`) rather than events: a receiver that is not
+    /// `outbox ingest` answers it and ignores it.
+    pub fn is_stream_accounting(&self) -> bool {
+        let Ok(body) = serde_json::from_slice::<serde_json::Value>(&self.body) else {
+            return false;
+        };
+        let first = match &body {
+            serde_json::Value::Array(items) => items.first().cloned().unwrap_or_default(),
+            other => other.clone(),
+        };
+        first["type"] == sqlite_outbox::wire::ACCOUNTING_TYPE
+    }
 }
 
 /// What the server answers.

@@ -38,6 +38,7 @@ fn event(run: &str, i: usize, source: &str) -> serde_json::Value {
         "type": "reading.taken", "partitionkey": format!("k{}", i % 16),
         "sequence": format!("{:020}", i), "time": "2026-11-30T12:00:00.000Z",
         "datacontenttype": "application/json",
+        "outboxstream": "default", "outboxseq": i + 1,
         "data": {"sensor": "s-1", "celsius": 21.5, "n": i}
     })
 }
@@ -127,10 +128,27 @@ type Columns = (
     Vec<Option<String>>,
     Vec<Option<String>>,
     Vec<Option<String>>,
+    // stream, stream_seq: as the relay numbers them.
+    Vec<Option<String>>,
+    Vec<Option<i64>>,
 );
 
 fn columns(run: &str, chunk: &[usize]) -> Columns {
-    let mut columns: Columns = Default::default();
+    let mut columns: Columns = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for &i in chunk {
         let e = event(run, i, "/devices/bench");
         columns.0.push("/devices/bench".into());
@@ -144,6 +162,8 @@ fn columns(run: &str, chunk: &[usize]) -> Columns {
         columns.8.push(None);
         columns.9.push(None);
         columns.10.push(None);
+        columns.11.push(Some("default".into()));
+        columns.12.push(Some(i as i64 + 1));
     }
     columns
 }
@@ -168,7 +188,7 @@ pub fn bare_inserts(
         tx.execute(
             &statement,
             &[
-                &c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7, &c.8, &c.9, &c.10,
+                &c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7, &c.8, &c.9, &c.10, &c.11, &c.12,
             ],
         )
         .unwrap();

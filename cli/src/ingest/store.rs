@@ -5,6 +5,7 @@ use base64::Engine;
 use serde_json::Value;
 
 use sqlite_outbox::receive::{CloudEvent, Data};
+use sqlite_outbox::wire::{StreamAccount, ACCOUNTING_TYPE, STREAM_ATTRIBUTE, STREAM_SEQ_ATTRIBUTE};
 
 /// The statement that stores a request's events: `unnest` turns the per-column arrays into
 /// rows, and `ON CONFLICT DO NOTHING` skips every `(source, id)` already stored, also one
@@ -16,10 +17,10 @@ use sqlite_outbox::receive::{CloudEvent, Data};
 pub(crate) const INSERT_EVENTS: &str = "
     WITH stored AS (
         INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data,
-                                     traceparent, tracestate, dataschema)
+                                     traceparent, tracestate, dataschema, stream, stream_seq)
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                              $6::int8[], $7::text[]::timestamptz[], $8::jsonb[],
-                             $9::text[], $10::text[], $11::text[])
+                             $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[])
         ON CONFLICT (source, id) DO NOTHING
         RETURNING source, time
     ), seen AS (
@@ -35,6 +36,67 @@ pub(crate) const INSERT_EVENTS: &str = "
     )
     SELECT count(*) FROM stored";
 
+/// The statement that keeps each stream's latest accounting (one row per source and
+/// stream): the newest report's pending numbers and fates, the highest high water any
+/// report gave, and when the ingest received it.
+pub(crate) const UPSERT_REPORTS: &str = "
+    INSERT INTO outbox_stream_reports AS r (source, stream, high_water, pending, accounted)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::jsonb[], $5::jsonb[])
+    ON CONFLICT (source, stream) DO UPDATE
+       SET high_water = GREATEST(r.high_water, EXCLUDED.high_water),
+           pending = EXCLUDED.pending,
+           accounted = EXCLUDED.accounted,
+           reported_at = now()";
+
+/// A request's stream accountings (events of type `ACCOUNTING_TYPE`), the last of each
+/// stream, as the columns of [`UPSERT_REPORTS`].
+#[derive(Debug, Default)]
+pub(crate) struct Reports {
+    source: Vec<String>,
+    stream: Vec<String>,
+    high_water: Vec<i64>,
+    pending: Vec<Value>,
+    accounted: Vec<Value>,
+}
+
+impl Reports {
+    /// Adds `account` of `source`, replacing an earlier one of the same stream in this
+    /// request (one statement cannot update a row twice).
+    fn push(&mut self, source: String, account: StreamAccount) -> Result<(), String> {
+        let pending = serde_json::to_value(&account.pending).map_err(|e| e.to_string())?;
+        let accounted = serde_json::to_value(&account.accounted).map_err(|e| e.to_string())?;
+        if let Some(at) = (0..self.source.len())
+            .find(|&i| self.source[i] == source && self.stream[i] == account.stream)
+        {
+            self.high_water[at] = self.high_water[at].max(account.high_water);
+            self.pending[at] = pending;
+            self.accounted[at] = accounted;
+            return Ok(());
+        }
+        self.source.push(source);
+        self.stream.push(account.stream);
+        self.high_water.push(account.high_water);
+        self.pending.push(pending);
+        self.accounted.push(accounted);
+        Ok(())
+    }
+
+    /// How many streams.
+    pub fn len(&self) -> usize {
+        self.source.len()
+    }
+
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 5] {
+        [
+            &self.source,
+            &self.stream,
+            &self.high_water,
+            &self.pending,
+            &self.accounted,
+        ]
+    }
+}
+
 /// A request's events as the columns of [`INSERT_EVENTS`].
 #[derive(Debug, Default)]
 pub(crate) struct Columns {
@@ -49,14 +111,31 @@ pub(crate) struct Columns {
     traceparent: Vec<Option<String>>,
     tracestate: Vec<Option<String>>,
     dataschema: Vec<Option<String>>,
+    stream: Vec<Option<String>>,
+    stream_seq: Vec<Option<i64>>,
+    /// The streams' accountings the request holds (not stored as events).
+    pub reports: Reports,
 }
 
 impl Columns {
-    /// The columns of `events`, or why one cannot be stored (its `sequence` is not a
-    /// decimal integer): the whole request is then refused with a 400.
+    /// The columns of `events`, or why one cannot be stored (its `sequence` or `outboxseq`
+    /// is not a decimal integer, its `outboxstream` not a name, an accounting not well
+    /// formed): the whole request is then refused with a 400.
     pub fn new(events: Vec<CloudEvent>) -> Result<Columns, String> {
         let mut columns = Columns::default();
         for event in events {
+            if event.event_type == ACCOUNTING_TYPE {
+                let account = match &event.data {
+                    Data::Json(data) => StreamAccount::from_data(data),
+                    _ => Err("its data is not JSON".to_string()),
+                }
+                .map_err(|e| format!("accounting {}: {e}", event.id))?;
+                columns.reports.push(event.source, account)?;
+                continue;
+            }
+            let (stream, stream_seq) = stream_number(&event)?;
+            columns.stream.push(stream);
+            columns.stream_seq.push(stream_seq);
             let sequence = match event.extensions.get("sequence") {
                 None => None,
                 Some(value) => Some(decimal(value).ok_or_else(|| {
@@ -98,13 +177,13 @@ impl Columns {
         Ok(columns)
     }
 
-    /// How many events.
+    /// How many events (accountings not counted).
     pub fn len(&self) -> usize {
         self.id.len()
     }
 
     /// The parameters of [`INSERT_EVENTS`].
-    pub fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 11] {
+    pub fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 13] {
         [
             &self.source,
             &self.id,
@@ -117,7 +196,33 @@ impl Columns {
             &self.traceparent,
             &self.tracestate,
             &self.dataschema,
+            &self.stream,
+            &self.stream_seq,
         ]
+    }
+}
+
+/// An event's stream and number (the `outboxstream` and `outboxseq` extensions), both or
+/// neither; a number is a positive decimal integer, a stream name 1 to 255 bytes.
+fn stream_number(event: &CloudEvent) -> Result<(Option<String>, Option<i64>), String> {
+    let stream = event.extensions.get(STREAM_ATTRIBUTE);
+    let seq = event.extensions.get(STREAM_SEQ_ATTRIBUTE);
+    match (stream, seq) {
+        (None, None) => Ok((None, None)),
+        (Some(Value::String(stream)), Some(seq)) if !stream.is_empty() && stream.len() <= 255 => {
+            match decimal(seq) {
+                Some(n) if n >= 1 => Ok((Some(stream.clone()), Some(n))),
+                _ => Err(format!(
+                    "event {}: {STREAM_SEQ_ATTRIBUTE} {seq} is not a positive decimal integer",
+                    event.id
+                )),
+            }
+        }
+        _ => Err(format!(
+            "event {}: {STREAM_ATTRIBUTE} (a name of 1 to 255 bytes) and \
+             {STREAM_SEQ_ATTRIBUTE} go together",
+            event.id
+        )),
     }
 }
 
@@ -196,8 +301,16 @@ pub(crate) fn store(
     columns: &Columns,
 ) -> Result<u64, postgres::Error> {
     let mut tx = client.transaction()?;
-    let statement = tx.prepare(INSERT_EVENTS)?;
-    let stored: i64 = tx.query_one(&statement, &columns.params())?.get(0);
+    let stored: i64 = if columns.len() > 0 {
+        let statement = tx.prepare(INSERT_EVENTS)?;
+        tx.query_one(&statement, &columns.params())?.get(0)
+    } else {
+        0
+    };
+    if columns.reports.len() > 0 {
+        let statement = tx.prepare(UPSERT_REPORTS)?;
+        tx.execute(&statement, &columns.reports.params())?;
+    }
     tx.commit()?;
     Ok(stored as u64)
 }

@@ -69,7 +69,9 @@ pub(crate) fn check(request: Request) -> Checked {
         return Checked::Unstorable(refused);
     }
     match Columns::new(events) {
-        Ok(columns) if columns.len() == 0 => Checked::Malformed("the batch holds no event".into()),
+        Ok(columns) if columns.len() == 0 && columns.reports.len() == 0 => {
+            Checked::Malformed("the batch holds no event".into())
+        }
         Ok(columns) => Checked::Ready {
             columns: Box::new(columns),
             decoded: body.len(),

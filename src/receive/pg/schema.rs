@@ -84,6 +84,23 @@ const MIGRATIONS: &[&str] = &[
          ADD COLUMN traceparent text,
          ADD COLUMN tracestate  text,
          ADD COLUMN dataschema  text;",
+    // 5: each event's stream and number (the `outboxstream` and `outboxseq` extensions),
+    // and each stream's latest accounting from its device, for `outbox fleet`.
+    "ALTER TABLE outbox_ingested
+         ADD COLUMN stream     text,
+         ADD COLUMN stream_seq bigint;
+     CREATE INDEX outbox_ingested_stream_seq
+         ON outbox_ingested (source, stream, stream_seq)
+         WHERE stream_seq IS NOT NULL;
+     CREATE TABLE outbox_stream_reports (
+         source      text        NOT NULL,
+         stream      text        NOT NULL,
+         high_water  bigint      NOT NULL,
+         pending     jsonb       NOT NULL,
+         accounted   jsonb       NOT NULL,
+         reported_at timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (source, stream)
+     );",
 ];
 
 /// The schema version this build creates.

@@ -9,6 +9,7 @@ mod bundle;
 mod config;
 mod enqueue;
 mod failure;
+mod fleet;
 mod ingest;
 mod inspect;
 mod keygen;
@@ -82,6 +83,9 @@ enum Command {
     Export(bundle::ExportArgs),
     /// Verify a bundle file and deliver its events to a URL (no --db).
     Import(bundle::ImportArgs),
+    /// What the fleet holds of each device's streams, from the ingest's PostgreSQL (no
+    /// --db): exit 0 if nothing is missing or reused, 1 if a stream is incomplete.
+    Fleet(fleet::FleetArgs),
     /// Make a device's Ed25519 signing key: the private key to --out (mode 0600), the
     /// public key (whpk_…) printed for the ingest's key registry (no --db).
     Keygen(keygen::KeygenArgs),
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> Outcome {
         Command::Ingest(args) => return ingest::run(args),
         Command::Import(args) => return bundle::run_import(args),
         Command::Keygen(args) => return keygen::run(args),
+        Command::Fleet(args) => return fleet::run(args),
         other => other,
     };
     let Some(db) = cli.db else {
@@ -143,7 +148,11 @@ fn run(cli: Cli) -> Outcome {
     }
     let outbox = open_existing(builder, &db)?;
     match command {
-        Command::Init | Command::Ingest(_) | Command::Import(_) | Command::Keygen(_) => {
+        Command::Init
+        | Command::Ingest(_)
+        | Command::Import(_)
+        | Command::Keygen(_)
+        | Command::Fleet(_) => {
             unreachable!("handled above")
         }
         Command::Enqueue(args) => enqueue::run(&outbox, args),

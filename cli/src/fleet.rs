@@ -1,0 +1,343 @@
+//! The fleet's view of its devices' streams, from what `outbox ingest` stored: per source
+//! and stream, the numbers stored, the device's last accounting, and from both the numbers
+//! the fleet lacks (`missing`) and the numbers it holds twice under different event ids
+//! (`reused`: a device restored from an older copy of its file). `outbox fleet` prints it;
+//! the ingest's metrics listener serves it as `/fleet` and counts it in `/metrics`.
+//!
+//! Each number counts once, by the most final thing known of it: stored beats every fate the
+//! device reported (an exported event imported later, a dead event retried and delivered),
+//! a fate beats pending. Missing is a moment's view: an event that arrives later fills its
+//! gap.
+
+use serde::Serialize;
+
+use sqlite_outbox::wire::{count_of, Fates, Ranges};
+
+/// One stream as the fleet sees it (the JSON object `outbox fleet --json` prints).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamView {
+    /// The device's source.
+    pub source: String,
+    /// The stream: the destination's name on the device.
+    pub destination: String,
+    /// The highest number the device ever reported committed (or the highest stored, if
+    /// higher or if it never reported).
+    pub high_water: i64,
+    /// Distinct numbers stored.
+    pub stored: i64,
+    /// The number through which every number is stored or accounted.
+    pub stored_through: i64,
+    /// Numbers the device last reported still pending (and not stored since).
+    pub pending_on_device: i64,
+    /// Numbers accounted by fate (and not stored).
+    pub accounted: Accounted,
+    /// Numbers at or below `high_water` neither stored, nor pending, nor accounted.
+    pub missing: Ranges,
+    /// Numbers stored under two or more event ids.
+    pub reused: Ranges,
+    /// When the device last reported (RFC 3339, the ingest's clock), if ever.
+    pub reported_at: Option<String>,
+}
+
+impl StreamView {
+    /// Whether the stream lacks numbers or holds one twice.
+    pub fn is_incomplete(&self) -> bool {
+        !self.missing.is_empty() || !self.reused.is_empty()
+    }
+
+    /// Missing numbers, counted.
+    pub fn missing_count(&self) -> i64 {
+        count_of(&self.missing)
+    }
+}
+
+/// The counts of accounted numbers by fate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Accounted {
+    pub expired: i64,
+    pub dropped: i64,
+    pub coalesced: i64,
+    pub dead: i64,
+    pub purged: i64,
+    pub exported: i64,
+}
+
+impl Accounted {
+    /// Every fate together.
+    pub fn total(&self) -> i64 {
+        self.expired + self.dropped + self.coalesced + self.dead + self.purged + self.exported
+    }
+}
+
+/// A device's last accounting of a stream, as stored.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub high_water: i64,
+    pub pending: Ranges,
+    pub accounted: Fates,
+    pub reported_at: String,
+}
+
+/// The view of one stream from its stored ranges, its reused numbers and its last report.
+pub fn view(
+    source: String,
+    destination: String,
+    stored: &Ranges,
+    reused: Ranges,
+    report: Option<&Report>,
+) -> StreamView {
+    let high_water = report
+        .map_or(0, |r| r.high_water)
+        .max(stored.last().map_or(0, |[_, last]| *last));
+    let everything: Ranges = if high_water > 0 {
+        vec![[1, high_water]]
+    } else {
+        Vec::new()
+    };
+    let empty = Fates::default();
+    let fates = report.map_or(&empty, |r| &r.accounted);
+    // Each fate without what is stored: stored beats every fate.
+    let unstored = |ranges: &Ranges| subtract(ranges, stored);
+    let accounted = Accounted {
+        expired: count_of(&unstored(&fates.expired)),
+        dropped: count_of(&unstored(&fates.dropped)),
+        coalesced: count_of(&unstored(&fates.coalesced)),
+        dead: count_of(&unstored(&fates.dead)),
+        purged: count_of(&unstored(&fates.purged)),
+        exported: count_of(&unstored(&fates.exported)),
+    };
+    let mut known = stored.clone();
+    for (_, ranges) in fates.each() {
+        known = union(&known, ranges);
+    }
+    let stored_through = match known.first() {
+        Some([1, last]) => (*last).min(high_water),
+        _ => 0,
+    };
+    let pending = report.map_or_else(Vec::new, |r| subtract(&r.pending, &known));
+    let missing = subtract(&subtract(&everything, &known), &pending);
+    StreamView {
+        source,
+        destination,
+        high_water,
+        stored: count_of(stored),
+        stored_through,
+        pending_on_device: count_of(&pending),
+        accounted,
+        missing,
+        reused,
+        reported_at: report.map(|r| r.reported_at.clone()),
+    }
+}
+
+/// `a` without `b` (both ascending and apart).
+pub fn subtract(a: &Ranges, b: &Ranges) -> Ranges {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &[first, last] in a {
+        let mut from = first;
+        while j < b.len() && b[j][1] < from {
+            j += 1;
+        }
+        let mut k = j;
+        while from <= last {
+            match b.get(k) {
+                Some(&[bf, bl]) if bf <= last => {
+                    if bf > from {
+                        out.push([from, bf - 1]);
+                    }
+                    from = from.max(bl.saturating_add(1));
+                    k += 1;
+                }
+                _ => {
+                    out.push([from, last]);
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `a` and `b` together (both ascending and apart), as ranges ascending and apart.
+pub fn union(a: &Ranges, b: &Ranges) -> Ranges {
+    let mut all: Ranges = a.iter().chain(b).copied().collect();
+    all.sort_unstable();
+    let mut out: Ranges = Vec::with_capacity(all.len());
+    for [first, last] in all {
+        match out.last_mut() {
+            Some([_, end]) if first <= end.saturating_add(1) => *end = (*end).max(last),
+            _ => out.push([first, last]),
+        }
+    }
+    out
+}
+
+/// Reads the view of every stream (of `source` only, if given) from the ingest's tables,
+/// the incomplete streams first, then by source and stream.
+///
+/// # Errors
+///
+/// PostgreSQL's, when a query fails (tables missing: the ingest never ran against it).
+pub fn read(
+    client: &mut postgres::Client,
+    source: Option<&str>,
+) -> Result<Vec<StreamView>, postgres::Error> {
+    use std::collections::BTreeMap;
+    type Key = (String, String);
+    let mut stored: BTreeMap<Key, Ranges> = BTreeMap::new();
+    // Stored numbers as ranges (gaps and islands): a number minus its rank is constant
+    // along a run of consecutive numbers.
+    for row in client.query(
+        "SELECT source, stream, min(stream_seq), max(stream_seq)
+           FROM (SELECT source, stream, stream_seq,
+                        stream_seq - dense_rank() OVER (PARTITION BY source, stream
+                                                        ORDER BY stream_seq) AS island
+                   FROM (SELECT DISTINCT source, stream, stream_seq FROM outbox_ingested
+                          WHERE stream_seq IS NOT NULL AND stream IS NOT NULL
+                            AND ($1::text IS NULL OR source = $1)) AS numbers) AS ranked
+          GROUP BY source, stream, island
+          ORDER BY source, stream, 3",
+        &[&source],
+    )? {
+        stored
+            .entry((row.get(0), row.get(1)))
+            .or_default()
+            .push([row.get(2), row.get(3)]);
+    }
+    let mut reused: BTreeMap<Key, Vec<i64>> = BTreeMap::new();
+    for row in client.query(
+        "SELECT source, stream, stream_seq FROM outbox_ingested
+          WHERE stream_seq IS NOT NULL AND stream IS NOT NULL
+            AND ($1::text IS NULL OR source = $1)
+          GROUP BY source, stream, stream_seq HAVING count(*) > 1
+          ORDER BY 1, 2, 3",
+        &[&source],
+    )? {
+        reused
+            .entry((row.get(0), row.get(1)))
+            .or_default()
+            .push(row.get(2));
+    }
+    let mut reports: BTreeMap<Key, Report> = BTreeMap::new();
+    for row in client.query(
+        "SELECT source, stream, high_water, pending::text, accounted::text,
+                to_char(reported_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+           FROM outbox_stream_reports WHERE $1::text IS NULL OR source = $1",
+        &[&source],
+    )? {
+        let pending: String = row.get(3);
+        let accounted: String = row.get(4);
+        // Checked when stored (`StreamAccount::from_data`); a row edited by hand that no
+        // longer reads counts as no report.
+        let (Ok(pending), Ok(accounted)) = (
+            serde_json::from_str::<Ranges>(&pending),
+            serde_json::from_str::<Fates>(&accounted),
+        ) else {
+            continue;
+        };
+        reports.insert(
+            (row.get(0), row.get(1)),
+            Report {
+                high_water: row.get(2),
+                pending,
+                accounted,
+                reported_at: row.get(5),
+            },
+        );
+    }
+    let keys: std::collections::BTreeSet<Key> =
+        stored.keys().chain(reports.keys()).cloned().collect();
+    let none = Ranges::new();
+    let mut views: Vec<StreamView> = keys
+        .into_iter()
+        .map(|key| {
+            let reused = sqlite_outbox::wire::ranges_of(reused.remove(&key).unwrap_or_default());
+            let stored = stored.get(&key).unwrap_or(&none);
+            let report = reports.get(&key);
+            view(key.0, key.1, stored, reused, report)
+        })
+        .collect();
+    views.sort_by_key(|v| !v.is_incomplete());
+    Ok(views)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_subtract_and_join() {
+        assert_eq!(
+            subtract(&vec![[1, 10]], &vec![[2, 3], [5, 5], [9, 12]]),
+            vec![[1, 1], [4, 4], [6, 8]]
+        );
+        assert_eq!(
+            subtract(&vec![[1, 3], [7, 9]], &vec![]),
+            vec![[1, 3], [7, 9]]
+        );
+        assert_eq!(
+            subtract(&vec![[4, 6]], &vec![[1, 10]]),
+            Vec::<[i64; 2]>::new()
+        );
+        assert_eq!(
+            subtract(&vec![[1, 2], [4, 8]], &vec![[2, 5]]),
+            vec![[1, 1], [6, 8]]
+        );
+        assert_eq!(
+            union(&vec![[1, 2], [7, 8]], &vec![[3, 4], [8, 10]]),
+            vec![[1, 4], [7, 10]]
+        );
+    }
+
+    #[test]
+    fn each_number_counts_once_by_the_most_final_thing_known_of_it() {
+        let mut accounted = Fates::default();
+        accounted.expired = vec![[3, 4]];
+        accounted.exported = vec![[5, 6]];
+        accounted.dead = vec![[7, 7]];
+        let report = Report {
+            high_water: 12,
+            pending: vec![[11, 12]],
+            accounted,
+            reported_at: "2026-12-06T10:00:00.000Z".into(),
+        };
+        // 1-2 stored, 3-4 expired, 5 exported then imported (stored), 6 exported, 7 dead
+        // then delivered (stored), 8 stored, 9-10 lost, 11-12 pending, 11 since stored.
+        let stored = vec![[1, 2], [5, 5], [7, 8], [11, 11]];
+        let v = view(
+            "/d".into(),
+            "fleet".into(),
+            &stored,
+            vec![[8, 8]],
+            Some(&report),
+        );
+        assert_eq!(v.high_water, 12);
+        assert_eq!(v.stored, 6);
+        assert_eq!(v.stored_through, 8);
+        assert_eq!(v.pending_on_device, 1);
+        assert_eq!(
+            v.accounted,
+            Accounted {
+                expired: 2,
+                exported: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(v.missing, vec![[9, 10]]);
+        assert_eq!(v.reused, vec![[8, 8]]);
+        assert!(v.is_incomplete());
+        // No report: the highest stored number is the high water.
+        let v = view(
+            "/d".into(),
+            "fleet".into(),
+            &vec![[1, 3], [5, 6]],
+            vec![],
+            None,
+        );
+        assert_eq!(
+            (v.high_water, v.stored_through, v.missing.clone()),
+            (6, 3, vec![[4, 4]])
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! Nothing silently missing (issue 58): a device's relay, `outbox ingest` and PostgreSQL, and
+//! `outbox fleet`, which names for each stream what is stored, what left the device on
+//! purpose (expired, dropped, coalesced, dead, purged, exported), what is still pending on
+//! the device, and exactly the numbers that are missing or were reused.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/ingest_process.rs"]
+mod ingest_process;
+#[path = "../../tests/common/postgres.rs"]
+mod pg;
+#[path = "../../tests/common/raw_http.rs"]
+mod raw_http;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ingest_process::Ingest;
+use pg::Postgres;
+use serde_json::{json, Value};
+use sqlite_outbox::receive::Secret;
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig, StoragePolicy};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const SOURCE: &str = "/devices/17";
+
+/// The device's relay to `url`, run until nothing is pending for it, then stopped (its
+/// last accounting told).
+fn deliver(outbox: &Outbox, url: &str) {
+    let relay = outbox
+        .relay(
+            common::fast(
+                RelayConfig::new().destination(
+                    Destination::http("fleet", url)
+                        .secret(SECRET)
+                        .batch(5, 1 << 20),
+                ),
+            )
+            .max_attempts(3),
+        )
+        .start()
+        .unwrap();
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        outbox.pending_count(None).unwrap() == 0
+    }));
+    let report = relay.shutdown();
+    assert_eq!(report.detached_threads, 0);
+}
+
+fn enqueue(outbox: &Outbox, event: Event) {
+    let _ = outbox.transaction(|tx| outbox.enqueue(tx, event)).unwrap();
+}
+
+/// `outbox fleet --json` (of `SOURCE` only, if `only`): its streams and its exit code.
+fn fleet(postgres: &Postgres, only: bool) -> (Vec<Value>, i32) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command.args(["fleet", "--pg", &postgres.url(), "--json"]);
+    if only {
+        command.args(["--source", SOURCE]);
+    }
+    let out = command.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let streams: Vec<Value> = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    (streams, out.status.code().unwrap_or(-1))
+}
+
+fn device(path: &Path) -> Outbox {
+    Outbox::builder()
+        .default_source(SOURCE)
+        .route("*", "fleet")
+        .max_pending(12)
+        .storage_policy("telemetry.*", StoragePolicy::DropOldest)
+        .open(path)
+        .unwrap()
+}
+
+#[test]
+fn the_fleet_names_every_number_stored_accounted_pending_and_exactly_the_missing_ones() {
+    let postgres = Postgres::start();
+    let ingest = Ingest::start(&postgres, &["--secret", SECRET]);
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = device(&dir.path().join("device.db"));
+
+    // 1-5 delivered.
+    for i in 0..5 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
+    }
+    deliver(&outbox, &ingest.url());
+    // 6-7 expire while the ingest is down (no relay runs before their deadline).
+    for i in 0..2 {
+        enqueue(
+            &outbox,
+            Event::new("doc.saved", json!({"late": i})).expires_in(Duration::from_millis(100)),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // 8-19 telemetry into a full store (12 pending at most, 6 and 7 still among them):
+    // the oldest telemetry is dropped.
+    for i in 0..12 {
+        enqueue(&outbox, Event::new("telemetry.temp", json!({"i": i})));
+    }
+    // 20 replaced by 21 (coalesced); 22 an event the ingest cannot store (dead).
+    enqueue(
+        &outbox,
+        Event::new("ui.state", json!({"w": 1})).coalesce_key("window"),
+    );
+    enqueue(
+        &outbox,
+        Event::new("ui.state", json!({"w": 2})).coalesce_key("window"),
+    );
+    enqueue(&outbox, Event::new("doc.saved", json!({"nul": "a\u{0}b"})));
+    deliver(&outbox, &ingest.url());
+    // 23 dead, then purged with 22; 24 dead and kept.
+    enqueue(&outbox, Event::new("doc.saved", json!({"nul": "c\u{0}d"})));
+    deliver(&outbox, &ingest.url());
+    outbox.purge_dead(None).unwrap();
+    enqueue(&outbox, Event::new("doc.saved", json!({"nul": "e\u{0}f"})));
+    deliver(&outbox, &ingest.url());
+    // 25-26 exported and imported (stored); 27-28 exported, carried nowhere yet.
+    let secret = Secret::parse(SECRET).unwrap();
+    for i in 0..4 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"carried": i})));
+    }
+    let imported = dir.path().join("imported.bundle");
+    assert_eq!(
+        outbox.export(&imported, &secret, "fleet", 2).unwrap().count,
+        2
+    );
+    assert_eq!(
+        outbox
+            .export(&dir.path().join("kept.bundle"), &secret, "fleet", 2)
+            .unwrap()
+            .count,
+        2
+    );
+    let report = sqlite_outbox::bundle::import(
+        &imported,
+        &secret,
+        &ingest.url(),
+        &sqlite_outbox::bundle::ImportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.delivered, 2);
+    // 29-33: three of them deleted by hand before they were sent.
+    for i in 0..5 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"last": i})));
+    }
+    outbox
+        .connection()
+        .unwrap()
+        .execute(
+            "DELETE FROM outbox_events WHERE stream_seq IN (29, 31, 32)",
+            [],
+        )
+        .unwrap();
+    // 34 stays pending: committed after the last relay stopped... and told nowhere yet.
+    deliver(&outbox, &ingest.url());
+    enqueue(&outbox, Event::new("doc.saved", json!({"after": 1})));
+
+    let device_view = &outbox.stream_accounts("fleet").unwrap()[0].1;
+    assert!(!device_view.accounted.dropped.is_empty(), "{device_view:?}");
+    let (streams, code) = fleet(&postgres, true);
+    println!("{}", serde_json::to_string_pretty(&streams).unwrap());
+    assert_eq!(streams.len(), 1, "{streams:?}");
+    let s = &streams[0];
+    assert_eq!(s["source"], SOURCE);
+    assert_eq!(s["destination"], "fleet");
+    // The last report came before 34 was committed.
+    assert_eq!(s["high_water"], 33);
+    assert_eq!(s["missing"], json!([[29, 29], [31, 32]]), "{s}");
+    assert_eq!(s["reused"], json!([]));
+    assert_eq!(code, 1, "missing numbers: exit 1");
+    let accounted = &s["accounted"];
+    assert_eq!(accounted["expired"], 2);
+    assert_eq!(accounted["coalesced"], 1);
+    assert_eq!(accounted["dead"], 1, "24");
+    assert_eq!(accounted["purged"], 2, "22 and 23");
+    assert_eq!(accounted["exported"], 2, "27 and 28; 25 and 26 are stored");
+    let dropped = sqlite_outbox::wire::count_of(&device_view.accounted.dropped);
+    assert_eq!(accounted["dropped"], dropped);
+    assert_eq!(s["pending_on_device"], 0);
+    // Every number 1-33 is stored, accounted or missing, each once.
+    let counted = s["stored"].as_i64().unwrap()
+        + [
+            "expired",
+            "dropped",
+            "coalesced",
+            "dead",
+            "purged",
+            "exported",
+        ]
+        .iter()
+        .map(|f| accounted[f].as_i64().unwrap())
+        .sum::<i64>()
+        + 3;
+    assert_eq!(counted, 33, "{s}");
+    assert_eq!(s["stored_through"], 28);
+    assert!(s["reported_at"].is_string());
+}
+
+#[test]
+fn a_device_restored_from_an_older_copy_of_its_file_shows_its_reused_numbers() {
+    let postgres = Postgres::start();
+    let ingest = Ingest::start(&postgres, &["--secret", SECRET]);
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("device.db");
+    let outbox = device(&path);
+    for i in 0..3 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
+    }
+    deliver(&outbox, &ingest.url());
+    let (streams, code) = fleet(&postgres, false);
+    assert_eq!((streams[0]["stored_through"].clone(), code), (json!(3), 0));
+    // A copy of the file (a backup), then two more events delivered.
+    let backup = dir.path().join("backup.db");
+    outbox
+        .connection()
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    for i in 3..5 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
+    }
+    deliver(&outbox, &ingest.url());
+    drop(outbox);
+    // The device is restored from the backup, and commits new events: 4 and 5 again.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    std::fs::copy(&backup, &path).unwrap();
+    let outbox = device(&path);
+    for i in 0..3 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"restored": i})));
+    }
+    deliver(&outbox, &ingest.url());
+    let (streams, code) = fleet(&postgres, false);
+    let s = &streams[0];
+    assert_eq!(s["reused"], json!([[4, 5]]), "{s}");
+    assert_eq!(s["high_water"], 6);
+    assert_eq!(s["missing"], json!([]));
+    assert_eq!(code, 1, "reused numbers: exit 1");
+}
+
+#[test]
+fn bad_input_exits_2_and_an_empty_fleet_exits_0() {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["fleet", "--pg", "postgresql://u@127.0.0.1/db?sslmode=bogus"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let postgres = Postgres::start();
+    let ingest = Ingest::start(&postgres, &["--secret", SECRET]);
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["fleet", "--pg", &postgres.url()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no streams yet"));
+}
