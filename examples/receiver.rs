@@ -88,7 +88,12 @@ fn apply(
 ) -> sqlite_outbox::Result<(usize, usize)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let (mut applied, mut duplicates) = (0, 0);
-    for event in events {
+    // The relay's accounting of its streams (for `outbox ingest`'s fleet view) is not an
+    // event of the app's: verified with the rest, answered, not applied.
+    for event in events
+        .iter()
+        .filter(|e| e.event_type != sqlite_outbox::wire::ACCOUNTING_TYPE)
+    {
         match Inbox::receive(&tx, &event.source, &event.id)? {
             Receipt::Duplicate => duplicates += 1,
             Receipt::New => {

@@ -146,7 +146,10 @@ fn serve(
                     .unwrap_or_default()
                     .to_string();
                 let seq = event["data"]["seq"].as_i64().unwrap_or(-1);
-                log.lock().unwrap().accepted.push((id, key, seq));
+                // The relay's accounting of its streams is not an event.
+                if event["type"] != sqlite_outbox::wire::ACCOUNTING_TYPE {
+                    log.lock().unwrap().accepted.push((id, key, seq));
+                }
                 b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"
             }
             Mood::Error500 => {
@@ -179,7 +182,10 @@ fn serve(
                     .unwrap_or_default()
                     .to_string();
                 let seq = event["data"]["seq"].as_i64().unwrap_or(-1);
-                log.lock().unwrap().accepted.push((id, key, seq));
+                // The relay's accounting of its streams is not an event.
+                if event["type"] != sqlite_outbox::wire::ACCOUNTING_TYPE {
+                    log.lock().unwrap().accepted.push((id, key, seq));
+                }
                 if writer
                     .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n")
                     .is_err()

@@ -49,6 +49,7 @@ fn a_relay_names_every_thread_and_joins_them_all_on_shutdown() {
     assert_eq!(
         relay_threads(),
         [
+            "outbox-accounti",
             "outbox-audit-0",
             "outbox-checkpoi",
             "outbox-default-",

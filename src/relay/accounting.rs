@@ -41,7 +41,7 @@ struct LastTold {
 pub(crate) struct Accountant {
     outbox: Outbox,
     destinations: Vec<Told>,
-    stop: Receiver<()>,
+    stop: Receiver<bool>,
     interval: Duration,
     /// Per `(destination, source)`.
     last: HashMap<(String, String), LastTold>,
@@ -49,12 +49,12 @@ pub(crate) struct Accountant {
 }
 
 impl Accountant {
-    /// An accountant for `destinations`, stopping (after a last round) when `stop`
-    /// disconnects.
+    /// An accountant for `destinations`, stopping when `stop` says so (after a last round
+    /// if it says `true`) or disconnects.
     pub(crate) fn new(
         outbox: Outbox,
         destinations: Vec<Told>,
-        stop: Receiver<()>,
+        stop: Receiver<bool>,
         interval: Duration,
     ) -> Accountant {
         Accountant {
@@ -74,10 +74,11 @@ impl Accountant {
         loop {
             match self.stop.recv_timeout(check) {
                 Err(RecvTimeoutError::Timeout) => self.round(false),
-                _ => {
+                Ok(true) => {
                     self.round(true);
                     return;
                 }
+                Ok(false) | Err(RecvTimeoutError::Disconnected) => return,
             }
         }
     }

@@ -172,7 +172,7 @@ impl Relay {
         let accountant = if told.is_empty() {
             None
         } else {
-            let (stop_tx, stop) = bounded::<()>(0);
+            let (stop_tx, stop) = bounded::<bool>(1);
             let accountant =
                 accounting::Accountant::new(outbox.clone(), told, stop, config.accounting_interval);
             Some((
@@ -240,8 +240,8 @@ struct Threads {
     writer: Option<Watched<ShutdownReport>>,
     /// The checkpointer thread and the sender whose drop stops it.
     checkpointer: Option<(Sender<()>, Watched<()>)>,
-    /// The accountant thread and the sender whose drop makes it tell a last time and stop.
-    accountant: Option<(Sender<()>, Watched<()>)>,
+    /// The accountant thread and the sender that stops it (`true`: tell a last time first).
+    accountant: Option<(Sender<bool>, Watched<()>)>,
     workers: Vec<Watched<()>>,
 }
 
@@ -286,8 +286,12 @@ impl RelayHandle {
     /// Stops claiming, hands back events no worker started, waits up to the shutdown timeout
     /// for in-flight deliveries, and joins every thread that has ended by then.
     ///
-    /// Returns within the shutdown timeout plus a small margin, even when the receiver hangs.
-    /// Takes `&self`, so a handle kept in shared state (`Arc<RelayHandle>`, a `static
+    /// Then, once every outcome is written, tells each destination that takes accounting
+    /// ([`Destination::accounting`]) its streams' final state: one request per stream that
+    /// changed, waited for 5 s at most, and skipped when a request was left hanging.
+    ///
+    /// Returns within the shutdown timeout plus a small margin (plus that last accounting,
+    /// when the receiver answers), even when the receiver hangs. Takes `&self`, so a handle kept in shared state (`Arc<RelayHandle>`, a `static
     /// OnceLock`) can be shut down from wherever the app exits; the first call stops the
     /// relay and reports, later calls (and the drop) find it stopped and return an empty
     /// report.
@@ -325,13 +329,18 @@ impl RelayHandle {
             }
         }
         // Last, once every outcome is written: the accountant tells each destination the
-        // streams' final state (one request per stream that changed), within a bound.
+        // streams' final state (one request per stream that changed), within a bound; not
+        // when a request was left hanging, which the last word would only join.
         if let Some((stop, accountant)) = threads.accountant.take() {
+            let tell_last = report.abandoned == 0 && report.detached_threads == 0;
+            let _ = stop.try_send(tell_last);
             drop(stop);
-            if accountant
-                .join_by(Instant::now() + ACCOUNTING_AT_STOP)
-                .is_none()
-            {
+            let bound = if tell_last {
+                Instant::now() + ACCOUNTING_AT_STOP
+            } else {
+                worker_deadline
+            };
+            if accountant.join_by(bound).is_none() {
                 report.detached_threads += 1;
             }
         }
