@@ -832,10 +832,15 @@ END;
 -- numbers the row. Rows delivered before this version keep no number.
 ALTER TABLE outbox_events ADD COLUMN stream_seq INTEGER;
 
+-- `synced_through` is the number through which every event of the stream is delivered (with
+-- a receipt where the destination requires them) or accounted to the destination, which
+-- took the accounting; `synced_at` when it last moved (unix ms). Kept by the relay.
 CREATE TABLE outbox_streams (
-    destination TEXT    NOT NULL,
-    source      TEXT    NOT NULL,
-    high_water  INTEGER NOT NULL,
+    destination    TEXT    NOT NULL,
+    source         TEXT    NOT NULL,
+    high_water     INTEGER NOT NULL,
+    synced_through INTEGER NOT NULL DEFAULT 0,
+    synced_at      INTEGER,
     PRIMARY KEY (destination, source)
 ) WITHOUT ROWID;
 

@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use sqlite_outbox::wire::{count_of, Fates, Ranges};
+use sqlite_outbox::wire::{count_of, subtract, union, Fates, Ranges};
 
 /// One stream as the fleet sees it (the JSON object `outbox fleet --json` prints).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -130,49 +130,6 @@ pub fn view(
     }
 }
 
-/// `a` without `b` (both ascending and apart).
-pub fn subtract(a: &Ranges, b: &Ranges) -> Ranges {
-    let mut out = Vec::new();
-    let mut j = 0;
-    for &[first, last] in a {
-        let mut from = first;
-        while j < b.len() && b[j][1] < from {
-            j += 1;
-        }
-        let mut k = j;
-        while from <= last {
-            match b.get(k) {
-                Some(&[bf, bl]) if bf <= last => {
-                    if bf > from {
-                        out.push([from, bf - 1]);
-                    }
-                    from = from.max(bl.saturating_add(1));
-                    k += 1;
-                }
-                _ => {
-                    out.push([from, last]);
-                    break;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// `a` and `b` together (both ascending and apart), as ranges ascending and apart.
-pub fn union(a: &Ranges, b: &Ranges) -> Ranges {
-    let mut all: Ranges = a.iter().chain(b).copied().collect();
-    all.sort_unstable();
-    let mut out: Ranges = Vec::with_capacity(all.len());
-    for [first, last] in all {
-        match out.last_mut() {
-            Some([_, end]) if first <= end.saturating_add(1) => *end = (*end).max(last),
-            _ => out.push([first, last]),
-        }
-    }
-    out
-}
-
 /// Reads the view of every stream (of `source` only, if given) from the ingest's tables,
 /// the incomplete streams first, then by source and stream.
 ///
@@ -265,30 +222,6 @@ pub fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges_subtract_and_join() {
-        assert_eq!(
-            subtract(&vec![[1, 10]], &vec![[2, 3], [5, 5], [9, 12]]),
-            vec![[1, 1], [4, 4], [6, 8]]
-        );
-        assert_eq!(
-            subtract(&vec![[1, 3], [7, 9]], &vec![]),
-            vec![[1, 3], [7, 9]]
-        );
-        assert_eq!(
-            subtract(&vec![[4, 6]], &vec![[1, 10]]),
-            Vec::<[i64; 2]>::new()
-        );
-        assert_eq!(
-            subtract(&vec![[1, 2], [4, 8]], &vec![[2, 5]]),
-            vec![[1, 1], [6, 8]]
-        );
-        assert_eq!(
-            union(&vec![[1, 2], [7, 8]], &vec![[3, 4], [8, 10]]),
-            vec![[1, 4], [7, 10]]
-        );
-    }
 
     #[test]
     fn each_number_counts_once_by_the_most_final_thing_known_of_it() {

@@ -267,3 +267,138 @@ fn bad_input_exits_2_and_an_empty_fleet_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("no streams yet"));
 }
+
+/// `outbox keygen` into `dir`: the key file and the public key it printed.
+fn keygen(dir: &Path, name: &str) -> (std::path::PathBuf, String) {
+    let file = dir.join(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["keygen", "--out", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    (
+        file,
+        String::from_utf8(out.stdout).unwrap().trim().to_string(),
+    )
+}
+
+/// A relay to `url` requiring receipts signed by `receipt_key`, telling its accounting
+/// every second.
+fn relay_with_receipts(
+    outbox: &Outbox,
+    url: &str,
+    receipt_key: &str,
+) -> sqlite_outbox::RelayHandle {
+    outbox
+        .relay(
+            common::fast(
+                RelayConfig::new().destination(
+                    Destination::http("fleet", url)
+                        .secret(SECRET)
+                        .receipt_key(receipt_key)
+                        .batch(2, 1 << 20),
+                ),
+            )
+            .max_attempts(2)
+            .accounting_interval(Duration::from_secs(1)),
+        )
+        .start()
+        .unwrap()
+}
+
+#[test]
+fn a_2xx_without_a_receipt_delivers_nothing_and_synced_through_follows_the_receipts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (receipt_file, receipt_public) = keygen(dir.path(), "ingest.key");
+    let postgres = Postgres::start();
+    let ingest = Ingest::start(
+        &postgres,
+        &[
+            "--secret",
+            SECRET,
+            "--receipt-key",
+            receipt_file.to_str().unwrap(),
+        ],
+    );
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let db = dir.path().join("device.db");
+    let outbox = device(&db);
+    assert_eq!(outbox.synced_through("fleet").unwrap(), None);
+    for i in 0..3 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
+    }
+    let relay = relay_with_receipts(&outbox, &ingest.url(), &receipt_public);
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        outbox
+            .synced_through("fleet")
+            .unwrap()
+            .is_some_and(|s| s.through == 3)
+    }));
+    let _ = relay.shutdown();
+
+    // A stand-in answers 200 to everything, without a receipt (a captive portal).
+    let stand_in = common::TestReceiver::start(0, |_| common::Reply::Status(200));
+    for i in 3..5 {
+        enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
+    }
+    let relay = relay_with_receipts(&outbox, &stand_in.url(), &receipt_public);
+    assert!(common::wait_until(Duration::from_secs(20), || stand_in
+        .count()
+        >= 2));
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = relay.shutdown();
+    let rows = common::rows(&outbox);
+    let late: Vec<_> = rows.iter().skip(3).collect();
+    assert!(
+        late.iter()
+            .all(|r| !r.delivered && !r.dead && r.attempts == 0),
+        "{late:?}"
+    );
+    assert!(
+        late.iter().all(|r| r
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("without a valid receipt"))),
+        "{late:?}"
+    );
+    assert_eq!(outbox.synced_through("fleet").unwrap().unwrap().through, 3);
+
+    // The ingest again: delivered with receipts, and synced through all five.
+    let relay = relay_with_receipts(&outbox, &ingest.url(), &receipt_public);
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        outbox
+            .synced_through("fleet")
+            .unwrap()
+            .is_some_and(|s| s.through == 5)
+    }));
+    let _ = relay.shutdown();
+    let stats = common::outbox_cli(&db, &["stats", "--json"]);
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let fleet = stats["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "fleet")
+        .unwrap()
+        .clone();
+    assert_eq!(fleet["synced_through"]["through"], 5, "{fleet}");
+
+    // The CLI's flag: a malformed key is bad input.
+    let out = common::outbox_cli(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &ingest.url(),
+            "--receipt-public-key",
+            "whpk_nope",
+            "--until-empty",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -191,6 +191,7 @@ fn destination_slot(
             dead: 0,
             oldest_pending_age_ms: None,
             disabled: None,
+            synced_through: None,
         })
 }
 
@@ -227,6 +228,21 @@ pub struct DestinationStats {
     pub oldest_pending_age_ms: Option<i64>,
     /// Why it is disabled, if it is.
     pub disabled: Option<String>,
+    /// How far the destination has everything of the outbox's default source (see
+    /// [`Outbox::synced_through`]); `None` before the first.
+    pub synced_through: Option<SyncedThrough>,
+}
+
+/// "Everything up to here is safe at the destination": the stream number through which
+/// every event is delivered (with a receipt where the destination requires them) or
+/// accounted to the destination, which took the accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SyncedThrough {
+    /// The stream number (see `OutboundEvent::stream_seq`).
+    pub through: i64,
+    /// When it last moved, unix ms (the relay's clock).
+    pub at_ms: i64,
 }
 
 /// A picture of the outbox.
@@ -380,6 +396,25 @@ fn delete_in_pages(
 }
 
 impl Outbox {
+    /// How far `destination` has everything of this outbox's default source: the stream
+    /// number through which every event is delivered (with a receipt where the destination
+    /// requires them, see [`Destination::receipt_key`](crate::Destination::receipt_key)) or
+    /// accounted to the destination, which took the accounting, and when that was reached.
+    /// A running relay keeps it (within a quarter of its accounting interval, at most
+    /// 15 s); `None` before the first. An app can tell its user "everything up to here is
+    /// safe": compare with the number its event took (`outbox_events.stream_seq`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`](crate::Error::Pool) or SQLite errors.
+    pub fn synced_through(&self, destination: &str) -> Result<Option<SyncedThrough>> {
+        let conn = self.connection()?;
+        Ok(
+            crate::store::stream_accounts::synced(&conn, destination, &self.default_source())?
+                .map(|(through, at_ms)| SyncedThrough { through, at_ms }),
+        )
+    }
+
     /// Counts by state and destination, the oldest pending age, attempts, sizes and the
     /// dropped and coalesced totals.
     ///
@@ -447,8 +482,11 @@ impl Outbox {
             }
         }
         let mut destinations: Vec<DestinationStats> = by_name.into_values().collect();
+        let source = self.default_source();
         for d in &mut destinations {
             d.disabled = disabled.get(&d.name).cloned();
+            d.synced_through = crate::store::stream_accounts::synced(&tx, &d.name, &source)?
+                .map(|(through, at_ms)| SyncedThrough { through, at_ms });
         }
         for (name, reason) in &disabled {
             if !destinations.iter().any(|d| &d.name == name) {
@@ -459,6 +497,7 @@ impl Outbox {
                     dead: 0,
                     oldest_pending_age_ms: None,
                     disabled: Some(reason.clone()),
+                    synced_through: None,
                 });
             }
         }

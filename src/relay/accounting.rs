@@ -18,15 +18,19 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::outbox::Outbox;
 use crate::relay::gate::Gate;
+use crate::store::stream_accounts;
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire::{StreamAccount, ACCOUNTING_TYPE};
 
 /// The longest wait between two looks at the fates.
 const MOST_CHECK: Duration = Duration::from_secs(15);
 
-/// One destination the accountant tells.
+/// One destination the accountant keeps track of.
 pub(crate) struct Told {
     pub name: String,
+    /// Whether it takes accounting ([`Destination::accounting`](crate::Destination::accounting));
+    /// either way its streams' synced-through numbers are kept.
+    pub tells: bool,
     pub transport: Arc<dyn Transport>,
     pub gate: Arc<Gate>,
 }
@@ -101,12 +105,27 @@ impl Accountant {
                     continue;
                 }
             };
+            let tells = self.destinations[index].tells;
             for (source, account) in accounts {
                 let key = (name.clone(), source);
-                if self.is_due(&key, &account, last_round) {
-                    self.tell(index, key, account);
+                if tells && self.is_due(&key, &account, last_round) {
+                    self.tell(index, key.clone(), account.clone());
                 }
+                self.advance_synced(&key, &account);
             }
+        }
+    }
+
+    /// Moves the stream's synced-through number as far as deliveries and the fates the
+    /// destination took allow.
+    fn advance_synced(&self, key: &(String, String), account: &StreamAccount) {
+        let told = self.last.get(key).map(|last| &last.account.accounted);
+        let through = stream_accounts::synced_candidate(account, told);
+        let result = self.outbox.connection().and_then(|conn| {
+            stream_accounts::advance_synced(&conn, &key.0, &key.1, through, self.outbox.now_ms())
+        });
+        if let Err(e) = result {
+            log::warn!("destination {}: synced-through not kept: {e}", key.0);
         }
     }
 

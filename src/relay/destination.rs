@@ -64,6 +64,8 @@ pub struct Destination {
     /// Whether the relay sends this destination its streams' accounting (`None`: the
     /// target's default).
     accounting: Option<bool>,
+    /// The `whpk_…` public key of the receiver's receipts, parsed at `start()`.
+    receipt_key: Option<String>,
 }
 
 impl fmt::Debug for Destination {
@@ -89,6 +91,7 @@ impl fmt::Debug for Destination {
             .field("compression", &self.compression)
             .field("linger", &self.linger)
             .field("accounting", &self.sends_accounting())
+            .field("receipt_key", &self.receipt_key)
             .field("workers", &self.workers)
             .finish()
     }
@@ -147,6 +150,7 @@ impl Destination {
             compression: Compression::None,
             linger: None,
             accounting: None,
+            receipt_key: None,
         }
     }
 
@@ -238,16 +242,30 @@ impl Destination {
     /// of its streams: events of type [`wire::ACCOUNTING_TYPE`](crate::wire::ACCOUNTING_TYPE)
     /// (see [`wire::StreamAccount`](crate::wire::StreamAccount)), which `outbox ingest`
     /// stores for `outbox fleet` and other receivers can ignore. On by default for HTTP
-    /// and MQTT destinations, off for custom transports.
+    /// destinations (the fleet's ingest takes HTTP); off by default for MQTT (subscribers
+    /// of a topic expect the app's events) and custom transports.
     pub fn accounting(mut self, on: bool) -> Destination {
         self.accounting = Some(on);
+        self
+    }
+
+    /// Counts an answer as a delivery only with a receipt signed by this key (`whpk_…`,
+    /// the public half of `outbox ingest --receipt-key`) for that very request, covering
+    /// every event of it (see [`wire::Receipt`](crate::wire::Receipt)). A 2xx without one
+    /// (a captive portal, a proxy, the wrong server) delivers nothing and spends no
+    /// attempt: the destination is paused as when unreachable, with the reason in each
+    /// event's `last_error`, for this relay's run only (nothing is stored in the file), so
+    /// the receiver's return delivers without an operator's step. HTTP destinations only;
+    /// a malformed key is refused by [`Relay::start`](crate::Relay::start).
+    pub fn receipt_key(mut self, key: impl Into<String>) -> Destination {
+        self.receipt_key = Some(key.into());
         self
     }
 
     /// Whether the relay sends this destination its streams' accounting.
     pub(crate) fn sends_accounting(&self) -> bool {
         self.accounting
-            .unwrap_or(!matches!(self.target, Target::Custom(_)))
+            .unwrap_or(matches!(self.target, Target::Http { .. }))
     }
 
     pub(crate) fn linger_time(&self) -> Option<std::time::Duration> {
@@ -324,6 +342,13 @@ impl Destination {
                 self.name
             )));
         }
+        if self.receipt_key.is_some() && !matches!(self.target, Target::Http { .. }) {
+            return Err(Error::InvalidConfig(format!(
+                "destination {}: receipts are answered by outbox ingest over HTTP; this \
+                 destination is not an HTTP one",
+                self.name
+            )));
+        }
         match &self.target {
             Target::Custom(t) => Ok(t.clone()),
             #[cfg(feature = "mqtt")]
@@ -364,6 +389,10 @@ impl Destination {
                 if let Some(key) = signing_key {
                     transport =
                         transport.with_signing_key(SigningKey::parse(key).map_err(invalid)?);
+                }
+                if let Some(key) = &self.receipt_key {
+                    let key = crate::wire::signing_key::PublicKey::parse(key).map_err(invalid)?;
+                    transport = transport.with_receipt_key(key);
                 }
                 Ok(Arc::new(transport.with_compression(self.compression)))
             }

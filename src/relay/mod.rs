@@ -144,13 +144,12 @@ impl Relay {
         {
             let worker_count = destination.worker_count().unwrap_or(config.workers);
             let lane = Lane::new(destination, worker_count, &config);
-            if destination.sends_accounting() {
-                told.push(accounting::Told {
-                    name: destination.name().to_string(),
-                    transport: transport.clone(),
-                    gate: lane.gate(),
-                });
-            }
+            told.push(accounting::Told {
+                name: destination.name().to_string(),
+                tells: destination.sends_accounting(),
+                transport: transport.clone(),
+                gate: lane.gate(),
+            });
             for n in 0..worker_count {
                 let worker = Worker::new(
                     index,
@@ -169,9 +168,7 @@ impl Relay {
         drop(reports_tx);
         let shutdown_timeout = config.shutdown_timeout;
         let checkpointed = outbox.clone();
-        let accountant = if told.is_empty() {
-            None
-        } else {
+        let accountant = {
             let (stop_tx, stop) = bounded::<bool>(1);
             let accountant =
                 accounting::Accountant::new(outbox.clone(), told, stop, config.accounting_interval);

@@ -8,7 +8,56 @@ use std::collections::BTreeMap;
 use rusqlite::{params, Connection};
 
 use crate::error::Result;
-use crate::wire::{ranges_of, StreamAccount};
+use crate::wire::{ranges_of, subtract, union, Fates, StreamAccount};
+
+/// The number through which every event of a stream is delivered or accounted with the
+/// destination's acknowledgement: one below the first number still pending, or whose fate
+/// the destination has not taken yet (`told`: the fates of the last accounting it took);
+/// the high water when there is none.
+pub(crate) fn synced_candidate(account: &StreamAccount, told: Option<&Fates>) -> i64 {
+    let mut unsynced = account.pending.clone();
+    for (name, ranges) in account.accounted.each() {
+        let taken = told
+            .and_then(|t| t.each().into_iter().find(|(n, _)| *n == name))
+            .map_or_else(Vec::new, |(_, r)| r.clone());
+        unsynced = union(&unsynced, &subtract(ranges, &taken));
+    }
+    unsynced
+        .first()
+        .map_or(account.high_water, |[first, _]| first - 1)
+}
+
+/// Moves a stream's synced-through number up to `through` (never down), stamped `now`.
+pub(crate) fn advance_synced(
+    conn: &Connection,
+    destination: &str,
+    source: &str,
+    through: i64,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE outbox_streams SET synced_through = ?3, synced_at = ?4
+          WHERE destination = ?1 AND source = ?2 AND synced_through < ?3",
+    )?
+    .execute(params![destination, source, through, now])?;
+    Ok(())
+}
+
+/// A stream's synced-through number and when it last moved (unix ms), once it has moved.
+pub(crate) fn synced(
+    conn: &Connection,
+    destination: &str,
+    source: &str,
+) -> Result<Option<(i64, i64)>> {
+    use rusqlite::OptionalExtension;
+    Ok(conn
+        .prepare_cached(
+            "SELECT synced_through, synced_at FROM outbox_streams
+              WHERE destination = ?1 AND source = ?2 AND synced_at IS NOT NULL",
+        )?
+        .query_row(params![destination, source], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
 
 /// Every stream of `destination`, by source, in one read transaction.
 pub(crate) fn read(

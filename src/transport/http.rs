@@ -16,9 +16,10 @@ use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire;
 use crate::wire::cloudevents::CLOUDEVENTS_BATCH_JSON;
 use crate::wire::content_encoding::Compression;
+use crate::wire::receipt::{Receipt, RECEIPT_HEADER};
 use crate::wire::retry_after::parse_retry_after;
 use crate::wire::signature::{signature_header, Secret};
-use crate::wire::signing_key::SigningKey;
+use crate::wire::signing_key::{PublicKey, SigningKey};
 use crate::wire::source_header::{encode_source_header, SOURCE_HEADER};
 
 /// How much of a response body is read: enough for an error message, never a flood. Reading it
@@ -316,6 +317,8 @@ pub struct HttpTransport {
     headers: Vec<(String, String)>,
     secrets: Vec<Secret>,
     signing_key: Option<SigningKey>,
+    /// The receiver's receipt key: a 2xx counts only with a receipt it signed.
+    receipt_key: Option<PublicKey>,
     batch: bool,
     binary: bool,
     compression: Compression,
@@ -453,6 +456,7 @@ impl HttpTransport {
             headers: config.headers,
             secrets,
             signing_key: None,
+            receipt_key: None,
             batch,
             binary: config.binary,
             compression: Compression::None,
@@ -463,6 +467,14 @@ impl HttpTransport {
     /// Signs every request with `key` too (a `v1a` entry beside any `v1` ones).
     pub fn with_signing_key(mut self, key: SigningKey) -> Self {
         self.signing_key = Some(key);
+        self
+    }
+
+    /// Counts a 2xx as delivered only with a receipt `key` signed for that request,
+    /// covering every event of it (see [`Receipt`](crate::wire::Receipt)); otherwise the
+    /// answer is the destination being unreachable: nothing delivered, no attempt spent.
+    pub fn with_receipt_key(mut self, key: PublicKey) -> Self {
+        self.receipt_key = Some(key);
         self
     }
 
@@ -477,6 +489,30 @@ impl HttpTransport {
     pub fn url(&self) -> &str {
         &self.url
     }
+}
+
+/// Whether the answer's receipt is `key`'s for request `message_id` and covers every one of
+/// `events`; if not, why.
+fn check_receipt(
+    key: &PublicKey,
+    headers: &ureq::http::HeaderMap,
+    message_id: &str,
+    events: &[OutboundEvent],
+) -> std::result::Result<(), String> {
+    let header = headers
+        .get(RECEIPT_HEADER)
+        .ok_or_else(|| format!("no {RECEIPT_HEADER} header"))?
+        .to_str()
+        .map_err(|_| format!("{RECEIPT_HEADER} is not text"))?;
+    let receipt = Receipt::verify(header, key)?;
+    let source = events.first().map_or("", |e| e.source.as_str());
+    let stream = events.first().map_or("", |e| e.destination.as_str());
+    receipt.covers(
+        message_id,
+        source,
+        stream,
+        events.iter().filter_map(|e| e.stream_seq),
+    )
 }
 
 /// What a ureq error means for the attempt.
@@ -643,6 +679,12 @@ impl Transport for HttpTransport {
         self.proxy_refusing
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let received = SystemTime::now();
+        let receipt = match &self.receipt_key {
+            Some(key) if (200..300).contains(&status) => {
+                Some(check_receipt(key, response.headers(), &message_id, events))
+            }
+            _ => None,
+        };
         let date = response
             .headers()
             .get("date")
@@ -687,6 +729,13 @@ impl Transport for HttpTransport {
                     "{detail} (signed {} s away from the receiver's clock; retried with the \
                      corrected time)",
                     signed_off_ms.unwrap_or(0) / 1000
+                ),
+            };
+        }
+        if let Some(Err(why)) = receipt {
+            return Attempt::Unreachable {
+                reason: format!(
+                    "{detail} without a valid receipt ({why}): nothing counted delivered"
                 ),
             };
         }

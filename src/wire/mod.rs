@@ -9,6 +9,7 @@
 pub(crate) mod cloudevents;
 pub(crate) mod content_encoding;
 mod key_text;
+pub(crate) mod receipt;
 pub(crate) mod retry_after;
 pub(crate) mod signature;
 pub(crate) mod signing_key;
@@ -26,11 +27,13 @@ use crate::outbound::OutboundEvent;
 use crate::wire::source_header::percent_encode_header;
 
 pub use crate::wire::cloudevents::{CLOUDEVENTS_BATCH_JSON, CLOUDEVENTS_JSON};
+pub use crate::wire::receipt::{Receipt, MAX_RECEIPT_HEADER, RECEIPT_HEADER};
 pub use crate::wire::retry_after::parse_retry_after;
 pub use crate::wire::signature::signature_header;
 pub use crate::wire::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
 pub use crate::wire::stream_account::{
-    count_of, ranges_of, Fates, Ranges, StreamAccount, ACCOUNTING_TYPE, MAX_ACCOUNT_RANGES,
+    count_of, ranges_of, subtract, union, Fates, Ranges, StreamAccount, ACCOUNTING_TYPE,
+    MAX_ACCOUNT_RANGES,
 };
 pub use crate::wire::trace_context::{
     check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,

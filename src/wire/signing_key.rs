@@ -99,6 +99,11 @@ impl SigningKey {
         PublicKey { bytes }
     }
 
+    /// The Ed25519 signature of `content` (64 bytes).
+    pub(crate) fn sign_bytes(&self, content: &[u8]) -> Vec<u8> {
+        self.pair.sign(content).as_ref().to_vec()
+    }
+
     /// The `v1a,<base64>` signature of one message.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
         let content = signed_content(id, &timestamp.to_string(), body);

@@ -111,7 +111,11 @@ fn serve(stream: impl Read + Write, counted: &AtomicUsize) -> std::io::Result<()
         }
         let mut body = vec![0u8; length];
         reader.read_exact(&mut body)?;
-        counted.fetch_add(1, Ordering::SeqCst);
+        // The relay's accounting of its streams (issue 58) is not an event.
+        let text = String::from_utf8_lossy(&body);
+        if !text.contains(sqlite_outbox::wire::ACCOUNTING_TYPE) {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
         reader
             .get_mut()
             .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")?;

@@ -80,7 +80,7 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 3;
 /// Verification threads (gzip, signatures, parsing), off the I/O threads.
 const VERIFY_THREADS: usize = 2;
-use sqlite_outbox::receive::{pg_connect_config, PgTls, Secret, VerifyingKey};
+use sqlite_outbox::receive::{pg_connect_config, PgTls, Secret, SigningKey, VerifyingKey};
 use sqlite_outbox::{Error, Result};
 use workers::Workers;
 
@@ -105,6 +105,7 @@ pub struct IngestConfig {
     read_timeout: Duration,
     write_timeout: Duration,
     max_requests_per_connection: usize,
+    receipt_key: Option<SigningKey>,
 }
 
 impl IngestConfig {
@@ -124,6 +125,7 @@ impl IngestConfig {
             max_inflight_bytes_per_peer: None,
             max_connections_per_peer: None,
             min_body_rate: 1024,
+            receipt_key: None,
             max_rate_per_source: None,
             metrics_listen: None,
             threads: 8,
@@ -208,6 +210,16 @@ impl IngestConfig {
 
     /// Verified requests a second one source may send (off by default; 0.01 to 100,000):
     /// past it 429 with `Retry-After`, so one device in a loop cannot starve the others.
+    /// Signs, on every 2xx answer to events or to a stream's accounting, a receipt in the
+    /// `outbox-receipt` header: the source, the stream, the numbers of the request's events
+    /// that are stored (newly or before), the request's `webhook-id` and the time (see
+    /// `sqlite_outbox::wire::Receipt`). Devices configured with the key's public half
+    /// (`Destination::receipt_key`) count a delivery only with one.
+    pub fn receipt_key(mut self, key: SigningKey) -> Self {
+        self.receipt_key = Some(key);
+        self
+    }
+
     pub fn max_rate_per_source(mut self, per_second: Option<f64>) -> Self {
         self.max_rate_per_source = per_second;
         self
@@ -488,6 +500,7 @@ impl IngestServer {
             refusal_log: RefusalLog::default(),
             refusals_by_source: Default::default(),
             health: watch::channel(Health::NotProbedYet).0,
+            receipt_key: config.receipt_key.clone(),
         });
         if config.keys_file.is_some() {
             state.metrics.key_reload_succeeded();

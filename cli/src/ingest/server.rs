@@ -65,7 +65,7 @@ use super::workers::{Job, Outcome, Work, Workers};
 use super::write_deadline::WriteDeadline;
 use super::{lock, loggable};
 use sqlite_outbox::receive::{check_encoding, ReceiveError, Verifier, VerifyError};
-use sqlite_outbox::wire::{decode_source_header, SOURCE_HEADER};
+use sqlite_outbox::wire::{decode_source_header, Receipt, RECEIPT_HEADER, SOURCE_HEADER};
 
 /// How long a request waits for its database job before it is answered 503.
 const JOB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -120,6 +120,8 @@ pub(crate) struct State {
     /// [`probe`](super::probe)), and to unhealthy at once by a store that fails; a health
     /// check that comes before the first probe's answer waits for it.
     pub health: watch::Sender<Health>,
+    /// The key receipts are signed with, if any.
+    pub receipt_key: Option<sqlite_outbox::receive::SigningKey>,
 }
 
 /// What the background probe last found of PostgreSQL.
@@ -543,6 +545,11 @@ async fn receive_events(
         Err(refused) => return refused,
     };
     let encoded = content_encoding.is_some();
+    let webhook_id = headers
+        .iter()
+        .find(|(name, _)| name == "webhook-id")
+        .map(|(_, value)| value.clone())
+        .unwrap_or_default();
     let checking = state.verify.submit(verification::Request {
         registry,
         headers,
@@ -577,6 +584,8 @@ async fn receive_events(
     if let (Some(rate), Some(source)) = (&state.rate, &source) {
         rate.take(source, std::time::Instant::now());
     }
+    // What a receipt would say, taken before the columns go to the database thread.
+    let receipt = state.receipt_key.as_ref().map(|_| columns.receipt_facts());
     match run(state, Work::Store(columns)).await {
         Outcome::Stored(new) => {
             state.metrics.stored(new);
@@ -586,6 +595,16 @@ async fn receive_events(
                 "outbox-stored",
                 HeaderValue::from_str(&new.to_string()).unwrap_or(HeaderValue::from_static("0")),
             );
+            // Only now, with every event of the request stored (newly or before).
+            if let (Some(key), Some((source, stream, numbers))) = (&state.receipt_key, receipt) {
+                let time = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                let signed = Receipt::new(source, stream, numbers, webhook_id, time).signed(key);
+                if let Ok(value) = HeaderValue::from_str(&signed) {
+                    response.headers_mut().insert(RECEIPT_HEADER, value);
+                }
+            }
             response
         }
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),

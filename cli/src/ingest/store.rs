@@ -5,7 +5,9 @@ use base64::Engine;
 use serde_json::Value;
 
 use sqlite_outbox::receive::{CloudEvent, Data};
-use sqlite_outbox::wire::{StreamAccount, ACCOUNTING_TYPE, STREAM_ATTRIBUTE, STREAM_SEQ_ATTRIBUTE};
+use sqlite_outbox::wire::{
+    ranges_of, Ranges, StreamAccount, ACCOUNTING_TYPE, STREAM_ATTRIBUTE, STREAM_SEQ_ATTRIBUTE,
+};
 
 /// The statement that stores a request's events: `unnest` turns the per-column arrays into
 /// rows, and `ON CONFLICT DO NOTHING` skips every `(source, id)` already stored, also one
@@ -175,6 +177,25 @@ impl Columns {
             columns.dataschema.push(event.dataschema);
         }
         Ok(columns)
+    }
+
+    /// What a receipt for this request says: the source of its first event (or
+    /// accounting), the stream of its first event, and the numbers of that source's events
+    /// in that stream.
+    pub fn receipt_facts(&self) -> (String, Option<String>, Ranges) {
+        let source = self
+            .source
+            .first()
+            .or(self.reports.source.first())
+            .cloned()
+            .unwrap_or_default();
+        let stream = self.stream.first().cloned().flatten();
+        let mut numbers: Vec<i64> = (0..self.len())
+            .filter(|&i| self.source[i] == source && self.stream[i] == stream)
+            .filter_map(|i| self.stream_seq[i])
+            .collect();
+        numbers.sort_unstable();
+        (source, stream, ranges_of(numbers))
     }
 
     /// How many events (accountings not counted).

@@ -70,6 +70,11 @@ pub struct IngestArgs {
     /// (default: no limit).
     #[arg(long)]
     max_rate_per_source: Option<f64>,
+    /// A file holding the ingest's own Ed25519 key (whsk_…, from `outbox keygen`): every
+    /// 2xx carries a receipt signed with it (header outbox-receipt), which relays given its
+    /// public key (--receipt-public-key) require before they count a delivery.
+    #[arg(long, value_name = "FILE")]
+    receipt_key: Option<PathBuf>,
     /// Serve GET /metrics (Prometheus text format) on this address, e.g. 127.0.0.1:9090.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -136,6 +141,22 @@ pub fn run(args: IngestArgs) -> Outcome {
              ingest takes signed requests only",
         ));
     }
+    let receipt_key = match &args.receipt_key {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad_input(format!("--receipt-key {}: {e}", path.display())))?;
+            let key = text
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("");
+            Some(
+                sqlite_outbox::receive::SigningKey::parse(key)
+                    .map_err(|e| bad_input(format!("--receipt-key {}: {e}", path.display())))?,
+            )
+        }
+    };
     let mut config = IngestConfig::new(listen, url)
         .keys_table(args.keys_table)
         .events_path(&args.events_path)
@@ -149,6 +170,9 @@ pub fn run(args: IngestArgs) -> Outcome {
         .read_timeout(args.read_timeout)
         .write_timeout(args.write_timeout)
         .max_requests_per_connection(args.max_requests_per_connection);
+    if let Some(key) = receipt_key {
+        config = config.receipt_key(key);
+    }
     if let Some(path) = &args.keys {
         config = config.keys_file(path);
     }

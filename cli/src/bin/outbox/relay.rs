@@ -72,6 +72,17 @@ pub struct RelayArgs {
     /// public key. Read once at start.
     #[arg(long)]
     signing_key: Option<std::path::PathBuf>,
+    /// http(s):// only: count a delivery only with a receipt signed by this key (whpk_…,
+    /// the public half of `outbox ingest --receipt-key`). A 2xx without one (a captive
+    /// portal, a proxy, the wrong server) delivers nothing, spends no attempt, and pauses
+    /// the destination for this run.
+    #[arg(long, value_name = "WHPK")]
+    receipt_public_key: Option<String>,
+    /// http(s):// only: do not tell the receiver what became of every event (the streams'
+    /// accounting, events of type dev.sqlite-outbox.accounting, which `outbox ingest`
+    /// stores for `outbox fleet`; other receivers can ignore them).
+    #[arg(long)]
+    no_accounting: bool,
     /// Send batches of up to N events per request (MQTT: publish N messages back to back
     /// per worker, then await their PUBACKs).
     #[arg(long)]
@@ -249,7 +260,9 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     if let Some((cert, key)) = identity {
         http = http.client_identity_pem(cert, key);
     }
-    let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
+    let mut destination = Destination::http(&args.destination, &args.url)
+        .http_config(http)
+        .accounting(!args.no_accounting);
     for s in &args.secret {
         destination = destination.secret(s);
     }
@@ -284,6 +297,11 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
             .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
         destination = destination.signing_key(key);
     }
+    if let Some(key) = &args.receipt_public_key {
+        sqlite_outbox::receive::PublicKey::parse(key)
+            .map_err(|e| bad_input(format!("--receipt-public-key: {e}")))?;
+        destination = destination.receipt_key(key);
+    }
     if let Some(n) = args.batch {
         destination = destination.batch(n, 1 << 20);
     }
@@ -297,6 +315,12 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         return Err(bad_input(
             "--secret, --secret-file and --signing-key sign HTTP requests; with an mqtt:// URL \
              they would sign nothing",
+        ));
+    }
+    if args.receipt_public_key.is_some() {
+        return Err(bad_input(
+            "--receipt-public-key: receipts are answered by outbox ingest over HTTP; an \
+             mqtt:// broker answers none",
         ));
     }
     if args.proxy.is_some() || args.proxy_from_env {
