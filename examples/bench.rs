@@ -212,6 +212,44 @@ fn enqueue(dir: &std::path::Path, label: &str, sync: Synchronous, per_tx: i64, t
     .with_spread(&alternated)
 }
 
+/// `Outbox::enqueue` with stream numbers (issue 58) against the same without them (the
+/// bench's switch, `internal::set_stream_numbers`), each on its own file, alternating in
+/// the same run.
+fn stream_numbers(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> Line {
+    let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
+    let (_, numbered, mut numbered_conn) =
+        enqueue_files(dir, &format!("numbered{file}"), Synchronous::Normal);
+    let (_, plain, mut plain_conn) =
+        enqueue_files(dir, &format!("unnumbered{file}"), Synchronous::Normal);
+    let (mut n1, mut n2) = (0, 0);
+    let alternated = alternate_spread(
+        5,
+        || {
+            bench_support::set_stream_numbers(true);
+            rate_of_txs(txs, per_tx, &mut n1, |n| {
+                outbox_enqueue_tx(&numbered, &mut numbered_conn, n, per_tx)
+            })
+        },
+        || {
+            bench_support::set_stream_numbers(false);
+            let rate = rate_of_txs(txs, per_tx, &mut n2, |n| {
+                outbox_enqueue_tx(&plain, &mut plain_conn, n, per_tx)
+            });
+            bench_support::set_stream_numbers(true);
+            rate
+        },
+    );
+    Line::rates(
+        format!("enqueue with stream numbers, {label}"),
+        "events",
+        alternated.a,
+        alternated.b,
+        "without numbers",
+        "≥ 0.95×",
+    )
+    .with_spread(&alternated)
+}
+
 /// `Outbox::enqueue_many` of `per_tx` keyed events a transaction against the bare loop of
 /// an `INSERT` per event (the baseline of the `enqueue` rows), then against a bare
 /// transaction that writes its rows with one `INSERT`, each pair alternating in the same run.
@@ -2014,6 +2052,11 @@ fn main() {
             200,
         ));
         lines.extend(enqueue_many(dir, 100, 200));
+    }
+    if run("numbers") {
+        eprintln!("numbers…");
+        lines.push(stream_numbers(dir, "NORMAL, 1 event/tx", 1, 6_000));
+        lines.push(stream_numbers(dir, "NORMAL, 100 events/tx", 100, 200));
     }
     if run("sql") {
         eprintln!("sql…");

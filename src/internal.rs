@@ -49,6 +49,13 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
     Ok(acked)
 }
 
+/// Turns stream numbers off (`false`) or back on for every outbox of the process, so a
+/// bench can show what numbering costs in the same run. Never for real use: rows written
+/// meanwhile take numbers no counter gave, and the fleet cannot account for them.
+pub fn set_stream_numbers(on: bool) {
+    crate::store::queue::numbering::set_on(on);
+}
+
 /// `config` with the durability barrier off, so a bench can show what the barrier costs in
 /// the same run. Never for real use: an event could then be sent before its commit is on
 /// disk, and a power loss would leave the receiver with an event the device lost.

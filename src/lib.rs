@@ -59,9 +59,10 @@
 //! - **Its own objects, all named `outbox_…`**: the tables `outbox_events`, `outbox_schema`
 //!   (its schema version), `outbox_settings` (routes, limits and policies: [`settings`]),
 //!   `outbox_destinations`, `outbox_stats`, `outbox_delivered_totals`,
-//!   `outbox_pending_tally`, `outbox_lease_tally` and `outbox_inbox`; the views
-//!   `outbox_enqueue` and `outbox_enqueue_make_way` with their `INSTEAD OF` triggers; a
-//!   trigger on its own table; indexes on its own tables. Migrations add only such objects,
+//!   `outbox_pending_tally`, `outbox_lease_tally`, `outbox_streams` (each stream's numbers,
+//!   see [guide::fleet]), `outbox_fates` and `outbox_inbox`; the views `outbox_enqueue` and
+//!   `outbox_enqueue_make_way` with their `INSTEAD OF` triggers; triggers on its own table
+//!   (`outbox_events`: totals, stream numbers, fates); indexes on its own tables. Migrations add only such objects,
 //!   each in its own `IMMEDIATE` transaction.
 //! - **WAL mode, which SQLite persists in the file**: every connection to it, the app's
 //!   too, is in WAL mode from then on, with the `-wal` and `-shm` files beside it.

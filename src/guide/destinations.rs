@@ -219,5 +219,17 @@
 //!   the data is the body and every attribute a `ce-` header (`ce-id`, `ce-traceparent`, …,
 //!   percent-encoded as the HTTP binding asks), one event per request. The signature covers
 //!   the body only, so `outbox ingest` takes structured and batched mode.
+//! - Every event carries its stream number: `outboxstream` (the destination's name on the
+//!   device) and `outboxseq` (an integer, gapless from 1 per destination and source, given
+//!   when its transaction committed; MQTT messages and bundles carry them too). See
+//!   [Nothing silently missing](crate::guide::fleet).
+//! - Now and then the relay sends a stream's accounting: a CloudEvent of type
+//!   `dev.sqlite-outbox.accounting` ([`wire::ACCOUNTING_TYPE`](crate::wire::ACCOUNTING_TYPE),
+//!   data [`wire::StreamAccount`](crate::wire::StreamAccount)), signed like any event, on
+//!   HTTP destinations unless turned off ([`Destination::accounting`](crate::Destination::accounting),
+//!   `relay --no-accounting`). A receiver that is not `outbox ingest` answers it 2xx and
+//!   ignores it.
+//! - With [`Destination::receipt_key`](crate::Destination::receipt_key) a 2xx counts only
+//!   with an `outbox-receipt` header signed by the receiver ([`wire::Receipt`](crate::wire::Receipt)).
 //! - The official CloudEvents Rust SDK parses every request the relay sends (a test checks
 //!   it). [`wire`](crate::wire) builds the same bodies for other code.

@@ -7,6 +7,7 @@ pub mod async_apps;
 pub mod destinations;
 pub mod durability;
 pub mod enqueueing;
+pub mod fleet;
 pub mod metered_links;
 pub mod offline;
 pub mod operating;

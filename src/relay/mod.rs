@@ -284,7 +284,7 @@ impl RelayHandle {
     /// for in-flight deliveries, and joins every thread that has ended by then.
     ///
     /// Then, once every outcome is written, tells each destination that takes accounting
-    /// ([`Destination::accounting`]) its streams' final state: one request per stream that
+    /// ([`Destination::accounting`](crate::Destination::accounting)) its streams' final state: one request per stream that
     /// changed, waited for 5 s at most, and skipped when a request was left hanging.
     ///
     /// Returns within the shutdown timeout plus a small margin (plus that last accounting,
