@@ -130,6 +130,14 @@ pub fn view(
     }
 }
 
+/// Now, as RFC 3339 (UTC, milliseconds).
+pub fn now_rfc3339() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    sqlite_outbox::wire::rfc3339_millis(ms)
+}
+
 /// Reads the view of every stream (of `source` only, if given) from the ingest's tables,
 /// the incomplete streams first, then by source and stream.
 ///

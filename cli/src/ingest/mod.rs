@@ -43,6 +43,7 @@
 //! is no order.
 
 mod admission;
+mod fleet_page;
 mod keys;
 mod metrics;
 mod probe;
@@ -106,6 +107,7 @@ pub struct IngestConfig {
     write_timeout: Duration,
     max_requests_per_connection: usize,
     receipt_key: Option<SigningKey>,
+    fleet_refresh: Duration,
 }
 
 impl IngestConfig {
@@ -126,6 +128,7 @@ impl IngestConfig {
             max_connections_per_peer: None,
             min_body_rate: 1024,
             receipt_key: None,
+            fleet_refresh: fleet_page::FLEET_EVERY,
             max_rate_per_source: None,
             metrics_listen: None,
             threads: 8,
@@ -208,8 +211,6 @@ impl IngestConfig {
         self
     }
 
-    /// Verified requests a second one source may send (off by default; 0.01 to 100,000):
-    /// past it 429 with `Retry-After`, so one device in a loop cannot starve the others.
     /// Signs, on every 2xx answer to events or to a stream's accounting, a receipt in the
     /// `outbox-receipt` header: the source, the stream, the numbers of the request's events
     /// that are stored (newly or before), the request's `webhook-id` and the time (see
@@ -220,12 +221,22 @@ impl IngestConfig {
         self
     }
 
+    /// How often the fleet's view (`/fleet` and the fleet's totals in `/metrics`, on the
+    /// metrics listener) is read again from PostgreSQL: default 15 s, at least 1 s.
+    pub fn fleet_refresh(mut self, every: Duration) -> Self {
+        self.fleet_refresh = every.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Verified requests a second one source may send (off by default; 0.01 to 100,000):
+    /// past it 429 with `Retry-After`, so one device in a loop cannot starve the others.
     pub fn max_rate_per_source(mut self, per_second: Option<f64>) -> Self {
         self.max_rate_per_source = per_second;
         self
     }
 
-    /// Serves `GET /metrics` (Prometheus text format) on this address, apart from the
+    /// Serves `GET /metrics` (Prometheus text format, with the fleet's totals) and `GET
+    /// /fleet` (the fleet's view as a page for people) on this address, apart from the
     /// events path; off by default.
     pub fn metrics_listen(mut self, addr: Option<SocketAddr>) -> Self {
         self.metrics_listen = addr;
@@ -501,6 +512,8 @@ impl IngestServer {
             refusals_by_source: Default::default(),
             health: watch::channel(Health::NotProbedYet).0,
             receipt_key: config.receipt_key.clone(),
+            fleet: config.metrics_listen.map(|_| Default::default()),
+            fleet_refresh: config.fleet_refresh,
         });
         if config.keys_file.is_some() {
             state.metrics.key_reload_succeeded();

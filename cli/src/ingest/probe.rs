@@ -17,6 +17,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use sqlite_outbox::receive::PgTls;
 
+use super::fleet_page::FleetSnapshot;
 use super::keys::{Entry, Origin};
 use super::server::{Health, State};
 use super::store;
@@ -74,6 +75,8 @@ struct Round {
     client: Option<postgres::Client>,
     migrated: bool,
     keys_seen: Option<(i64, Instant)>,
+    /// When the fleet's view was last read.
+    fleet_read: Option<Instant>,
 }
 
 fn run(config: &postgres::Config, tls: &PgTls, state: &State, stopped: &Receiver<()>) {
@@ -139,6 +142,23 @@ impl Round {
                 log::error!(
                     "ingest: outbox_device_keys not re-read, the keys stay as they were: {e}"
                 );
+            }
+        }
+        if let Some(fleet) = &state.fleet {
+            if self
+                .fleet_read
+                .is_none_or(|at| at.elapsed() >= state.fleet_refresh)
+            {
+                self.fleet_read = Some(Instant::now());
+                match crate::fleet::read(client, None) {
+                    Ok(views) => {
+                        *super::lock(fleet) = FleetSnapshot {
+                            views,
+                            read_at: Some(crate::fleet::now_rfc3339()),
+                        }
+                    }
+                    Err(e) => log::warn!("ingest: the fleet's view not read: {e}"),
+                }
             }
         }
         let refusals = state.take_refusals();

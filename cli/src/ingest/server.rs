@@ -58,6 +58,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{watch, Semaphore};
 
 use super::admission::{InflightBudget, Over, PeerConnections, RefusalLog, SourceRate};
+use super::fleet_page::FleetSnapshot;
 use super::keys::Registry;
 use super::metrics::Metrics;
 use super::verification::{self, Checked, VerifyPool};
@@ -122,6 +123,10 @@ pub(crate) struct State {
     pub health: watch::Sender<Health>,
     /// The key receipts are signed with, if any.
     pub receipt_key: Option<sqlite_outbox::receive::SigningKey>,
+    /// The fleet's view as the probe last read it, when a metrics listener serves it.
+    pub fleet: Option<std::sync::Mutex<FleetSnapshot>>,
+    /// How often the probe reads it again.
+    pub fleet_refresh: Duration,
 }
 
 /// What the background probe last found of PostgreSQL.
@@ -350,17 +355,35 @@ pub(crate) async fn serve_metrics(
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let state = Arc::clone(&state);
                 async move {
-                    let response = if request.uri().path() != "/metrics" {
-                        text(StatusCode::NOT_FOUND, "GET /metrics")
+                    let path = request.uri().path();
+                    let fleet = state.fleet.as_ref().map(|f| lock(f).clone());
+                    let response = if path != "/metrics" && path != "/fleet" {
+                        text(StatusCode::NOT_FOUND, "GET /metrics or /fleet")
                     } else if request.method() != Method::GET {
-                        allow_get_head(text(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics"))
-                    } else {
-                        let mut response = text(
-                            StatusCode::OK,
-                            &state
-                                .metrics
-                                .render(state.inflight.in_flight(), state.workers.queue_depth()),
+                        allow_get_head(text(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "GET /metrics or /fleet",
+                        ))
+                    } else if path == "/fleet" {
+                        let mut response = text(StatusCode::OK, &fleet.unwrap_or_default().page());
+                        response.headers_mut().insert(
+                            CONTENT_TYPE,
+                            HeaderValue::from_static("text/html; charset=utf-8"),
                         );
+                        // Nothing from anywhere else, and no script at all.
+                        response.headers_mut().insert(
+                            "content-security-policy",
+                            HeaderValue::from_static(
+                                "default-src 'none'; style-src 'unsafe-inline'",
+                            ),
+                        );
+                        response
+                    } else {
+                        let mut body = state
+                            .metrics
+                            .render(state.inflight.in_flight(), state.workers.queue_depth());
+                        body.push_str(&fleet.unwrap_or_default().metrics());
+                        let mut response = text(StatusCode::OK, &body);
                         response.headers_mut().insert(
                             CONTENT_TYPE,
                             HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

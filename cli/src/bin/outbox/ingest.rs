@@ -75,7 +75,12 @@ pub struct IngestArgs {
     /// public key (--receipt-public-key) require before they count a delivery.
     #[arg(long, value_name = "FILE")]
     receipt_key: Option<PathBuf>,
-    /// Serve GET /metrics (Prometheus text format) on this address, e.g. 127.0.0.1:9090.
+    /// How often the fleet's view (GET /fleet and the fleet's totals in /metrics, on
+    /// --metrics-listen) is read again from PostgreSQL.
+    #[arg(long, value_parser = crate::parse_duration, default_value = "15s")]
+    fleet_refresh: std::time::Duration,
+    /// Serve GET /metrics (Prometheus text format) and GET /fleet (the fleet's streams as
+    /// a page) on this address, e.g. 127.0.0.1:9090; never on the events port.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Database threads and PostgreSQL connections.
@@ -173,6 +178,7 @@ pub fn run(args: IngestArgs) -> Outcome {
     if let Some(key) = receipt_key {
         config = config.receipt_key(key);
     }
+    config = config.fleet_refresh(args.fleet_refresh);
     if let Some(path) = &args.keys {
         config = config.keys_file(path);
     }
