@@ -219,8 +219,13 @@ fn stream_numbers(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> 
     let file: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
     let (_, numbered, mut numbered_conn) =
         enqueue_files(dir, &format!("numbered{file}"), Synchronous::Normal);
+
     let (_, plain, mut plain_conn) =
         enqueue_files(dir, &format!("unnumbered{file}"), Synchronous::Normal);
+    // Without numbers: no number read or written, no index or trigger of the numbering.
+    plain_conn
+        .execute_batch("DROP INDEX outbox_events_stream; DROP TRIGGER outbox_events_stream_delete")
+        .unwrap();
     let (mut n1, mut n2) = (0, 0);
     let alternated = alternate_spread(
         5,

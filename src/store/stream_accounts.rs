@@ -36,8 +36,11 @@ pub(crate) fn advance_synced(
     now: i64,
 ) -> Result<()> {
     conn.prepare_cached(
-        "UPDATE outbox_streams SET synced_through = ?3, synced_at = ?4
-          WHERE destination = ?1 AND source = ?2 AND synced_through < ?3",
+        "INSERT INTO outbox_streams (destination, source, high_water, synced_through, synced_at)
+         VALUES (?1, ?2, 0, ?3, ?4)
+         ON CONFLICT (destination, source) DO UPDATE
+            SET synced_through = excluded.synced_through, synced_at = excluded.synced_at
+          WHERE synced_through < excluded.synced_through",
     )?
     .execute(params![destination, source, through, now])?;
     Ok(())
@@ -68,8 +71,15 @@ pub(crate) fn read(
     let mut streams: BTreeMap<String, (StreamAccount, BTreeMap<&'static str, Vec<i64>>)> =
         BTreeMap::new();
     {
+        // The highest number each stream holds, or ever held (deleted rows' numbers are
+        // kept in outbox_streams).
         let mut stmt = tx.prepare_cached(
-            "SELECT source, high_water FROM outbox_streams WHERE destination = ?1",
+            "SELECT source, MAX(high) FROM (
+                 SELECT source, high_water AS high FROM outbox_streams WHERE destination = ?1
+                 UNION ALL
+                 SELECT source, MAX(stream_seq) FROM outbox_events
+                  WHERE destination = ?1 AND stream_seq IS NOT NULL GROUP BY source)
+             GROUP BY source",
         )?;
         let mut rows = stmt.query([destination])?;
         while let Some(row) = rows.next()? {

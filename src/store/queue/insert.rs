@@ -44,27 +44,40 @@ pub(crate) fn insert(
     mut inserted: impl FnMut(&str),
 ) -> Result<bool> {
     // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
-    // top were deleted (`id_after_deletes`).
-    let mut stmt = tx.prepare_cached(concat!(
-        "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
-             source, subject, partition_key, payload, created_at, available_at, coalesce_key,
-             droppable, priority, expires_at, traceparent, tracestate, dataschema, stream_seq)
-         VALUES ((",
-        id_after_deletes!(),
-        "),
-                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
-        due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18)
-         ON CONFLICT DO NOTHING"
-    ))?;
+    // top were deleted (`id_after_deletes`). The stream's next number, unless the row has
+    // no source (a redelivery of a row older than numbering) or the bench turned it off.
+    let numbered = row.source.is_some() && !numbering::is_off();
+    let mut stmt = tx.prepare_cached(if numbered {
+        concat!(
+            "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
+                 source, subject, partition_key, payload, created_at, available_at,
+                 coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
+                 dataschema, stream_seq)
+             VALUES ((",
+            id_after_deletes!(),
+            "),
+                     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
+            due_or_parked!("?7", "?2", "", "?9"),
+            ", ?10, ?11, ?12, ?14, ?15, ?16, ?17, ",
+            numbering::next_stream_seq!("?2", "?5"),
+            ") ON CONFLICT DO NOTHING"
+        )
+    } else {
+        concat!(
+            "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
+                 source, subject, partition_key, payload, created_at, available_at,
+                 coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
+                 dataschema)
+             VALUES ((",
+            id_after_deletes!(),
+            "),
+                     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
+            due_or_parked!("?7", "?2", "", "?9"),
+            ", ?10, ?11, ?12, ?14, ?15, ?16, ?17) ON CONFLICT DO NOTHING"
+        )
+    })?;
     let mut any = false;
     for destination in destinations {
-        // The stream's next number (a row without a source is numbered by the schema's
-        // trigger, under the default source).
-        let seq = match row.source {
-            Some(source) => Some(numbering::take(tx, destination, source, 1)?),
-            None => None,
-        };
         // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
         // transaction the way a constraint error would. Keys are per destination.
         let n = stmt.execute(params![
@@ -85,13 +98,10 @@ pub(crate) fn insert(
             row.traceparent,
             row.tracestate,
             row.dataschema,
-            seq,
         ])?;
         if n == 1 {
             any = true;
             inserted(destination);
-        } else if let Some(source) = row.source {
-            numbering::give_back(tx, destination, source)?;
         }
     }
     Ok(any)
@@ -202,10 +212,11 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             available_at.push(if parked { PARKED } else { row.now });
         }
     }
-    // Stream numbers, in the rows' order: one counter update per stream for the run.
+    // Stream numbers, in the rows' order: each stream's next number read once for the run
+    // (the listed INSERT cannot read the rows it writes).
     let mut streams: Vec<((&str, &str), i64)> = Vec::new();
     for (destination, row) in rows {
-        if let Some(source) = row.source {
+        if let (Some(source), false) = (row.source, numbering::is_off()) {
             match streams
                 .iter_mut()
                 .find(|(s, _)| *s == (*destination, source))
@@ -216,7 +227,7 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
         }
     }
     for (stream, next) in &mut streams {
-        *next = numbering::take(tx, stream.0, stream.1, *next)?;
+        *next = numbering::next(tx, stream.0, stream.1)?;
     }
     let mut seqs = Vec::with_capacity(rows.len());
     for (destination, row) in rows {

@@ -1,11 +1,12 @@
 //! Stream numbers: the gapless sequence per destination and source that every event takes
 //! when its transaction commits (`outbox_streams`, schema version 15).
 //!
-//! SQLite has one writer at a time, so the counter row is read and raised inside the
-//! writer's own transaction: a rolled-back transaction takes its numbers back with it, and
-//! two transactions never take the same number. `Outbox::enqueue` and `enqueue_many` number
-//! their rows here, in commit order; any other writer leaves `stream_seq` NULL and the
-//! schema's trigger numbers the row the same way.
+//! A row's number is one above the highest its stream holds or ever held, read inside the
+//! writer's own transaction (SQLite has one writer at a time): a rolled-back transaction or
+//! a repeated idempotency key leaves no row and so takes no number, two transactions never
+//! take the same one, and a number whose row was deleted is never given again (the schema's
+//! delete trigger keeps it in `outbox_streams`). `Outbox::enqueue` and `enqueue_many` number
+//! their rows here, in commit order; the SQL contract's trigger does the same.
 
 #[allow(unused_imports)]
 use super::*;
@@ -13,7 +14,7 @@ use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set by the bench only (`internal::set_stream_numbers`), to measure what numbering costs
-/// in the same run: rows then take numbers from 0 and no counter is touched.
+/// in the same run: rows are then written without a number.
 static OFF_FOR_BENCH: AtomicBool = AtomicBool::new(false);
 
 /// Turns numbering off (`false`) or on for every outbox of the process: benches only.
@@ -26,33 +27,35 @@ pub(crate) fn is_off() -> bool {
     OFF_FOR_BENCH.load(Ordering::Relaxed)
 }
 
-/// Takes the next `count` numbers of the stream (`destination`, `source`); returns the first.
-pub(crate) fn take(tx: &Connection, destination: &str, source: &str, count: i64) -> Result<i64> {
-    if is_off() {
-        return Ok(0);
-    }
-    let last: i64 = tx
-        .prepare_cached(
-            "INSERT INTO outbox_streams (destination, source, high_water) VALUES (?1, ?2, ?3)
-             ON CONFLICT (destination, source) DO UPDATE SET high_water = high_water + ?3
-             RETURNING high_water",
-        )?
-        .query_row(params![destination, source, count], |r| r.get(0))?;
-    Ok(last - count + 1)
+/// The SQL of a stream's next number, for destination `$destination` and source `$source`
+/// (parameters or columns): one above the highest number the stream holds (a seek of
+/// `outbox_events_stream`) or ever held (`outbox_streams.high_water`, kept as rows leave).
+macro_rules! next_stream_seq {
+    ($destination:literal, $source:literal) => {
+        concat!(
+            "max(COALESCE((SELECT MAX(n.stream_seq) FROM outbox_events AS n
+                            WHERE n.destination = ",
+            $destination,
+            " AND n.source = ",
+            $source,
+            " AND n.stream_seq IS NOT NULL), 0),
+                 COALESCE((SELECT t.high_water FROM outbox_streams AS t
+                            WHERE t.destination = ",
+            $destination,
+            " AND t.source = ",
+            $source,
+            "), 0)) + 1"
+        )
+    };
 }
+pub(crate) use next_stream_seq;
 
-/// Gives back the last number taken from the stream, when the row it was for was not
-/// written (its idempotency key was taken): the sequence stays gapless.
-pub(crate) fn give_back(tx: &Connection, destination: &str, source: &str) -> Result<()> {
-    if is_off() {
-        return Ok(());
-    }
-    tx.prepare_cached(
-        "UPDATE outbox_streams SET high_water = high_water - 1
-          WHERE destination = ?1 AND source = ?2",
-    )?
-    .execute(params![destination, source])?;
-    Ok(())
+/// The next number of the stream (`destination`, `source`): for a run of rows written by
+/// one statement, which cannot read its own rows (see `insert_run`).
+pub(crate) fn next(tx: &Connection, destination: &str, source: &str) -> Result<i64> {
+    Ok(tx
+        .prepare_cached(concat!("SELECT ", next_stream_seq!("?1", "?2")))?
+        .query_row(params![destination, source], |r| r.get(0))?)
 }
 
 /// Records that the numbered rows `gone` (`(destination, source, stream_seq)`) left the file
