@@ -180,6 +180,11 @@ fn order_ids(body: &[u8]) -> Vec<i64> {
 
 /// Events in a body: one per `"specversion"` member (a batch holds several).
 fn count_events(body: &[u8]) -> u64 {
+    // A stream's accounting (issue 58) is not an event.
+    let accounting = sqlite_outbox::wire::ACCOUNTING_TYPE.as_bytes();
+    if body.windows(accounting.len()).any(|w| w == accounting) {
+        return 0;
+    }
     let needle = b"\"specversion\"";
     body.windows(needle.len()).filter(|w| w == needle).count() as u64
 }

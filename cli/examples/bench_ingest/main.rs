@@ -151,6 +151,30 @@ fn main() {
             per_device / shared_rate,
         );
     }
+    // Stream numbers and accounting (issue 58): the same events with numbers and a stream's
+    // accounting every hundred requests, against the same without either, same server.
+    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
+        let post = |numbered: bool| {
+            let bodies = support_ingest::bodies_numbered(
+                &next_run(),
+                events,
+                per_request,
+                &shared,
+                numbered,
+            );
+            rate(
+                events,
+                support_ingest::post_all(&addrs[..1], &shared, &bodies, per_request > 1, 8),
+            )
+        };
+        let (numbered, plain) = alternate(3, || post(true), || post(false));
+        println!(
+            "| ingest, {per_request} event(s)/request, with stream numbers and accounting | {} events | {} (without either) | {:.2}× | ≥ 0.9× |",
+            per_s(numbered),
+            per_s(plain),
+            numbered / plain,
+        );
+    }
     device_server.shutdown();
     for server in servers {
         server.shutdown();

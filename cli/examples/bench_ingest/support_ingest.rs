@@ -33,14 +33,75 @@ impl Signing<'_> {
 }
 
 fn event(run: &str, i: usize, source: &str) -> serde_json::Value {
+    let mut event = unnumbered_event(run, i, source);
+    event["outboxstream"] = json!("default");
+    event["outboxseq"] = json!(i + 1);
+    event
+}
+
+/// An event as a relay before issue 58 sent it: no stream number.
+fn unnumbered_event(run: &str, i: usize, source: &str) -> serde_json::Value {
     json!({
         "specversion": "1.0", "id": format!("{run}-{i}"), "source": source,
         "type": "reading.taken", "partitionkey": format!("k{}", i % 16),
         "sequence": format!("{:020}", i), "time": "2026-11-30T12:00:00.000Z",
         "datacontenttype": "application/json",
-        "outboxstream": "default", "outboxseq": i + 1,
         "data": {"sensor": "s-1", "celsius": 21.5, "n": i}
     })
+}
+
+/// A stream's accounting as a relay tells it after `events` events, a few of them dead.
+fn accounting(run: &str, n: usize, source: &str, events: usize) -> serde_json::Value {
+    let high = events as i64;
+    json!({
+        "specversion": "1.0", "id": format!("{run}-accounting-{n}"), "source": source,
+        "type": sqlite_outbox::wire::ACCOUNTING_TYPE, "time": "2026-11-30T12:00:00.000Z",
+        "datacontenttype": "application/json",
+        "data": {"stream": "default", "high_water": high, "pending": [[high, high]],
+                 "accounted": {"dead": [[3, 3], [50, 51]], "expired": [[7, 7]]}}
+    })
+}
+
+/// Request bodies as [`bodies`], with stream numbers and, after every hundredth request, a
+/// stream's accounting (`numbered`), or without either, as a relay before issue 58.
+pub fn bodies_numbered(
+    run: &str,
+    events: usize,
+    per_request: usize,
+    signing: &Signing,
+    numbered: bool,
+) -> Vec<Vec<u8>> {
+    let make = |i: usize, source: &str| {
+        if numbered {
+            event(run, i, source)
+        } else {
+            unnumbered_event(run, i, source)
+        }
+    };
+    let mut out = Vec::new();
+    for (request, chunk) in (0..events)
+        .collect::<Vec<_>>()
+        .chunks(per_request)
+        .enumerate()
+    {
+        let source = signing.source(request);
+        let body = if per_request == 1 {
+            make(chunk[0], &source)
+        } else {
+            json!(chunk.iter().map(|&i| make(i, &source)).collect::<Vec<_>>())
+        };
+        out.push(serde_json::to_vec(&body).unwrap());
+        if numbered && request % 100 == 99 {
+            let told = accounting(run, request, &source, chunk[chunk.len() - 1] + 1);
+            let told = if per_request == 1 {
+                told
+            } else {
+                json!([told])
+            };
+            out.push(serde_json::to_vec(&told).unwrap());
+        }
+    }
+    out
 }
 
 /// Request bodies for `events` events, `per_request` in each, of the sources `signing` gives

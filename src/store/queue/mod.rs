@@ -465,13 +465,10 @@ mod tests {
         assert!(got
             .iter()
             .all(|e| e.lease_owner == "r1" && e.lease_expires_at == 1_100));
-        // A row written without a source took the file's default one when it was numbered
-        // (schema version 15), not the claim's.
-        assert_eq!(got[0].source, "/sqlite-outbox");
-        assert_eq!(
-            got.iter().map(|e| e.stream_seq).collect::<Vec<_>>(),
-            vec![Some(1), Some(2)]
-        );
+        // A row written by hand without a source takes the claim's default, and no number
+        // (only this crate's writers and the SQL contract number rows).
+        assert_eq!(got[0].source, "/test");
+        assert!(got.iter().all(|e| e.stream_seq.is_none()));
         // Leased rows are not claimable by anyone else while the lease holds.
         assert!(claim_events(&conn, &req("r2", 500, 10)).is_empty());
     }
