@@ -126,6 +126,20 @@ impl KeyRegistry {
         self.len() == 0
     }
 
+    /// Whether any key may sign for `source` (`None`: a request that names no source, which
+    /// only keys for any source may sign): [`verifier_for`](Self::verifier_for) without
+    /// building the verifier, for a check made before a request's body is read.
+    pub fn covers(&self, source: Option<&str>) -> bool {
+        !self.any.is_empty()
+            || source.is_some_and(|source| {
+                self.exact.get(source).is_some_and(|keys| !keys.is_empty())
+                    || self
+                        .prefixes
+                        .iter()
+                        .any(|(prefix, _)| source.starts_with(prefix.as_str()))
+            })
+    }
+
     /// A verifier with the keys that may sign for `source` (`None`: a request that names
     /// no source, which only keys for any source may sign), or `None` if there are none.
     pub fn verifier_for(&self, source: Option<&str>) -> Option<Verifier> {
@@ -258,6 +272,20 @@ mod tests {
             .add("/site-7/*", VerifyingKey::Public(b.public_key()))
             .unwrap();
         assert_eq!(registry.len(), 2);
+        // What the ingest checks before it reads a body, as the verifier would find it.
+        for source in [
+            Some("/devices/a"),
+            Some("/site-7/pump"),
+            Some("/devices/zzz"),
+            None,
+        ] {
+            assert_eq!(
+                registry.covers(source),
+                registry.verifier_for(source).is_some(),
+                "{source:?}"
+            );
+        }
+        assert!(registry.covers(Some("/site-7/x")) && !registry.covers(Some("/devices/b")));
         let (h, body) = signed(&a, "/devices/a", "/devices/a");
         assert_eq!(
             verify_request_for(&registry, &h, &body, 1000)

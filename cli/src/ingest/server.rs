@@ -523,7 +523,7 @@ async fn receive_events(
     // registry. Without the header (a relay older than it), only keys for any source
     // (`--secret`) can verify.
     let registry = state.keys.current();
-    if registry.verifier_for(source.as_deref()).is_none() {
+    if !registry.covers(source.as_deref()) {
         if state.keys_table && !state.keys_table_loaded.load(Ordering::Acquire) {
             // Maybe a provisioned device: the table that would say so has not been read.
             state.metrics.refusal("keys_not_read");

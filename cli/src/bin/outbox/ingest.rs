@@ -148,19 +148,7 @@ pub fn run(args: IngestArgs) -> Outcome {
     }
     let receipt_key = match &args.receipt_key {
         None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| bad_input(format!("--receipt-key {}: {e}", path.display())))?;
-            let key = text
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .unwrap_or("");
-            Some(
-                sqlite_outbox::receive::SigningKey::parse(key)
-                    .map_err(|e| bad_input(format!("--receipt-key {}: {e}", path.display())))?,
-            )
-        }
+        Some(path) => Some(crate::keygen::read_key_file(path, "--receipt-key")?.1),
     };
     let mut config = IngestConfig::new(listen, url)
         .keys_table(args.keys_table)

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 use sqlite_outbox::receive::SigningKey;
 
-use crate::failure::{bad_input, failed, Outcome};
+use crate::failure::{bad_input, failed, Failure, Outcome};
 
 // The command's help text is the doc comment of its variant in main.rs.
 #[derive(Args)]
@@ -44,4 +44,20 @@ pub fn run(args: KeygenArgs) -> Outcome {
         .map_err(|e| failed(format!("--out {}: {e}", args.out.display())))?;
     println!("{}", key.public_key().to_text());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The key in the file `path` (its first non-empty line, a `whsk_…` key as `keygen` writes
+/// it), as text and checked; `flag` names the option in the message of a bad file.
+pub fn read_key_file(path: &std::path::Path, flag: &str) -> Result<(String, SigningKey), Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))?;
+    let key = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .to_string();
+    let parsed = SigningKey::parse(&key)
+        .map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))?;
+    Ok((key, parsed))
 }

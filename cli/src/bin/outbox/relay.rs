@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use sqlite_outbox::receive::SigningKey;
 use sqlite_outbox::transport::{HttpConfig, MqttConfig, MqttVersion};
 use sqlite_outbox::{Compression, Destination, Outbox, RelayConfig};
 
@@ -285,16 +284,8 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         }
     }
     if let Some(path) = &args.signing_key {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
-        let key = text
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .unwrap_or("");
         // Checked here so the message names the file; the relay would refuse it too.
-        SigningKey::parse(key)
-            .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+        let (key, _) = crate::keygen::read_key_file(path, "--signing-key")?;
         destination = destination.signing_key(key);
     }
     if let Some(key) = &args.receipt_public_key {
