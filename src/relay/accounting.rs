@@ -50,6 +50,11 @@ pub(crate) struct Accountant {
     /// Per `(destination, source)`.
     last: HashMap<(String, String), LastTold>,
     started: Instant,
+    /// Its own connection (opened at the first look): its `PRAGMA data_version` moves only
+    /// when another connection commits, so an idle file costs a look one pragma.
+    conn: Option<rusqlite::Connection>,
+    /// The file's data version at the last round, and when that round was.
+    seen: Option<(i64, Instant)>,
 }
 
 impl Accountant {
@@ -68,6 +73,8 @@ impl Accountant {
             interval,
             last: HashMap::new(),
             started: Instant::now(),
+            conn: None,
+            seen: None,
         }
     }
 
@@ -77,7 +84,11 @@ impl Accountant {
         let check = (self.interval / 4).clamp(Duration::from_millis(250), MOST_CHECK);
         loop {
             match self.stop.recv_timeout(check) {
-                Err(RecvTimeoutError::Timeout) => self.round(false),
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.file_changed() {
+                        self.round(false);
+                    }
+                }
                 Ok(true) => {
                     self.round(true);
                     return;
@@ -87,16 +98,42 @@ impl Accountant {
         }
     }
 
+    /// Whether a round is due: another connection committed since the last one (the
+    /// writer's acks, the app's events), or an interval passed (an unreachable destination
+    /// may be back). Unknown (no connection) counts as changed.
+    fn file_changed(&mut self) -> bool {
+        if self.conn.is_none() {
+            self.conn = self.outbox.unpooled_connection().ok();
+        }
+        let version = self.conn.as_ref().and_then(|conn| {
+            conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .ok()
+        });
+        match (version, self.seen) {
+            (Some(now), Some((then, at))) => now != then || at.elapsed() >= self.interval,
+            _ => true,
+        }
+    }
+
     /// One look at every destination's streams; `last_round` tells every stream whose state
     /// changed at all since it was last told.
     fn round(&mut self, last_round: bool) {
+        let version = self.conn.as_ref().and_then(|conn| {
+            conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .ok()
+        });
+        self.seen = version.map(|v| (v, Instant::now()));
         for index in 0..self.destinations.len() {
             let destination = &self.destinations[index];
             if destination.gate.is_down() || destination.gate.is_closed() {
                 continue;
             }
             let name = destination.name.clone();
-            let accounts = match self.outbox.stream_accounts(&name) {
+            let read = match self.conn.as_mut() {
+                Some(conn) => stream_accounts::read(conn, &name),
+                None => self.outbox.stream_accounts(&name),
+            };
+            let accounts = match read {
                 Ok(accounts) => accounts,
                 Err(e) => {
                     log::warn!(
@@ -121,9 +158,13 @@ impl Accountant {
     fn advance_synced(&self, key: &(String, String), account: &StreamAccount) {
         let told = self.last.get(key).map(|last| &last.account.accounted);
         let through = stream_accounts::synced_candidate(account, told);
-        let result = self.outbox.connection().and_then(|conn| {
-            stream_accounts::advance_synced(&conn, &key.0, &key.1, through, self.outbox.now_ms())
-        });
+        let now = self.outbox.now_ms();
+        let result = match &self.conn {
+            Some(conn) => stream_accounts::advance_synced(conn, &key.0, &key.1, through, now),
+            None => self.outbox.connection().and_then(|conn| {
+                stream_accounts::advance_synced(&conn, &key.0, &key.1, through, now)
+            }),
+        };
         if let Err(e) = result {
             log::warn!("destination {}: synced-through not kept: {e}", key.0);
         }
