@@ -64,7 +64,9 @@ fn serve(stream: std::net::TcpStream, seen: &Mutex<HashSet<String>>) {
             return;
         }
         let event: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        if let Some(id) = event["id"].as_str() {
+        // The relay's accounting of its streams (for `outbox ingest`) is not an event.
+        let accounting = event["type"] == sqlite_outbox::wire::ACCOUNTING_TYPE;
+        if let (Some(id), false) = (event["id"].as_str(), accounting) {
             seen.lock().unwrap().insert(id.to_owned());
         }
         if writer
