@@ -89,14 +89,25 @@ fn the_fleet_names_every_number_stored_accounted_pending_and_exactly_the_missing
         enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));
     }
     deliver(&outbox, &ingest.url());
-    // 6-7 expire while the ingest is down (no relay runs before their deadline).
+    // 6-7 expire while the ingest is down: its relay finds nobody at the address, the
+    // events' deadline passes, and it marks them expired.
+    let down_url = ingest.url();
+    drop(ingest);
     for i in 0..2 {
         enqueue(
             &outbox,
-            Event::new("doc.saved", json!({"late": i})).expires_in(Duration::from_millis(100)),
+            Event::new("doc.saved", json!({"late": i})).expires_in(Duration::from_millis(300)),
         );
     }
-    std::thread::sleep(Duration::from_millis(300));
+    deliver(&outbox, &down_url);
+    let expired = common::query_rows(
+        &outbox,
+        "SELECT COUNT(*) FROM outbox_events WHERE expired_at IS NOT NULL",
+        |r| r.get::<_, i64>(0),
+    );
+    assert_eq!(expired, vec![2]);
+    let ingest = Ingest::start(&postgres, &["--secret", SECRET]);
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
     // 8-19 telemetry into a full store (12 pending at most, 6 and 7 still among them):
     // the oldest telemetry is dropped.
     for i in 0..12 {

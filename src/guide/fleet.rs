@@ -60,10 +60,11 @@
 //! monitoring check can run it; 2 for bad input. The incomplete streams come first.
 //!
 //! What the test suite checks (`cli/tests/fleet.rs`, a device relay, `outbox ingest` and
-//! PostgreSQL): events delivered, expired while no relay ran, dropped by a full store,
-//! coalesced, dead (an event the ingest cannot store), purged, exported and imported, and
-//! three rows deleted by hand, which `outbox fleet` names exactly as `missing`; a device
-//! restored from a backup of its file, then committing new events, shown as `reused`.
+//! PostgreSQL): events delivered, expired while the ingest was down, dropped by a full
+//! store, coalesced, dead (an event the ingest cannot store), purged, exported and
+//! imported, and three rows deleted by hand, which `outbox fleet` names exactly as
+//! `missing`; a device restored from a backup of its file, then committing new events,
+//! shown as `reused`.
 //!
 //! ## Receipts and "synced through"
 //!
