@@ -213,31 +213,24 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
         }
     }
     // Stream numbers, in the rows' order: each stream's next number read once for the run
-    // (the listed INSERT cannot read the rows it writes).
-    let mut streams: Vec<((&str, &str), i64)> = Vec::new();
-    for (destination, row) in rows {
-        if let (Some(source), false) = (row.source, numbering::is_off()) {
-            match streams
-                .iter_mut()
-                .find(|(s, _)| *s == (*destination, source))
-            {
-                Some((_, n)) => *n += 1,
-                None => streams.push(((destination, source), 1)),
-            }
-        }
-    }
-    for (stream, next) in &mut streams {
-        *next = numbering::next(tx, stream.0, stream.1)?;
-    }
+    // (the listed INSERT cannot read the rows it writes), then counted on in memory.
+    let mut next_of: Vec<((&str, &str), i64)> = Vec::new();
     let mut seqs = Vec::with_capacity(rows.len());
     for (destination, row) in rows {
-        seqs.push(row.source.and_then(|source| {
-            let (_, next) = streams
-                .iter_mut()
-                .find(|(s, _)| *s == (*destination, source))?;
-            *next += 1;
-            Some(*next - 1)
-        }));
+        let Some(source) = row.source.filter(|_| !numbering::is_off()) else {
+            seqs.push(None);
+            continue;
+        };
+        let stream = (*destination, source);
+        let at = match next_of.iter().position(|(s, _)| *s == stream) {
+            Some(at) => at,
+            None => {
+                next_of.push((stream, numbering::next(tx, destination, source)?));
+                next_of.len() - 1
+            }
+        };
+        seqs.push(Some(next_of[at].1));
+        next_of[at].1 += 1;
     }
     let mut start = 0;
     while start < rows.len() {
