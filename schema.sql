@@ -1065,3 +1065,240 @@ BEGIN
     ON CONFLICT DO NOTHING;
 
 END;
+
+-- version 16
+
+-- Stream numbers given as the relay takes rows, not inside the app's INSERT. Version 15
+-- read each row's number from an index on its stream inside the writer's INSERT: one more
+-- index entry per row and one more page per commit, and any read of the table inside the
+-- INSERT costs about 10% of a bare one (docs/PERFORMANCE.md). A stream's numbers follow its
+-- rows' ids (commit order: the writer holding the lock takes the next id), so a row's number
+-- is known from the moment it commits: one above the stream's high water plus its place
+-- among the stream's rows not numbered yet. It is written into the row (`stream_seq`) when
+-- it is first needed: by the relay before it claims or exports (src/store/queue/numbering.rs),
+-- by a read of the streams' accounts, and by the trigger below when such a row is deleted,
+-- which numbers every row before it and records the deleted row's number (and its fate). So
+-- every number is given exactly once, in commit order, whoever writes or deletes.
+-- `numbered_through`: every row with an id at or below it is numbered (or has no source: a row
+-- older than numbering). `outbox_streams.high_water` is now exactly the highest number the
+-- stream gave.
+ALTER TABLE outbox_stats ADD COLUMN numbered_through INTEGER NOT NULL DEFAULT 0;
+INSERT INTO outbox_streams (destination, source, high_water)
+SELECT destination, source, MAX(stream_seq) FROM outbox_events
+ WHERE stream_seq IS NOT NULL
+ GROUP BY destination, source
+ON CONFLICT (destination, source) DO UPDATE SET high_water = max(high_water, excluded.high_water);
+UPDATE outbox_stats SET numbered_through = COALESCE((SELECT MAX(id) FROM outbox_events), 0)
+ WHERE id = 1;
+DROP INDEX outbox_events_stream;
+
+-- A row deleted before it was numbered (a hand's delete, a purge of rows that expired
+-- offline, the SQL contract making way): the rows before it are numbered first, then it takes
+-- its own number, which its stream keeps as given, with its fate if it had left pending.
+CREATE TRIGGER outbox_events_unnumbered_delete AFTER DELETE ON outbox_events
+WHEN OLD.stream_seq IS NULL AND OLD.source IS NOT NULL
+     AND OLD.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+BEGIN
+    UPDATE outbox_events SET stream_seq = n.seq
+      FROM (SELECT e.id AS id,
+                   COALESCE((SELECT t.high_water FROM outbox_streams AS t
+                              WHERE t.destination = e.destination AND t.source = e.source), 0)
+                   + row_number() OVER (PARTITION BY e.destination, e.source ORDER BY e.id) AS seq
+              FROM outbox_events AS e
+             WHERE e.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+               AND e.id < OLD.id AND e.source IS NOT NULL AND e.stream_seq IS NULL) AS n
+     WHERE outbox_events.id = n.id
+       AND outbox_events.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+       AND outbox_events.id < OLD.id;
+    INSERT INTO outbox_streams (destination, source, high_water)
+    SELECT destination, source, MAX(stream_seq) FROM outbox_events
+     WHERE id > (SELECT numbered_through FROM outbox_stats WHERE id = 1) AND id < OLD.id
+       AND stream_seq IS NOT NULL
+     GROUP BY destination, source
+    ON CONFLICT (destination, source) DO UPDATE SET high_water = max(high_water, excluded.high_water);
+    INSERT INTO outbox_streams (destination, source, high_water)
+    VALUES (OLD.destination, OLD.source, 1)
+    ON CONFLICT (destination, source) DO UPDATE SET high_water = high_water + 1;
+    INSERT OR REPLACE INTO outbox_fates (destination, source, stream_seq, fate)
+    SELECT OLD.destination, OLD.source, t.high_water,
+           CASE WHEN OLD.dead_at = -1 THEN 'coalesced'
+                WHEN OLD.dead_at = -2 THEN 'dropped'
+                WHEN OLD.expired_at IS NOT NULL THEN 'expired'
+                WHEN OLD.exported_at IS NOT NULL THEN 'exported'
+                ELSE 'purged' END
+      FROM outbox_streams AS t
+     WHERE t.destination = OLD.destination AND t.source = OLD.source
+       AND OLD.delivered_at IS NULL AND OLD.dead_at IS NOT NULL;
+    UPDATE outbox_stats SET numbered_through = OLD.id WHERE id = 1;
+END;
+
+-- The SQL contract writes rows without a number, as `Outbox::enqueue` does (the view is
+-- unchanged).
+DROP TRIGGER outbox_enqueue_insert;
+
+CREATE TRIGGER outbox_enqueue_insert INSTEAD OF INSERT ON outbox_enqueue
+BEGIN
+    -- Checks, with Outbox::enqueue's limits.
+    SELECT CASE
+           WHEN typeof(NEW.type) <> 'text' OR length(CAST(NEW.type AS BLOB)) NOT BETWEEN 1 AND 255
+           THEN RAISE(ABORT, 'outbox: type must be text of 1 to 255 bytes')
+           WHEN NEW.data IS NOT NULL AND (typeof(NEW.data) <> 'text' OR NOT json_valid(NEW.data))
+           THEN RAISE(ABORT, 'outbox: data must be JSON text (leave it out for null)')
+           WHEN NEW.key IS NOT NULL AND (typeof(NEW.key) <> 'text'
+                OR length(CAST(NEW.key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: key must be text of at most 255 bytes')
+           WHEN NEW.idempotency_key IS NOT NULL AND (typeof(NEW.idempotency_key) <> 'text'
+                OR length(CAST(NEW.idempotency_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: idempotency_key must be text of at most 255 bytes')
+           WHEN NEW.subject IS NOT NULL AND (typeof(NEW.subject) <> 'text'
+                OR length(CAST(NEW.subject AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: subject must be text of at most 255 bytes')
+           WHEN NEW.coalesce_key IS NOT NULL AND (typeof(NEW.coalesce_key) <> 'text'
+                OR length(CAST(NEW.coalesce_key AS BLOB)) > 255)
+           THEN RAISE(ABORT, 'outbox: coalesce_key must be text of at most 255 bytes')
+           WHEN NEW.source IS NOT NULL AND (typeof(NEW.source) <> 'text'
+                OR length(CAST(NEW.source AS BLOB)) > 1024)
+           THEN RAISE(ABORT, 'outbox: source must be text of at most 1024 bytes')
+           WHEN NEW.priority IS NOT NULL
+                AND (typeof(NEW.priority) <> 'integer' OR NEW.priority NOT BETWEEN 0 AND 9)
+           THEN RAISE(ABORT, 'outbox: priority must be a whole number from 0 (least urgent) to 9 (most urgent)')
+           WHEN NEW.expires_in_ms IS NOT NULL
+                AND (typeof(NEW.expires_in_ms) <> 'integer' OR NEW.expires_in_ms < 1)
+           THEN RAISE(ABORT, 'outbox: expires_in_ms must be a whole number of milliseconds, at least 1')
+           WHEN NEW.traceparent IS NOT NULL AND (typeof(NEW.traceparent) <> 'text'
+                OR NOT NEW.traceparent GLOB '00-' || replace(hex(zeroblob(16)), '0', '[0-9a-f]')
+                       || '-' || replace(hex(zeroblob(8)), '0', '[0-9a-f]') || '-[0-9a-f][0-9a-f]'
+                OR substr(NEW.traceparent, 4, 32) = hex(zeroblob(16))
+                OR substr(NEW.traceparent, 37, 16) = hex(zeroblob(8)))
+           THEN RAISE(ABORT, 'outbox: traceparent must be W3C Trace Context version 00: 00-{32 lowercase hex trace id}-{16 lowercase hex parent id}-{2 hex flags}, ids not all zeros')
+           WHEN NEW.tracestate IS NOT NULL AND NEW.traceparent IS NULL
+           THEN RAISE(ABORT, 'outbox: tracestate is set without a traceparent, which it belongs to')
+           WHEN NEW.tracestate IS NOT NULL AND (typeof(NEW.tracestate) <> 'text'
+                OR length(CAST(NEW.tracestate AS BLOB)) > 512
+                OR NEW.tracestate GLOB '*[^ -~' || char(9) || ']*'
+                OR length(NEW.tracestate) - length(replace(NEW.tracestate, ',', '')) > 31
+                OR EXISTS (
+                    SELECT 1 FROM (SELECT m, instr(m, '=') AS eq, instr(m, '@') AS at
+                                     FROM (SELECT trim(value, ' ' || char(9)) AS m
+                                             FROM json_each('["' || replace(replace(replace(replace(
+                                                      NEW.tracestate, '\', '\\'), '"', '\"'),
+                                                      char(9), '\t'), ',', '","') || '"]')))
+                     WHERE m <> '' AND NOT (
+                           eq > 1
+                           -- the value: 1 to 256 of printable ASCII but , and =, no trailing space
+                           AND length(m) - eq BETWEEN 1 AND 256
+                           AND instr(substr(m, eq + 1), '=') = 0
+                           AND substr(m, -1) <> ' ' AND instr(m, char(9)) = 0
+                           -- the key: simple, or tenant@system
+                           AND NOT substr(m, 1, eq - 1) GLOB '*[^a-z0-9_*/@-]*'
+                           AND CASE WHEN at = 0 OR at > eq
+                                    THEN substr(m, 1, 1) GLOB '[a-z]' AND eq - 1 <= 256
+                                    ELSE at BETWEEN 2 AND 242 AND eq - at - 1 BETWEEN 1 AND 14
+                                         AND substr(m, 1, 1) GLOB '[a-z0-9]'
+                                         AND substr(m, at + 1, 1) GLOB '[a-z]'
+                                         AND instr(substr(m, at + 1, eq - at - 1), '@') = 0
+                               END))
+                OR (SELECT count(*) - count(DISTINCT k)
+                      FROM (SELECT substr(m, 1, instr(m, '=') - 1) AS k
+                              FROM (SELECT trim(value, ' ' || char(9)) AS m
+                                      FROM json_each('["' || replace(replace(replace(replace(
+                                               NEW.tracestate, '\', '\\'), '"', '\"'),
+                                               char(9), '\t'), ',', '","') || '"]'))
+                             WHERE m <> '')) > 0)
+           THEN RAISE(ABORT, 'outbox: tracestate must be W3C Trace Context: at most 32 key=value members, each key once, at most 512 bytes')
+           WHEN NEW.dataschema IS NOT NULL AND (typeof(NEW.dataschema) <> 'text'
+                OR length(CAST(NEW.dataschema AS BLOB)) > 1024
+                OR NOT NEW.dataschema GLOB '[A-Za-z]*:*'
+                OR substr(NEW.dataschema, 1, instr(NEW.dataschema, ':') - 1) GLOB '*[^A-Za-z0-9+.-]*'
+                OR NEW.dataschema GLOB '*[^!-~]*')
+           THEN RAISE(ABORT, 'outbox: dataschema must be an absolute URI (a scheme such as https:, visible ASCII, at most 1024 bytes)')
+           WHEN length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB))
+                > COALESCE((SELECT CAST(value AS INTEGER) FROM outbox_settings
+                             WHERE key = 'payload_limit'), 262144)
+           THEN RAISE(ABORT, 'outbox: data is over the payload limit (setting payload_limit, 262144 bytes unless set)')
+           END;
+
+    -- Make way (only with a coalescing key or a storage limit, and never for a repeated
+    -- idempotency key, which changes nothing at all).
+    INSERT INTO outbox_enqueue_make_way (type, coalesce_key, routes, rows, bytes, ms)
+    SELECT NEW.type, NEW.coalesce_key, routes, json_array_length(routes),
+           json_array_length(routes) * length(CAST(json(COALESCE(NEW.data, 'null')) AS BLOB)),
+           CAST(strftime('%s', 'now') AS INTEGER) * 1000
+               + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER)
+      FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END AS routes
+             WHERE NEW.coalesce_key IS NOT NULL OR EXISTS (SELECT 1 FROM outbox_settings WHERE key IN ('max_pending', 'max_pending_bytes')))
+     WHERE NEW.idempotency_key IS NULL OR EXISTS (
+               SELECT 1 FROM json_each(routes) AS d
+                WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e
+                                   WHERE e.destination = d.value
+                                     AND e.idempotency_key = NEW.idempotency_key));
+
+    -- One row per destination, one event id for all of them.
+    INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type, source,
+                               subject, partition_key, payload, created_at, available_at,
+                               coalesce_key, droppable, priority, expires_at, traceparent,
+                               tracestate, dataschema)
+    SELECT x.top + d.key + 1, x.eid, d.value, NEW.idempotency_key, NEW.type,
+           COALESCE(NEW.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                    '/sqlite-outbox'),
+           NEW.subject, NEW.key, json(COALESCE(NEW.data, 'null')), x.ms,
+           CASE WHEN NEW.key IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM outbox_events AS k
+                     WHERE k.partition_key = NEW.key AND k.destination = d.value
+                       AND k.delivered_at IS NULL AND k.dead_at IS NULL)
+                THEN 9223372036854775807 ELSE x.now END,
+           NEW.coalesce_key,
+           COALESCE((SELECT value FROM (SELECT s.value = 'drop_oldest' AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'policy:' AND s.key < 'policy;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'policy:' AND s.key < 'policy;')), 0),
+           COALESCE(NEW.priority, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'priority:' AND s.key < 'priority;'
+                   AND (substr(s.key, 10) = NEW.type OR (substr(substr(s.key, 10), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 10)) - 1) = substr(substr(s.key, 10), 1, length(substr(s.key, 10)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'priority:' AND s.key < 'priority;')), 5),
+           CASE WHEN x.life > 9223372036854775807 - x.now THEN 9223372036854775807
+                ELSE x.now + x.life END,
+           NEW.traceparent, NEW.tracestate, NEW.dataschema
+      FROM (SELECT ms, now, life, source,
+                   printf('%08x-%04x-7%s-%s%s-%s', ms >> 16, ms & 65535, substr(h, 1, 3),
+                         substr('89ab', 1 + (abs(random()) % 4), 1), substr(h, 4, 3), substr(h, 7, 12)) AS eid,
+                   max(COALESCE((SELECT MAX(id) FROM outbox_events), 0),
+                       (SELECT high_water FROM outbox_stats WHERE id = 1)) AS top
+              FROM (SELECT max(now, COALESCE((SELECT created_at FROM outbox_events ORDER BY id DESC LIMIT 1), 0)) AS ms,
+                           now, h,
+                           COALESCE(NEW.source, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                                    '/sqlite-outbox') AS source,
+                           COALESCE(NEW.expires_in_ms, (SELECT value FROM (SELECT CAST(s.value AS INTEGER) AS value,
+                       max((substr(s.key, -1) <> '*') * 1000 + length(s.key))
+                  FROM outbox_settings AS s
+                 WHERE s.key >= 'expiry:' AND s.key < 'expiry;'
+                   AND (substr(s.key, 8) = NEW.type OR (substr(substr(s.key, 8), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 8)) - 1) = substr(substr(s.key, 8), 1, length(substr(s.key, 8)) - 1))))
+         WHERE EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'expiry:' AND s.key < 'expiry;'))) AS life
+                      FROM (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000
+                                   + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER) AS now,
+                                   lower(hex(randomblob(9))) AS h)) LIMIT 1) AS x,
+           json_each(COALESCE(NULLIF(CASE WHEN EXISTS (SELECT 1 FROM outbox_settings AS s WHERE s.key >= 'route:' AND s.key < 'route;')
+                THEN (SELECT json_group_array(DISTINCT d.value)
+                        FROM outbox_settings AS s, json_each(s.value) AS d
+                       WHERE s.key >= 'route:' AND s.key < 'route;'
+                         AND (substr(s.key, 7) = NEW.type OR (substr(substr(s.key, 7), -1) = '*'
+                    AND substr(NEW.type, 1, length(substr(s.key, 7)) - 1) = substr(substr(s.key, 7), 1, length(substr(s.key, 7)) - 1))))
+                ELSE '["default"]' END, '[]'),
+                     RAISE(ABORT, 'outbox: no route matches this type (settings route:<pattern>)'))) AS d
+     WHERE true
+    ON CONFLICT DO NOTHING;
+
+END;

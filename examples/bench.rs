@@ -222,9 +222,12 @@ fn stream_numbers(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> 
 
     let (_, plain, mut plain_conn) =
         enqueue_files(dir, &format!("unnumbered{file}"), Synchronous::Normal);
-    // Without numbers: no number read or written, no index or trigger of the numbering.
+    // Without numbers: none given (the switch), no trigger of the numbering.
     plain_conn
-        .execute_batch("DROP INDEX outbox_events_stream; DROP TRIGGER outbox_events_stream_delete")
+        .execute_batch(
+            "DROP TRIGGER outbox_events_stream_delete;
+             DROP TRIGGER outbox_events_unnumbered_delete",
+        )
         .unwrap();
     let (mut n1, mut n2) = (0, 0);
     let alternated = alternate_spread(
@@ -251,6 +254,42 @@ fn stream_numbers(dir: &std::path::Path, label: &str, per_tx: i64, txs: i64) -> 
         alternated.b,
         "without numbers",
         "≥ 0.95×",
+    )
+    .with_spread(&alternated)
+}
+
+/// Where numbering's cost went: the relay numbers the rows it claims (schema version 16).
+/// Claim + ack of the same rows with numbering against the same without (the switch), in
+/// the same run.
+fn stream_numbers_claim(dir: &std::path::Path) -> Line {
+    let n = 50_000;
+    let numbered = Outbox::open(dir.join("claim-numbered.db")).unwrap();
+    let plain = Outbox::open(dir.join("claim-unnumbered.db")).unwrap();
+    let alternated = alternate_spread(
+        5,
+        || {
+            bench_support::set_stream_numbers(true);
+            fill_pending(&numbered, n);
+            let t = Instant::now();
+            assert_eq!(outbox_claim_ack(&numbered, FAR), n);
+            rate(n, t.elapsed())
+        },
+        || {
+            bench_support::set_stream_numbers(false);
+            fill_pending(&plain, n);
+            let t = Instant::now();
+            assert_eq!(outbox_claim_ack(&plain, FAR), n);
+            bench_support::set_stream_numbers(true);
+            rate(n, t.elapsed())
+        },
+    );
+    Line::rates(
+        "claim + ack with stream numbers, batches of 100".into(),
+        "rows",
+        alternated.a,
+        alternated.b,
+        "without numbers",
+        "",
     )
     .with_spread(&alternated)
 }
@@ -2108,6 +2147,7 @@ fn main() {
         eprintln!("numbers…");
         lines.push(stream_numbers(dir, "NORMAL, 1 event/tx", 1, 6_000));
         lines.push(stream_numbers(dir, "NORMAL, 100 events/tx", 100, 200));
+        lines.push(stream_numbers_claim(dir));
         lines.push(accounting_bytes(dir));
     }
     if run("sql") {

@@ -7,7 +7,8 @@ use crate::outbound::OutboundEvent;
 use crate::relay::config::RelayConfig;
 use crate::store::queue::{self, ClaimRequest, WriteBack};
 
-/// Claims up to `limit` due events of `destination` as the relay does.
+/// Claims up to `limit` due events of `destination` as the relay does: in one write
+/// transaction.
 pub fn claim(
     conn: &Connection,
     destination: &str,
@@ -15,8 +16,9 @@ pub fn claim(
     now: i64,
     limit: i64,
 ) -> Result<Vec<OutboundEvent>> {
-    Ok(queue::claim(
-        conn,
+    let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let claimed = queue::claim(
+        &tx,
         &ClaimRequest {
             destination,
             default_source: "/bench",
@@ -27,8 +29,9 @@ pub fn claim(
             max_bytes: i64::MAX,
             limit,
         },
-    )?
-    .events)
+    )?;
+    tx.commit()?;
+    Ok(claimed.events)
 }
 
 /// Acks `events` (of one claim) in one transaction, as the relay does: fenced by their
@@ -50,8 +53,8 @@ pub fn ack_delivered(conn: &mut Connection, events: &[OutboundEvent], now: i64) 
 }
 
 /// Turns stream numbers off (`false`) or back on for every outbox of the process, so a
-/// bench can show what numbering costs in the same run. Never for real use: rows written
-/// meanwhile take numbers no counter gave, and the fleet cannot account for them.
+/// bench can show what numbering costs in the same run. Never for real use: rows claimed
+/// meanwhile go out without their numbers, and the fleet cannot account for them.
 pub fn set_stream_numbers(on: bool) {
     crate::store::queue::numbering::set_on(on);
 }

@@ -865,6 +865,38 @@ impl Outbox {
         crate::store::stream_accounts::read(&mut conn, destination)
     }
 
+    /// The stream numbers event `event_id` took: `(destination, number)` for each
+    /// destination it was routed to (still in the file), in the order written. Compare with
+    /// [`synced_through`](Self::synced_through) to tell the user the change is safe at the
+    /// fleet.
+    ///
+    /// A number is fixed when its transaction commits, and written into the row when first
+    /// needed: as the relay claims the row, or here (which numbers every row up to it, in
+    /// short transactions: writes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when no connection frees up; [`Error::Sqlite`] if the file cannot be
+    /// read or written.
+    pub fn stream_numbers(&self, event_id: &str) -> Result<Vec<(String, i64)>> {
+        let mut conn = self.connection()?;
+        let newest: Option<i64> = conn
+            .prepare_cached("SELECT MAX(id) FROM outbox_events WHERE event_id = ?1")?
+            .query_row([event_id], |r| r.get(0))?;
+        let Some(newest) = newest else {
+            return Ok(Vec::new());
+        };
+        crate::store::queue::numbering::number_up_to(&mut conn, newest)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT destination, stream_seq FROM outbox_events
+              WHERE event_id = ?1 AND stream_seq IS NOT NULL ORDER BY id",
+        )?;
+        let numbers = stmt
+            .query_map([event_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(numbers)
+    }
+
     /// Opens a connection of its own, outside the pool (it counts against no pool limit),
     /// with the outbox's PRAGMAs: for a relay's background checkpoints.
     pub(crate) fn unpooled_connection(&self) -> Result<rusqlite::Connection> {

@@ -11,8 +11,16 @@ use common::{Reply, TestReceiver};
 use serde_json::json;
 use sqlite_outbox::{Error, Event, Outbox};
 
-/// `(destination, source, stream_seq)` of every row, in commit order.
+/// `(destination, source, stream_seq)` of every row, in commit order, once numbered (the
+/// relay numbers rows as it claims them; `stream_numbers` of the newest event numbers every
+/// row up to it).
 fn numbers(outbox: &Outbox) -> Vec<(String, String, i64)> {
+    let newest: Vec<String> = common::query_rows(
+        outbox,
+        "SELECT event_id FROM outbox_events ORDER BY id DESC LIMIT 1",
+        |r| r.get(0),
+    );
+    assert!(!outbox.stream_numbers(&newest[0]).unwrap().is_empty());
     common::query_rows(
         outbox,
         "SELECT destination, source, stream_seq FROM outbox_events ORDER BY id",
@@ -306,4 +314,91 @@ fn the_relay_tells_the_destination_each_streams_accounting_and_a_last_time_as_it
     assert_eq!(serde_json::to_value(&accounts[0].1).unwrap(), last["data"]);
     assert!(quiet.accountings().is_empty());
     assert_eq!(quiet.count(), 6);
+}
+
+/// Rows are numbered as the relay claims them (schema version 16), yet each number is the
+/// one its commit fixed: a row deleted by hand before any relay saw it keeps its number
+/// given (the fleet names it missing), and a claim numbers the rows of other streams below
+/// the newest row it takes, not above.
+#[test]
+fn a_row_deleted_before_it_was_numbered_keeps_its_number_and_a_claim_numbers_in_commit_order() {
+    let receiver = TestReceiver::start(0, |_| Reply::Status(204));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let outbox = Outbox::builder()
+        .default_source("/device/17")
+        .route("*", "a")
+        .route("*", "b")
+        .open(&db)
+        .unwrap();
+    for i in 1..=6 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("doc.saved", json!({"i": i}))))
+            .unwrap();
+    }
+    // Nothing is numbered yet: no relay ran.
+    let unnumbered = || {
+        common::query_rows(
+            &outbox,
+            "SELECT COUNT(*) FROM outbox_events WHERE stream_seq IS NULL",
+            |r| r.get::<_, i64>(0),
+        )[0]
+    };
+    assert_eq!(unnumbered(), 12);
+    // The third event's row for "a" and the fifth's for "b", deleted by hand.
+    outbox
+        .connection()
+        .unwrap()
+        .execute_batch(
+            "DELETE FROM outbox_events WHERE destination = 'a' AND payload = '{\"i\":3}';
+             DELETE FROM outbox_events WHERE destination = 'b' AND payload = '{\"i\":5}';",
+        )
+        .unwrap();
+    // One more through the SQL contract.
+    common::insert_from_python(&db, "doc.saved", "{\"i\": 7}");
+    // A relay for "a" only (no accounting, which reads every stream's numbers).
+    let config = common::fast(
+        sqlite_outbox::RelayConfig::new()
+            .destination(sqlite_outbox::Destination::http("a", receiver.url()).accounting(false)),
+    );
+    let handle = outbox.relay(config).start().unwrap();
+    assert!(common::wait_until(Duration::from_secs(20), || receiver
+        .count()
+        == 6));
+    let _ = handle.shutdown();
+    let mut sent: Vec<i64> = receiver
+        .received()
+        .iter()
+        .map(|r| r.body["outboxseq"].as_i64().unwrap_or(0))
+        .collect();
+    sent.sort_unstable();
+    assert_eq!(sent, vec![1, 2, 4, 5, 6, 7]);
+    // "b"'s rows below the newest "a" row are numbered (4 and 6: 5 was deleted); a row above
+    // every row "a" claimed is not yet (the SQL contract wrote its two rows in the order of
+    // its routes).
+    let b: Vec<(Option<i64>, bool)> = common::query_rows(
+        &outbox,
+        "SELECT stream_seq, id > (SELECT MAX(id) FROM outbox_events WHERE destination = 'a')
+           FROM outbox_events WHERE destination = 'b' ORDER BY id",
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    );
+    let newest_above = b[5].1;
+    assert_eq!(
+        b,
+        vec![
+            (Some(1), false),
+            (Some(2), false),
+            (Some(3), false),
+            (Some(4), false),
+            (Some(6), false),
+            (if newest_above { None } else { Some(7) }, newest_above)
+        ]
+    );
+    // Read now, every stream's numbers are the ones their commits fixed.
+    let accounts = outbox.stream_accounts("b").unwrap();
+    assert_eq!(accounts[0].1.high_water, 7);
+    assert_eq!(accounts[0].1.pending, vec![[1, 4], [6, 7]]);
+    let accounts = outbox.stream_accounts("a").unwrap();
+    assert_eq!(accounts[0].1.high_water, 7);
+    assert_eq!(accounts[0].1.pending, Vec::<[i64; 2]>::new());
 }

@@ -402,7 +402,7 @@ impl Outbox {
     /// accounted to the destination, which took the accounting, and when that was reached.
     /// A running relay keeps it (within a quarter of its accounting interval, at most
     /// 15 s); `None` before the first. An app can tell its user "everything up to here is
-    /// safe": compare with the number its event took (`outbox_events.stream_seq`).
+    /// safe": compare with the number its event took ([`Outbox::stream_numbers`]).
     ///
     /// # Errors
     ///

@@ -206,6 +206,9 @@ impl Outbox {
         let mut hasher = Sha256::new();
         let default_source = self.default_source();
         let (mut first, mut last) = (None, None);
+        // Every event is numbered before the pages, in transactions no larger than a page:
+        // a page's transaction numbers only what was committed since.
+        queue::numbering::catch_up(&mut *self.connection()?, EXPORT_PAGE_ROWS as i64 / 2, 0)?;
         loop {
             let left = limit.saturating_sub(ids.len());
             if left == 0 {

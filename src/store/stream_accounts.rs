@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use rusqlite::{params, Connection};
 
 use crate::error::Result;
+use crate::store::queue::numbering;
 use crate::wire::{ranges_of, subtract, union, Fates, StreamAccount};
 
 /// The number through which every event of a stream is delivered or accounted with the
@@ -62,47 +63,64 @@ pub(crate) fn synced(
         .optional()?)
 }
 
-/// Every stream of `destination`, by source, in one read transaction.
+/// Every stream of `destination`, by source, in one read transaction. Rows not numbered
+/// yet count with the numbers their commits fixed, read and not written: an accountant
+/// beside a relay never writes the rows its relay is about to claim (and number).
 pub(crate) fn read(
     conn: &mut Connection,
     destination: &str,
 ) -> Result<Vec<(String, StreamAccount)>> {
     let tx = conn.transaction()?;
+    let newest: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
+        .query_row([], |r| r.get(0))?;
+    let plan = numbering::plan(&tx, newest)?;
+    let number_of = |id: i64, seq: Option<i64>| -> Option<i64> {
+        seq.or_else(|| plan.as_ref().and_then(|p| p.number_of(id)))
+    };
     let mut streams: BTreeMap<String, (StreamAccount, BTreeMap<&'static str, Vec<i64>>)> =
         BTreeMap::new();
     {
-        // The highest number each stream holds, or ever held (deleted rows' numbers are
-        // kept in outbox_streams).
+        // The highest number each stream gave: kept as rows are numbered, or about to be.
+        let mut highs: BTreeMap<String, i64> = BTreeMap::new();
         let mut stmt = tx.prepare_cached(
-            "SELECT source, MAX(high) FROM (
-                 SELECT source, high_water AS high FROM outbox_streams WHERE destination = ?1
-                 UNION ALL
-                 SELECT source, MAX(stream_seq) FROM outbox_events
-                  WHERE destination = ?1 AND stream_seq IS NOT NULL GROUP BY source)
-             GROUP BY source",
+            "SELECT source, high_water FROM outbox_streams
+              WHERE destination = ?1 AND high_water > 0",
         )?;
         let mut rows = stmt.query([destination])?;
         while let Some(row) = rows.next()? {
-            let source: String = row.get(0)?;
-            let account = StreamAccount::new(destination, row.get(1)?);
-            streams.insert(source, (account, BTreeMap::new()));
+            highs.insert(row.get(0)?, row.get(1)?);
+        }
+        for ((d, source), high) in plan.iter().flat_map(|p| p.highs()) {
+            if d == destination {
+                let kept = highs.entry(source.clone()).or_default();
+                *kept = (*kept).max(*high);
+            }
+        }
+        for (source, high) in highs {
+            streams.insert(
+                source,
+                (StreamAccount::new(destination, high), BTreeMap::new()),
+            );
         }
     }
     // Pending numbers: the rows neither delivered nor out of pending.
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT source, stream_seq FROM outbox_events
+            "SELECT source, id, stream_seq FROM outbox_events
               WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL
-                AND stream_seq IS NOT NULL
-              ORDER BY source, stream_seq",
+                AND source IS NOT NULL",
         )?;
         let mut rows = stmt.query([destination])?;
         let mut numbers: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         while let Some(row) = rows.next()? {
-            numbers.entry(row.get(0)?).or_default().push(row.get(1)?);
+            if let Some(number) = number_of(row.get(1)?, row.get(2)?) {
+                numbers.entry(row.get(0)?).or_default().push(number);
+            }
         }
-        for (source, numbers) in numbers {
+        for (source, mut numbers) in numbers {
             if let Some((account, _)) = streams.get_mut(&source) {
+                numbers.sort_unstable();
                 account.pending = ranges_of(numbers);
             }
         }
@@ -123,16 +141,18 @@ pub(crate) fn read(
     };
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT source, stream_seq,
+            "SELECT source, id, stream_seq,
                     CASE WHEN expired_at IS NOT NULL THEN 'expired'
                          WHEN exported_at IS NOT NULL THEN 'exported' ELSE 'dead' END
                FROM outbox_events INDEXED BY outbox_events_dead
               WHERE dead_at IS NOT NULL AND delivered_at IS NULL
-                AND destination = ?1 AND stream_seq IS NOT NULL",
+                AND destination = ?1 AND source IS NOT NULL",
         )?;
         let mut rows = stmt.query(params![destination])?;
         while let Some(row) = rows.next()? {
-            fated(row.get(0)?, row.get(1)?, row.get(2)?);
+            if let Some(number) = number_of(row.get(1)?, row.get(2)?) {
+                fated(row.get(0)?, number, row.get(3)?);
+            }
         }
         let mut stmt = tx.prepare_cached(
             "SELECT source, stream_seq, fate FROM outbox_fates WHERE destination = ?1",

@@ -45,9 +45,16 @@ pub(crate) const CLAIM_CANDIDATES_SQL: &str = concat!(
 /// and leasing are atomic: two relays (threads or processes) never both claim a row while
 /// its lease is valid. [`claim`] runs both for each level that has due rows, most urgent
 /// first.
+///
+/// Every event goes out with its stream number. When the rows it claims take consecutive
+/// numbers in the order listed (`?6`, then `?6 + 1`, …: a backlog of one stream drained
+/// oldest first), this `UPDATE` writes them itself, for nothing more than the lease's own
+/// write; otherwise `?6` is null and `numbering` wrote them just before.
 pub(crate) const CLAIM_SQL: &str = "UPDATE outbox_events
-        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3
-      WHERE id IN (SELECT value FROM json_each(?4))
+        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3,
+            stream_seq = COALESCE(stream_seq, ?6 + c.key)
+       FROM json_each(?4) AS c
+      WHERE outbox_events.id = c.value
      RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
                idempotency_key, payload, created_at, attempts, expires_at, traceparent,
                tracestate, dataschema, stream_seq";
@@ -255,13 +262,34 @@ fn claim_rows(
     ids: &[i64],
     claimed: &mut Claimed,
 ) -> Result<()> {
+    // The numbers of every row up to the newest claimed, given in this transaction: the
+    // claim writes its rows' numbers itself when they run on from the first, the plan
+    // writes the rest (and all of them otherwise).
+    let mut first_number = None;
+    if let Some(plan) = numbering::plan(conn, ids.iter().copied().max().unwrap_or(0))? {
+        first_number = ids
+            .first()
+            .and_then(|first| plan.number_of(*first))
+            .filter(|first| {
+                ids.iter()
+                    .zip(*first..)
+                    .all(|(id, number)| plan.number_of(*id) == Some(number))
+            });
+        let mut written = Vec::new();
+        if first_number.is_some() {
+            written = ids.to_vec();
+            written.sort_unstable();
+        }
+        plan.write(conn, &written)?;
+    }
     let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
     let params = params![
         lease.owner,
         lease.expires_at,
         req.now,
         json_ids(ids.iter().copied()),
-        req.default_source
+        req.default_source,
+        first_number
     ];
     let rows = stmt.query_map(params, |r| {
         // The row id is an INTEGER PRIMARY KEY: always readable.

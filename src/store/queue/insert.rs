@@ -44,38 +44,20 @@ pub(crate) fn insert(
     mut inserted: impl FnMut(&str),
 ) -> Result<bool> {
     // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
-    // top were deleted (`id_after_deletes`). The stream's next number, unless the row has
-    // no source (a redelivery of a row older than numbering) or the bench turned it off.
-    let numbered = row.source.is_some() && !numbering::is_off();
-    let mut stmt = tx.prepare_cached(if numbered {
-        concat!(
-            "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
-                 source, subject, partition_key, payload, created_at, available_at,
-                 coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
-                 dataschema, stream_seq)
-             VALUES ((",
-            id_after_deletes!(),
-            "),
-                     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
-            due_or_parked!("?7", "?2", "", "?9"),
-            ", ?10, ?11, ?12, ?14, ?15, ?16, ?17, ",
-            numbering::next_stream_seq!("?2", "?5"),
-            ") ON CONFLICT DO NOTHING"
-        )
-    } else {
-        concat!(
-            "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
-                 source, subject, partition_key, payload, created_at, available_at,
-                 coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
-                 dataschema)
-             VALUES ((",
-            id_after_deletes!(),
-            "),
-                     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
-            due_or_parked!("?7", "?2", "", "?9"),
-            ", ?10, ?11, ?12, ?14, ?15, ?16, ?17) ON CONFLICT DO NOTHING"
-        )
-    })?;
+    // top were deleted (`id_after_deletes`). No stream number: the relay numbers rows as it
+    // takes them (see `numbering`).
+    let mut stmt = tx.prepare_cached(concat!(
+        "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
+             source, subject, partition_key, payload, created_at, available_at,
+             coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
+             dataschema)
+         VALUES ((",
+        id_after_deletes!(),
+        "),
+                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
+        due_or_parked!("?7", "?2", "", "?9"),
+        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17) ON CONFLICT DO NOTHING"
+    ))?;
     let mut any = false;
     for destination in destinations {
         // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
@@ -113,7 +95,7 @@ pub(super) const RUN_STATEMENT_LONG: usize = 100;
 /// time, then one by one: three compiled statements serve every run from the cache.
 pub(super) const RUN_STATEMENT_SHORT: usize = 10;
 /// The columns [`insert_run`] binds for each row, in order.
-const RUN_COLUMNS: usize = 17;
+const RUN_COLUMNS: usize = 16;
 
 /// The `INSERT` of `rows` rows (1, [`RUN_STATEMENT_SHORT`] or [`RUN_STATEMENT_LONG`]) of
 /// [`insert_run`], each row binding [`RUN_COLUMNS`] parameters.
@@ -136,7 +118,7 @@ pub(super) fn insert_run_sql(rows: usize) -> &'static str {
         format!(
             "INSERT OR FAIL INTO outbox_events (id, event_id, destination, event_type, source, subject,
                  partition_key, payload, created_at, available_at, droppable, priority,
-                 expires_at, traceparent, tracestate, dataschema, stream_seq)
+                 expires_at, traceparent, tracestate, dataschema)
              VALUES {}",
             values.join(", ")
         )
@@ -212,26 +194,6 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             available_at.push(if parked { PARKED } else { row.now });
         }
     }
-    // Stream numbers, in the rows' order: each stream's next number read once for the run
-    // (the listed INSERT cannot read the rows it writes), then counted on in memory.
-    let mut next_of: Vec<((&str, &str), i64)> = Vec::new();
-    let mut seqs = Vec::with_capacity(rows.len());
-    for (destination, row) in rows {
-        let Some(source) = row.source.filter(|_| !numbering::is_off()) else {
-            seqs.push(None);
-            continue;
-        };
-        let stream = (*destination, source);
-        let at = match next_of.iter().position(|(s, _)| *s == stream) {
-            Some(at) => at,
-            None => {
-                next_of.push((stream, numbering::next(tx, destination, source)?));
-                next_of.len() - 1
-            }
-        };
-        seqs.push(Some(next_of[at].1));
-        next_of[at].1 += 1;
-    }
     let mut start = 0;
     while start < rows.len() {
         let left = rows.len() - start;
@@ -260,7 +222,6 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             stmt.raw_bind_parameter(base + 14, row.traceparent)?;
             stmt.raw_bind_parameter(base + 15, row.tracestate)?;
             stmt.raw_bind_parameter(base + 16, row.dataschema)?;
-            stmt.raw_bind_parameter(base + 17, seqs[at])?;
         }
         stmt.raw_execute()?;
         start += n;
@@ -297,6 +258,8 @@ pub(crate) fn coalesce(
     destinations: &[&str],
     now: i64,
 ) -> Result<usize> {
+    // The rows it replaces leave with their numbers, so every row is numbered first.
+    numbering::number_all(tx)?;
     let mut replaced = 0;
     let mut highest_deleted = None;
     let mut delete = tx.prepare_cached(concat!(
@@ -368,6 +331,8 @@ pub(crate) fn drop_oldest(tx: &Connection, need: &RoomNeeded) -> Result<Option<u
     if rows_freed < need.rows || bytes_freed < need.bytes {
         return Ok(None);
     }
+    // The rows it drops leave with their numbers, so every row is numbered first.
+    numbering::number_all(tx)?;
     let mut delete = tx.prepare_cached(
         "DELETE FROM outbox_events WHERE id = ?1
          RETURNING partition_key, destination, source, stream_seq",

@@ -136,6 +136,8 @@ pub(crate) fn lease_for_export(
         after,
         default_source,
     } = *page;
+    // A bundle carries each event's number.
+    super::numbering::number_all(conn)?;
     // The rows first, then the lease on them, inside `tally::around`: an export may take
     // over leases that ran out, which the pending totals must see leave.
     let mut bytes = 0i64;
