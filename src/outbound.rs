@@ -43,8 +43,9 @@ pub struct OutboundEvent {
     /// The CloudEvents `dataschema` URI, if set.
     pub dataschema: Option<String>,
     /// The event's number in its stream (this destination and its source): gapless, from
-    /// 1, given when its transaction committed (`None` for rows delivered before numbering
-    /// began, and outside a relay). Sent as the `outboxseq` extension attribute.
+    /// 1, fixed when its transaction committed and written as the relay claimed it (`None`
+    /// for rows delivered before numbering began, and outside a relay). Sent as the
+    /// `outboxseq` extension attribute.
     pub stream_seq: Option<i64>,
     /// When the claim ends by the claiming relay's monotonic clock (`None` outside a
     /// relay): the relay judges its own leases by this, since the wall clock steps.

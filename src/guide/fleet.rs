@@ -11,8 +11,16 @@
 //! none. The number travels with the event as the CloudEvents extension attributes
 //! `outboxstream` (the destination's name) and `outboxseq` (the number), in HTTP requests,
 //! MQTT messages and offline bundles (so an imported bundle lands in the same stream). The
-//! per-key `sequence` is unchanged. Rows of the file hold it in `outbox_events.stream_seq`;
-//! `outbox_streams` holds each stream's highest number.
+//! per-key `sequence` is unchanged.
+//!
+//! A stream's numbers follow commit order, so a row's number is fixed the moment it
+//! commits; the crate writes it into the row (`outbox_events.stream_seq`) when it is first
+//! needed, not inside the app's `INSERT`, which pays nothing for it: the relay numbers the
+//! rows it claims (with their lease, when one stream's backlog drains oldest first), an
+//! export the rows it writes, and a row deleted before it was numbered (by hand, say) takes
+//! its number as it goes, so that number stays given and the fleet names it missing.
+//! [`Outbox::stream_numbers`](crate::Outbox::stream_numbers) returns an event's numbers (and
+//! writes them). `outbox_streams` holds each stream's highest number written.
 //!
 //! ## Accounting
 //!
@@ -85,12 +93,12 @@
 //! destination, which took that accounting: [`Outbox::synced_through`](crate::Outbox::synced_through)
 //! returns it and when it was reached, `outbox stats --json` shows it as `synced_through`
 //! in each destination's object (null before the first). An app compares it with the
-//! number its event took (`stream_seq` in `outbox_events`) to tell its user "everything up
-//! to here is safe at the fleet". It moves within a quarter of the accounting interval (at
+//! number its event took ([`Outbox::stream_numbers`](crate::Outbox::stream_numbers)) to tell
+//! its user "everything up to here is safe at the fleet". It moves within a quarter of the accounting interval (at
 //! most 15 s) of a delivery, and never back.
 //!
 //! ## Costs
 //!
-//! Measured by `cargo run --release --example bench -- numbers` (enqueue with numbers
-//! against the same without, in the same run) and the ingest bench; the figures are in
-//! docs/PERFORMANCE.md ("Stream numbers and accounting").
+//! Measured by `cargo run --release --example bench -- numbers` (enqueue, and the relay's
+//! claim and ack, with numbers against the same without, in the same run) and the ingest
+//! bench; the figures are in docs/PERFORMANCE.md ("Stream numbers and accounting").

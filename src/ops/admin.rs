@@ -239,7 +239,7 @@ pub struct DestinationStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct SyncedThrough {
-    /// The stream number (see `OutboundEvent::stream_seq`).
+    /// The stream number (see `OutboundEvent::stream_seq` and `Outbox::stream_numbers`).
     pub through: i64,
     /// When it last moved, unix ms (the relay's clock).
     pub at_ms: i64,

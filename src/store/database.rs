@@ -663,6 +663,48 @@ mod tests {
     }
 
     #[test]
+    fn a_version_15_file_keeps_its_numbers_and_the_next_row_continues_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v15.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for (_, sql) in migrations().into_iter().filter(|(v, _)| *v <= 15) {
+            conn.execute_batch(sql).unwrap();
+        }
+        record_version(&conn, 15).unwrap();
+        // Version 15 numbered inside the INSERT; the third row is then deleted.
+        for n in 1..=3 {
+            conn.execute(
+                "INSERT INTO outbox_enqueue (type, data) VALUES ('t', ?1)",
+                [n.to_string()],
+            )
+            .unwrap();
+        }
+        conn.execute("DELETE FROM outbox_events WHERE stream_seq = 3", [])
+            .unwrap();
+        migrate(&mut conn, &path).unwrap();
+        conn.execute(
+            "INSERT INTO outbox_enqueue (type, data) VALUES ('t', '4')",
+            [],
+        )
+        .unwrap();
+        let tx = conn.transaction().unwrap();
+        crate::store::queue::numbering::number_all(&tx).unwrap();
+        tx.commit().unwrap();
+        let numbers: Vec<(String, i64)> = conn
+            .prepare("SELECT payload, stream_seq FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            numbers,
+            vec![("1".into(), 1), ("2".into(), 2), ("4".into(), 4)],
+            "3 was given before the migration and stays given"
+        );
+    }
+
+    #[test]
     fn migrate_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
