@@ -37,11 +37,15 @@ fn device(dir: &std::path::Path, source: &str, n: usize, deleted: &[i64], url: &
             Ok::<_, sqlite_outbox::Error>(())
         })
         .unwrap();
+    // Deleted by hand before any relay saw them: the n-th event takes number n.
     for seq in deleted {
         outbox
             .connection()
             .unwrap()
-            .execute("DELETE FROM outbox_events WHERE stream_seq = ?1", [seq])
+            .execute(
+                "DELETE FROM outbox_events WHERE payload = json_object('i', ?1 - 1)",
+                [seq],
+            )
             .unwrap();
     }
     let relay = outbox

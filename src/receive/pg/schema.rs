@@ -101,6 +101,13 @@ const MIGRATIONS: &[&str] = &[
          reported_at timestamptz NOT NULL DEFAULT now(),
          PRIMARY KEY (source, stream)
      );",
+    // 6: the numbers ride in the primary key's index (`INCLUDE`) instead of an index of their
+    // own: one index entry per stored event, as before numbers, and `outbox fleet` reads
+    // them from that index alone. The separate index cost the batched ingest 12-15%.
+    "ALTER TABLE outbox_ingested
+         DROP CONSTRAINT outbox_ingested_pkey,
+         ADD CONSTRAINT outbox_ingested_pkey PRIMARY KEY (source, id) INCLUDE (stream, stream_seq);
+     DROP INDEX outbox_ingested_stream_seq;",
 ];
 
 /// The schema version this build creates.
