@@ -331,10 +331,12 @@ fn a_row_deleted_before_it_was_numbered_keeps_its_number_and_a_claim_numbers_in_
         .route("*", "b")
         .open(&db)
         .unwrap();
+    let mut ids = Vec::new();
     for i in 1..=6 {
-        let _ = outbox
+        let enqueued = outbox
             .transaction(|tx| outbox.enqueue(tx, Event::new("doc.saved", json!({"i": i}))))
             .unwrap();
+        ids.push(enqueued.event_id().to_string());
     }
     // Nothing is numbered yet: no relay ran.
     let unnumbered = || {
@@ -401,4 +403,15 @@ fn a_row_deleted_before_it_was_numbered_keeps_its_number_and_a_claim_numbers_in_
     let accounts = outbox.stream_accounts("a").unwrap();
     assert_eq!(accounts[0].1.high_water, 7);
     assert_eq!(accounts[0].1.pending, Vec::<[i64; 2]>::new());
+    // What an app reads of its event: its number in each stream.
+    assert_eq!(
+        outbox.stream_numbers(&ids[5]).unwrap(),
+        vec![("a".to_string(), 6), ("b".to_string(), 6)]
+    );
+    assert_eq!(
+        outbox.stream_numbers(&ids[4]).unwrap(),
+        vec![("a".to_string(), 5)],
+        "its row for b was deleted"
+    );
+    assert!(outbox.stream_numbers("no-such-event").unwrap().is_empty());
 }
