@@ -29,7 +29,7 @@ use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set by the bench only (`internal::set_stream_numbers`), to measure what numbering costs
-/// in the same run: rows are then written without a number.
+/// in the same run: no row is then numbered, and claims send none.
 static OFF_FOR_BENCH: AtomicBool = AtomicBool::new(false);
 
 /// Turns numbering off (`false`) or on for every outbox of the process: benches only.
