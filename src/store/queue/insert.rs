@@ -258,22 +258,8 @@ pub(crate) fn coalesce(
     destinations: &[&str],
     now: i64,
 ) -> Result<usize> {
-    // The rows it replaces leave with their numbers, so every row is numbered first, but
-    // only when there is one to replace (usually none: the last one was delivered). The
-    // write lock before that read (see `insert`).
-    tx.prepare_cached("UPDATE outbox_stats SET numbered_through = numbered_through WHERE 0")?
-        .execute([])?;
-    let replaces: bool = tx
-        .prepare_cached(concat!(
-            "SELECT EXISTS (SELECT 1 FROM outbox_events
-                             WHERE event_type = ?1 AND coalesce_key = ?2 AND ",
-            pending!(""),
-            " AND lease_owner IS NULL)"
-        ))?
-        .query_row(params![event_type, key], |r| r.get(0))?;
-    if replaces {
-        numbering::number_all(tx)?;
-    }
+    // The rows it replaces leave with their numbers, so every row is numbered first.
+    numbering::number_all(tx)?;
     let mut replaced = 0;
     let mut highest_deleted = None;
     let mut delete = tx.prepare_cached(concat!(
