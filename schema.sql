@@ -1302,3 +1302,82 @@ BEGIN
     ON CONFLICT DO NOTHING;
 
 END;
+
+-- version 17
+
+-- Ids are never given twice, whoever deletes. The crate's own deletes keep the id high water
+-- (`keep_ids_rising`); a delete by hand or by the app's own cleanup did not, so after the
+-- newest rows were deleted the next rows took their ids again, below `numbered_through`,
+-- and were never numbered. This trigger keeps the high water for every delete that takes
+-- the table's newest row (a seek on the id; the crate's pruning of old rows never takes it).
+CREATE TRIGGER outbox_events_top_delete AFTER DELETE ON outbox_events
+WHEN OLD.id > (SELECT high_water FROM outbox_stats WHERE id = 1)
+     AND NOT EXISTS (SELECT 1 FROM outbox_events WHERE id > OLD.id)
+BEGIN
+    UPDATE outbox_stats SET high_water = OLD.id WHERE id = 1;
+END;
+
+-- Numbers that left pending with no fate: deleted by a hand (or the app's own cleanup)
+-- before any destination took them. They are lost, and the fleet names them missing; the
+-- device keeps them here so that a stream's synced-through number never passes one. The
+-- crate's own deletes of pending rows (coalescing, a storage limit) record their fate
+-- instead and take their numbers out of here (src/store/queue/numbering.rs `record_fates`).
+CREATE TABLE outbox_lost_numbers (
+    destination TEXT    NOT NULL,
+    source      TEXT    NOT NULL,
+    stream_seq  INTEGER NOT NULL,
+    PRIMARY KEY (destination, source, stream_seq)
+) WITHOUT ROWID;
+
+CREATE TRIGGER outbox_events_pending_delete AFTER DELETE ON outbox_events
+WHEN OLD.stream_seq IS NOT NULL AND OLD.source IS NOT NULL
+     AND OLD.delivered_at IS NULL AND OLD.dead_at IS NULL
+BEGIN
+    INSERT OR IGNORE INTO outbox_lost_numbers (destination, source, stream_seq)
+    VALUES (OLD.destination, OLD.source, OLD.stream_seq);
+END;
+
+-- The delete trigger of version 16, which now also records a pending row's number as lost.
+DROP TRIGGER outbox_events_unnumbered_delete;
+
+CREATE TRIGGER outbox_events_unnumbered_delete AFTER DELETE ON outbox_events
+WHEN OLD.stream_seq IS NULL AND OLD.source IS NOT NULL
+     AND OLD.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+BEGIN
+    UPDATE outbox_events SET stream_seq = n.seq
+      FROM (SELECT e.id AS id,
+                   COALESCE((SELECT t.high_water FROM outbox_streams AS t
+                              WHERE t.destination = e.destination AND t.source = e.source), 0)
+                   + row_number() OVER (PARTITION BY e.destination, e.source ORDER BY e.id) AS seq
+              FROM outbox_events AS e
+             WHERE e.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+               AND e.id < OLD.id AND e.source IS NOT NULL AND e.stream_seq IS NULL) AS n
+     WHERE outbox_events.id = n.id
+       AND outbox_events.id > (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+       AND outbox_events.id < OLD.id;
+    INSERT INTO outbox_streams (destination, source, high_water)
+    SELECT destination, source, MAX(stream_seq) FROM outbox_events
+     WHERE id > (SELECT numbered_through FROM outbox_stats WHERE id = 1) AND id < OLD.id
+       AND stream_seq IS NOT NULL
+     GROUP BY destination, source
+    ON CONFLICT (destination, source) DO UPDATE SET high_water = max(high_water, excluded.high_water);
+    INSERT INTO outbox_streams (destination, source, high_water)
+    VALUES (OLD.destination, OLD.source, 1)
+    ON CONFLICT (destination, source) DO UPDATE SET high_water = high_water + 1;
+    INSERT OR REPLACE INTO outbox_fates (destination, source, stream_seq, fate)
+    SELECT OLD.destination, OLD.source, t.high_water,
+           CASE WHEN OLD.dead_at = -1 THEN 'coalesced'
+                WHEN OLD.dead_at = -2 THEN 'dropped'
+                WHEN OLD.expired_at IS NOT NULL THEN 'expired'
+                WHEN OLD.exported_at IS NOT NULL THEN 'exported'
+                ELSE 'purged' END
+      FROM outbox_streams AS t
+     WHERE t.destination = OLD.destination AND t.source = OLD.source
+       AND OLD.delivered_at IS NULL AND OLD.dead_at IS NOT NULL;
+    INSERT OR IGNORE INTO outbox_lost_numbers (destination, source, stream_seq)
+    SELECT OLD.destination, OLD.source, t.high_water
+      FROM outbox_streams AS t
+     WHERE t.destination = OLD.destination AND t.source = OLD.source
+       AND OLD.delivered_at IS NULL AND OLD.dead_at IS NULL;
+    UPDATE outbox_stats SET numbered_through = OLD.id WHERE id = 1;
+END;

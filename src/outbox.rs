@@ -862,7 +862,10 @@ impl Outbox {
         destination: &str,
     ) -> Result<Vec<(String, crate::wire::StreamAccount)>> {
         let mut conn = self.connection()?;
-        crate::store::stream_accounts::read(&mut conn, destination)
+        Ok(crate::store::stream_accounts::read(&mut conn, destination)?
+            .into_iter()
+            .map(|stream| (stream.source, stream.account))
+            .collect())
     }
 
     /// The stream numbers event `event_id` took: `(destination, number)` for each

@@ -415,3 +415,148 @@ fn a_row_deleted_before_it_was_numbered_keeps_its_number_and_a_claim_numbers_in_
     );
     assert!(outbox.stream_numbers("no-such-event").unwrap().is_empty());
 }
+
+/// Issue 65, item 1: an app that deletes its own rows (all of them, the newest included)
+/// gives no id twice, so every later row is numbered, and a row it deletes before a relay
+/// saw it keeps its number given.
+#[test]
+fn the_apps_own_cleanup_gives_no_id_twice_and_every_later_row_is_numbered() {
+    let receiver = TestReceiver::start(0, |_| Reply::Status(204));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let outbox = common::outbox_with_events(&db, "doc.saved", 3);
+    let relay = common::relay_over_http(
+        &outbox,
+        &receiver.url(),
+        sqlite_outbox::transport::HttpConfig::new(),
+        3,
+    );
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(20)
+    ));
+    let _ = relay.shutdown();
+    // The app's own cleanup of delivered rows, newest included.
+    let app = rusqlite::Connection::open(&db).unwrap();
+    assert_eq!(app.execute("DELETE FROM outbox_events", []).unwrap(), 3);
+    for i in 0..3 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("doc.saved", json!({"late": i}))))
+            .unwrap();
+    }
+    let ids: Vec<i64> =
+        common::query_rows(&outbox, "SELECT id FROM outbox_events ORDER BY id", |r| {
+            r.get(0)
+        });
+    assert!(ids.iter().all(|id| *id > 3), "ids given again: {ids:?}");
+    // One of them lost by hand before any relay saw it.
+    assert_eq!(
+        app.execute(
+            "DELETE FROM outbox_events WHERE json_extract(payload, '$.late') = 1",
+            []
+        )
+        .unwrap(),
+        1
+    );
+    let relay = common::relay_over_http(
+        &outbox,
+        &receiver.url(),
+        sqlite_outbox::transport::HttpConfig::new(),
+        3,
+    );
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(20)
+    ));
+    let _ = relay.shutdown();
+    let mut sent: Vec<Option<i64>> = receiver
+        .received()
+        .iter()
+        .filter(|r| r.body["type"] == "doc.saved")
+        .map(|r| r.body["outboxseq"].as_i64())
+        .collect();
+    sent.sort();
+    assert_eq!(sent, vec![Some(1), Some(2), Some(3), Some(4), Some(6)]);
+    let accounts = outbox.stream_accounts("default").unwrap();
+    assert_eq!(accounts[0].1.high_water, 6);
+}
+
+/// Issue 65, item 2: a number deleted by hand before any destination took it is lost, and
+/// synced-through stops below it for good (it counted it delivered).
+#[test]
+fn synced_through_never_passes_a_number_deleted_by_hand() {
+    let receiver = TestReceiver::start(0, |_| Reply::Status(204));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let outbox = common::outbox_with_events(&db, "doc.saved", 3);
+    let app = rusqlite::Connection::open(&db).unwrap();
+    // The second row goes before it is numbered; the fourth after the relay numbered it.
+    assert_eq!(
+        app.execute(
+            "DELETE FROM outbox_events WHERE id = (SELECT id FROM outbox_events ORDER BY id LIMIT 1 OFFSET 1)",
+            []
+        )
+        .unwrap(),
+        1
+    );
+    let config = common::fast(
+        sqlite_outbox::RelayConfig::new()
+            .destination(sqlite_outbox::Destination::http("default", receiver.url())),
+    )
+    .accounting_interval(Duration::from_secs(1));
+    let relay = outbox.relay(config).start().unwrap();
+    assert!(common::all_delivered_within(
+        &outbox,
+        Duration::from_secs(20)
+    ));
+    // The accountant has looked (it told the destination), yet synced-through stays at 1.
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        outbox
+            .synced_through("default")
+            .unwrap()
+            .is_some_and(|s| s.through >= 1)
+            && !receiver.accountings().is_empty()
+    }));
+    std::thread::sleep(Duration::from_millis(1_200));
+    assert_eq!(
+        outbox.synced_through("default").unwrap().unwrap().through,
+        1
+    );
+    // A numbered row deleted by hand while pending is lost too; a coalesced one is not.
+    let _ = relay.shutdown();
+    for i in 0..2 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("doc.saved", json!({"more": i}))))
+            .unwrap();
+    }
+    let newest: Vec<String> = common::query_rows(
+        &outbox,
+        "SELECT event_id FROM outbox_events ORDER BY id DESC LIMIT 1",
+        |r| r.get(0),
+    );
+    assert_eq!(
+        outbox.stream_numbers(&newest[0]).unwrap(),
+        vec![("default".to_string(), 5)]
+    );
+    app.execute(
+        "DELETE FROM outbox_events WHERE json_extract(payload, '$.more') = 0",
+        [],
+    )
+    .unwrap();
+    for i in 0..2 {
+        let _ = outbox
+            .transaction(|tx| {
+                outbox.enqueue(
+                    tx,
+                    Event::new("ui.state", json!({"w": i})).coalesce_key("w"),
+                )
+            })
+            .unwrap();
+    }
+    let lost: Vec<i64> = common::query_rows(
+        &outbox,
+        "SELECT stream_seq FROM outbox_lost_numbers ORDER BY stream_seq",
+        |r| r.get(0),
+    );
+    assert_eq!(lost, vec![2, 4], "the coalesced 6 has its fate, not lost");
+}

@@ -20,7 +20,7 @@ use crate::outbox::Outbox;
 use crate::relay::gate::Gate;
 use crate::store::stream_accounts;
 use crate::transport::{Attempt, OutboundEvent, Transport};
-use crate::wire::{StreamAccount, ACCOUNTING_TYPE};
+use crate::wire::{Ranges, StreamAccount, ACCOUNTING_TYPE};
 
 /// The longest wait between two looks at the fates.
 const MOST_CHECK: Duration = Duration::from_secs(15);
@@ -131,7 +131,10 @@ impl Accountant {
             let name = destination.name.clone();
             let read = match self.conn.as_mut() {
                 Some(conn) => stream_accounts::read(conn, &name),
-                None => self.outbox.stream_accounts(&name),
+                None => self
+                    .outbox
+                    .connection()
+                    .and_then(|mut conn| stream_accounts::read(&mut conn, &name)),
             };
             let accounts = match read {
                 Ok(accounts) => accounts,
@@ -143,21 +146,21 @@ impl Accountant {
                 }
             };
             let tells = self.destinations[index].tells;
-            for (source, account) in accounts {
-                let key = (name.clone(), source);
-                if tells && self.is_due(&key, &account, last_round) {
-                    self.tell(index, key.clone(), account.clone());
+            for stream in accounts {
+                let key = (name.clone(), stream.source);
+                if tells && self.is_due(&key, &stream.account, last_round) {
+                    self.tell(index, key.clone(), stream.account.clone());
                 }
-                self.advance_synced(&key, &account);
+                self.advance_synced(&key, &stream.account, &stream.lost);
             }
         }
     }
 
     /// Moves the stream's synced-through number as far as deliveries and the fates the
-    /// destination took allow.
-    fn advance_synced(&self, key: &(String, String), account: &StreamAccount) {
+    /// destination took allow; a lost number stops it.
+    fn advance_synced(&self, key: &(String, String), account: &StreamAccount, lost: &Ranges) {
         let told = self.last.get(key).map(|last| &last.account.accounted);
-        let through = stream_accounts::synced_candidate(account, told);
+        let through = stream_accounts::synced_candidate(account, lost, told);
         let now = self.outbox.now_ms();
         let result = match &self.conn {
             Some(conn) => stream_accounts::advance_synced(conn, &key.0, &key.1, through, now),

@@ -9,14 +9,28 @@ use rusqlite::{params, Connection};
 
 use crate::error::Result;
 use crate::store::queue::numbering;
-use crate::wire::{ranges_of, subtract, union, Fates, StreamAccount};
+use crate::wire::{ranges_of, subtract, union, Fates, Ranges, StreamAccount};
+
+/// A stream as the file knows it: what a relay tells its destination, and the numbers that
+/// left pending with no fate (`outbox_lost_numbers`: deleted by a hand before any
+/// destination took them), which the destination is never told of and never gets.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamState {
+    pub source: String,
+    pub account: StreamAccount,
+    pub lost: Ranges,
+}
 
 /// The number through which every event of a stream is delivered or accounted with the
-/// destination's acknowledgement: one below the first number still pending, or whose fate
-/// the destination has not taken yet (`told`: the fates of the last accounting it took);
-/// the high water when there is none.
-pub(crate) fn synced_candidate(account: &StreamAccount, told: Option<&Fates>) -> i64 {
-    let mut unsynced = account.pending.clone();
+/// destination's acknowledgement: one below the first number still pending, lost (`lost`:
+/// a gap stops it for good), or whose fate the destination has not taken yet (`told`: the
+/// fates of the last accounting it took); the high water when there is none.
+pub(crate) fn synced_candidate(
+    account: &StreamAccount,
+    lost: &Ranges,
+    told: Option<&Fates>,
+) -> i64 {
+    let mut unsynced = union(&account.pending, lost);
     for (name, ranges) in account.accounted.each() {
         let taken = told
             .and_then(|t| t.each().into_iter().find(|(n, _)| *n == name))
@@ -66,10 +80,7 @@ pub(crate) fn synced(
 /// Every stream of `destination`, by source, in one read transaction. Rows not numbered
 /// yet count with the numbers their commits fixed, read and not written: an accountant
 /// beside a relay never writes the rows its relay is about to claim (and number).
-pub(crate) fn read(
-    conn: &mut Connection,
-    destination: &str,
-) -> Result<Vec<(String, StreamAccount)>> {
+pub(crate) fn read(conn: &mut Connection, destination: &str) -> Result<Vec<StreamState>> {
     let tx = conn.transaction()?;
     let newest: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
@@ -162,6 +173,17 @@ pub(crate) fn read(
             fated(row.get(0)?, row.get(1)?, row.get(2)?);
         }
     }
+    // Lost numbers: they stop the stream's synced-through number for good.
+    let mut lost: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT source, stream_seq FROM outbox_lost_numbers WHERE destination = ?1",
+        )?;
+        let mut rows = stmt.query(params![destination])?;
+        while let Some(row) = rows.next()? {
+            lost.entry(row.get(0)?).or_default().push(row.get(1)?);
+        }
+    }
     tx.commit()?;
     Ok(streams
         .into_iter()
@@ -172,7 +194,13 @@ pub(crate) fn read(
                     *ranges = ranges_of(numbers);
                 }
             }
-            (source, account)
+            let mut lost = lost.remove(&source).unwrap_or_default();
+            lost.sort_unstable();
+            StreamState {
+                source,
+                account,
+                lost: ranges_of(lost),
+            }
         })
         .collect())
 }

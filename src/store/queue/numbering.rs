@@ -268,9 +268,18 @@ pub(crate) fn record_fates(
          VALUES (?1, COALESCE(?2, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
                               '/sqlite-outbox'), ?3, ?4)",
     )?;
+    // The schema's trigger took them for lost as they left pending; they have a fate.
+    let mut found = tx.prepare_cached(
+        "DELETE FROM outbox_lost_numbers
+          WHERE destination = ?1
+            AND source = COALESCE(?2, (SELECT value FROM outbox_settings WHERE key = 'default_source'),
+                                  '/sqlite-outbox')
+            AND stream_seq = ?3",
+    )?;
     for (destination, source, seq) in gone {
         if let Some(seq) = seq {
             insert.execute(params![destination, source, seq, fate])?;
+            found.execute(params![destination, source, seq])?;
         }
     }
     Ok(())
