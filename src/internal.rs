@@ -59,6 +59,12 @@ pub fn set_stream_numbers(on: bool) {
     crate::store::queue::numbering::set_on(on);
 }
 
+/// The most rows one transaction of this process numbered so far (stream numbers are written
+/// in bounded steps: see `store::queue::numbering`), for the tests and the bench.
+pub fn largest_numbering_step() -> usize {
+    crate::store::queue::numbering::largest_step()
+}
+
 /// `config` with the durability barrier off, so a bench can show what the barrier costs in
 /// the same run. Never for real use: an event could then be sent before its commit is on
 /// disk, and a power loss would leave the receiver with an event the device lost.

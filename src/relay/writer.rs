@@ -27,6 +27,7 @@ use crate::relay::stats::{Counters, ShutdownReport};
 use crate::relay::wal_watch::{self, WalWatch};
 use crate::store::database::PooledConnection;
 use crate::store::disabled;
+use crate::store::queue::numbering;
 use crate::store::queue::{self, ClaimRequest, WriteBack};
 
 /// Outcomes written back in one transaction at most: enough to amortize the commit, few
@@ -617,6 +618,15 @@ impl Writer {
             limit: limit as i64,
             max_bytes: lane.claim_max_bytes() as i64,
         };
+        // A backlog not numbered yet (committed while no relay claimed) is numbered first, in
+        // transactions of its own of a bounded size: the claim's transaction then numbers at
+        // most a chunk, never the whole backlog below an urgent event. A read when there is
+        // no such backlog.
+        numbering::catch_up(
+            &mut self.conn,
+            numbering::CATCH_UP_CHUNK,
+            numbering::CATCH_UP_CHUNK,
+        )?;
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // The lease as this relay counts it: from before the claim, on the monotonic clock.
         let lease_ends = Instant::now() + Duration::from_millis(self.lease_ms.max(0) as u64);

@@ -20,17 +20,32 @@
 //! - by the schema's delete trigger, for a row deleted before it was numbered (the rows
 //!   before it first), so its number stays given and the fleet names it missing.
 //!
+//! A backlog committed while no relay claimed (a device offline for weeks) is numbered by the
+//! relay in transactions of its own of at most [`CATCH_UP_CHUNK`] rows before it claims
+//! ([`catch_up`]), so that no claim numbers more than a chunk (and the rows committed since)
+//! under the write lock, and an urgent event behind a million offline ones does not hold the
+//! app's commits for the whole walk.
+//!
 //! The streams' accounts read the numbers of rows not numbered yet ([`plan`]) without
 //! writing them. Rows at or below `outbox_stats.numbered_through` are numbered.
 
 #[allow(unused_imports)]
 use super::*;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Set by the bench only (`internal::set_stream_numbers`), to measure what numbering costs
 /// in the same run: no row is then numbered, and claims send none.
 static OFF_FOR_BENCH: AtomicBool = AtomicBool::new(false);
+
+/// The most rows one transaction of this process numbered: what the tests and the bench read
+/// to show that no transaction numbers an unbounded backlog under the write lock.
+static LARGEST_STEP: AtomicUsize = AtomicUsize::new(0);
+
+/// The most rows one transaction of this process numbered so far.
+pub(crate) fn largest_step() -> usize {
+    LARGEST_STEP.load(Ordering::Relaxed)
+}
 
 /// Turns numbering off (`false`) or on for every outbox of the process: benches only.
 pub(crate) fn set_on(on: bool) {
@@ -165,6 +180,7 @@ impl Plan {
     /// Writes the numbers into their rows, except `written` (ascending ids a claim wrote
     /// them into itself), then the streams' high water and `numbered_through`.
     pub(crate) fn write(self, tx: &Connection, written: &[i64]) -> Result<()> {
+        LARGEST_STEP.fetch_max(self.numbered.len(), Ordering::Relaxed);
         let rest: Vec<(i64, i64)> = self
             .numbered
             .iter()
