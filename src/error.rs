@@ -218,7 +218,17 @@ impl fmt::Display for Error {
             Error::Pool(e) => write!(f, "no database connection available: {e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) => write!(f, "PostgreSQL error: {e}"),
+            // The server's own words: the error's own display says only "db error".
+            Error::Postgres(e) => match e.as_db_error() {
+                Some(db) => {
+                    write!(f, "PostgreSQL error {}: {}", db.code().code(), db.message())?;
+                    if let Some(detail) = db.detail() {
+                        write!(f, " ({detail})")?;
+                    }
+                    Ok(())
+                }
+                None => write!(f, "PostgreSQL error: {e}"),
+            },
         }
     }
 }

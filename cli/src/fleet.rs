@@ -37,12 +37,17 @@ pub struct StreamView {
     pub reused: Ranges,
     /// When the device last reported (RFC 3339, the ingest's clock), if ever.
     pub reported_at: Option<String>,
+    /// The device has not reported for longer than the silence allowed (`outbox fleet
+    /// --silent-after`) while numbers it reported pending are not stored: they may never
+    /// come.
+    pub silent: bool,
 }
 
 impl StreamView {
-    /// Whether the stream lacks numbers or holds one twice.
+    /// Whether the stream lacks numbers, holds one twice, or its device went silent with
+    /// numbers pending.
     pub fn is_incomplete(&self) -> bool {
-        !self.missing.is_empty() || !self.reused.is_empty()
+        !self.missing.is_empty() || !self.reused.is_empty() || self.silent
     }
 
     /// Missing numbers, counted.
@@ -63,9 +68,18 @@ pub struct Accounted {
 }
 
 impl Accounted {
-    /// Every fate together.
+    /// Every fate together (saturating).
     pub fn total(&self) -> i64 {
-        self.expired + self.dropped + self.coalesced + self.dead + self.purged + self.exported
+        [
+            self.expired,
+            self.dropped,
+            self.coalesced,
+            self.dead,
+            self.purged,
+            self.exported,
+        ]
+        .into_iter()
+        .fold(0i64, i64::saturating_add)
     }
 }
 
@@ -127,6 +141,7 @@ pub fn view(
         missing,
         reused,
         reported_at: report.map(|r| r.reported_at.clone()),
+        silent: false,
     }
 }
 
@@ -138,8 +153,18 @@ pub fn now_rfc3339() -> String {
     sqlite_outbox::wire::rfc3339_millis(ms)
 }
 
-/// Reads the view of every stream (of `source` only, if given) from the ingest's tables,
-/// the incomplete streams first, then by source and stream.
+/// How long a stream's device may stay unheard of, with numbers it reported pending and the
+/// fleet has not stored, before the stream counts as incomplete (`outbox fleet
+/// --silent-after`): one day, at least the longest accounting interval a relay takes
+/// (`RelayConfig::accounting_interval`, at most a day).
+pub const DEFAULT_SILENT_AFTER: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// Reads the view of every stream (of `source` only, if given) from the streams' summaries
+/// the ingest keeps (`outbox_fleet_streams`, one row per source and stream, and the last
+/// report of each): its cost grows with the streams and the gaps in them, not with the
+/// events stored. A stream whose last report is older than `silent_after` while numbers it
+/// reported pending are not stored is marked silent (and so incomplete). The incomplete
+/// streams come first, then by source and stream.
 ///
 /// # Errors
 ///
@@ -147,84 +172,76 @@ pub fn now_rfc3339() -> String {
 pub fn read(
     client: &mut postgres::Client,
     source: Option<&str>,
+    silent_after: std::time::Duration,
 ) -> Result<Vec<StreamView>, postgres::Error> {
-    use std::collections::BTreeMap;
-    type Key = (String, String);
-    let mut stored: BTreeMap<Key, Ranges> = BTreeMap::new();
-    // Stored numbers as ranges (gaps and islands): a number minus its rank is constant
-    // along a run of consecutive numbers.
+    let mut views = Vec::new();
     for row in client.query(
-        "SELECT source, stream, min(stream_seq), max(stream_seq)
-           FROM (SELECT source, stream, stream_seq,
-                        stream_seq - dense_rank() OVER (PARTITION BY source, stream
-                                                        ORDER BY stream_seq) AS island
-                   FROM (SELECT DISTINCT source, stream, stream_seq FROM outbox_ingested
-                          WHERE stream_seq IS NOT NULL AND stream IS NOT NULL
-                            AND ($1::text IS NULL OR source = $1)) AS numbers) AS ranked
-          GROUP BY source, stream, island
-          ORDER BY source, stream, 3",
+        "SELECT f.source, f.stream,
+                ARRAY(SELECT lower(n) FROM unnest(f.stored) AS n),
+                ARRAY(SELECT upper(n) - 1 FROM unnest(f.stored) AS n),
+                ARRAY(SELECT lower(n) FROM unnest(f.reused) AS n),
+                ARRAY(SELECT upper(n) - 1 FROM unnest(f.reused) AS n),
+                r.high_water, r.pending::text, r.accounted::text,
+                to_char(r.reported_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+                EXTRACT(EPOCH FROM now() - r.reported_at)::float8
+           FROM outbox_fleet_streams AS f
+           LEFT JOIN outbox_stream_reports AS r
+             ON r.source = f.source AND r.stream = f.stream
+          WHERE $1::text IS NULL OR f.source = $1
+          ORDER BY f.source, f.stream",
         &[&source],
     )? {
-        stored
-            .entry((row.get(0), row.get(1)))
-            .or_default()
-            .push([row.get(2), row.get(3)]);
-    }
-    let mut reused: BTreeMap<Key, Vec<i64>> = BTreeMap::new();
-    for row in client.query(
-        "SELECT source, stream, stream_seq FROM outbox_ingested
-          WHERE stream_seq IS NOT NULL AND stream IS NOT NULL
-            AND ($1::text IS NULL OR source = $1)
-          GROUP BY source, stream, stream_seq HAVING count(*) > 1
-          ORDER BY 1, 2, 3",
-        &[&source],
-    )? {
-        reused
-            .entry((row.get(0), row.get(1)))
-            .or_default()
-            .push(row.get(2));
-    }
-    let mut reports: BTreeMap<Key, Report> = BTreeMap::new();
-    for row in client.query(
-        "SELECT source, stream, high_water, pending::text, accounted::text,
-                to_char(reported_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
-           FROM outbox_stream_reports WHERE $1::text IS NULL OR source = $1",
-        &[&source],
-    )? {
-        let pending: String = row.get(3);
-        let accounted: String = row.get(4);
+        let ranges = |firsts: Vec<i64>, lasts: Vec<i64>| -> Ranges {
+            union(
+                &firsts.into_iter().zip(lasts).map(|(a, b)| [a, b]).collect(),
+                &Vec::new(),
+            )
+        };
+        let stored = ranges(row.get(2), row.get(3));
+        let reused = ranges(row.get(4), row.get(5));
+        let high_water: Option<i64> = row.get(6);
+        let pending: Option<String> = row.get(7);
+        let accounted: Option<String> = row.get(8);
         // Checked when stored (`StreamAccount::from_data`); a row edited by hand that no
         // longer reads counts as no report.
-        let (Ok(pending), Ok(accounted)) = (
-            serde_json::from_str::<Ranges>(&pending),
-            serde_json::from_str::<Fates>(&accounted),
-        ) else {
-            continue;
-        };
-        reports.insert(
-            (row.get(0), row.get(1)),
-            Report {
-                high_water: row.get(2),
-                pending,
-                accounted,
-                reported_at: row.get(5),
+        let report = match (high_water, pending, accounted) {
+            (Some(high_water), Some(pending), Some(accounted)) => match (
+                serde_json::from_str::<Ranges>(&pending),
+                serde_json::from_str::<Fates>(&accounted),
+            ) {
+                (Ok(pending), Ok(accounted)) => Some(Report {
+                    high_water,
+                    pending,
+                    accounted,
+                    reported_at: row.get::<_, Option<String>>(9).unwrap_or_default(),
+                }),
+                _ => None,
             },
-        );
+            _ => None,
+        };
+        let mut view = view(row.get(0), row.get(1), &stored, reused, report.as_ref());
+        let age: Option<f64> = row.get(10);
+        view.silent = report.is_some()
+            && view.pending_on_device > 0
+            && age.is_some_and(|age| age > silent_after.as_secs_f64());
+        views.push(view);
     }
-    let keys: std::collections::BTreeSet<Key> =
-        stored.keys().chain(reports.keys()).cloned().collect();
-    let none = Ranges::new();
-    let mut views: Vec<StreamView> = keys
-        .into_iter()
-        .map(|key| {
-            let reused = sqlite_outbox::wire::ranges_of(reused.remove(&key).unwrap_or_default());
-            let stored = stored.get(&key).unwrap_or(&none);
-            let report = reports.get(&key);
-            view(key.0, key.1, stored, reused, report)
-        })
-        .collect();
     views.sort_by_key(|v| !v.is_incomplete());
     Ok(views)
+}
+
+/// `text` with its control characters (a terminal's escape sequences among them) written
+/// as `\u{1b}`, for printing a device's names to a terminal.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

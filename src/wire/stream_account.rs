@@ -27,6 +27,12 @@ pub const ACCOUNTING_TYPE: &str = "dev.sqlite-outbox.accounting";
 /// The most ranges one accounting may hold in all (a receiver refuses more).
 pub const MAX_ACCOUNT_RANGES: usize = 100_000;
 
+/// The highest stream number a receiver takes (2^53 - 1, the largest integer every JSON
+/// reader holds exactly): a device that commits a million events a second reaches it in
+/// 285 years, so a higher one is a forgery, and refusing it keeps every count and sum of
+/// numbers far from overflowing.
+pub const MAX_STREAM_NUMBER: i64 = (1 << 53) - 1;
+
 /// Inclusive `[first, last]` ranges of stream numbers, ascending and apart.
 pub type Ranges = Vec<[i64; 2]>;
 
@@ -114,8 +120,11 @@ impl StreamAccount {
     pub fn from_data(data: &serde_json::Value) -> Result<StreamAccount, String> {
         let account: StreamAccount = serde_json::from_value(data.clone())
             .map_err(|e| format!("not a stream accounting: {e}"))?;
-        if account.high_water < 0 {
-            return Err("high_water is negative".into());
+        if !(0..=MAX_STREAM_NUMBER).contains(&account.high_water) {
+            return Err(format!(
+                "high_water {} is out of range: 0 to {MAX_STREAM_NUMBER}",
+                account.high_water
+            ));
         }
         if account.stream.is_empty() || account.stream.len() > 255 {
             return Err("stream must be a name of 1 to 255 bytes".into());
@@ -201,9 +210,11 @@ pub fn union(a: &Ranges, b: &Ranges) -> Ranges {
     out
 }
 
-/// How many numbers `ranges` hold.
+/// How many numbers `ranges` hold (saturating: never wraps, whatever the ranges).
 pub fn count_of(ranges: &[[i64; 2]]) -> i64 {
-    ranges.iter().map(|[a, b]| b - a + 1).sum()
+    ranges.iter().fold(0i64, |total, [a, b]| {
+        total.saturating_add(b.saturating_sub(*a).saturating_add(1).max(0))
+    })
 }
 
 #[cfg(test)]

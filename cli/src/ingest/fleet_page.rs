@@ -20,19 +20,41 @@ pub(crate) const FLEET_EVERY: Duration = Duration::from_secs(15);
 pub(crate) struct FleetSnapshot {
     pub views: Vec<StreamView>,
     pub read_at: Option<String>,
+    /// When it was read, for its age: a view that could not be read again grows old
+    /// rather than reading zero.
+    pub read_instant: Option<std::time::Instant>,
 }
 
 impl FleetSnapshot {
-    /// The Prometheus lines of the fleet's totals.
+    /// The Prometheus lines of the fleet's totals, and the view's age. Before the view was
+    /// first read the totals are `NaN` (unknown), never 0: an alert on "streams missing
+    /// > 0" must not read a fleet it cannot see as complete. Sums saturate.
     pub fn metrics(&self) -> String {
-        let streams = self.views.len();
-        let incomplete = self.views.iter().filter(|v| !v.missing.is_empty()).count();
-        let missing: i64 = self.views.iter().map(StreamView::missing_count).sum();
-        let reused: i64 = self
-            .views
-            .iter()
-            .map(|v| sqlite_outbox::wire::count_of(&v.reused))
-            .sum();
+        let known = |value: i64| -> String {
+            if self.read_instant.is_some() {
+                value.to_string()
+            } else {
+                "NaN".into()
+            }
+        };
+        let streams = known(self.views.len() as i64);
+        let incomplete = known(self.views.iter().filter(|v| !v.missing.is_empty()).count() as i64);
+        let silent = known(self.views.iter().filter(|v| v.silent).count() as i64);
+        let missing = known(
+            self.views
+                .iter()
+                .map(StreamView::missing_count)
+                .fold(0i64, i64::saturating_add),
+        );
+        let reused = known(
+            self.views
+                .iter()
+                .map(|v| sqlite_outbox::wire::count_of(&v.reused))
+                .fold(0i64, i64::saturating_add),
+        );
+        let age = self.read_instant.map_or("NaN".to_string(), |at| {
+            format!("{:.3}", at.elapsed().as_secs_f64())
+        });
         format!(
             "# HELP outbox_ingest_fleet_streams Streams (source and destination) the fleet knows.\n\
              # TYPE outbox_ingest_fleet_streams gauge\n\
@@ -40,12 +62,18 @@ impl FleetSnapshot {
              # HELP outbox_ingest_fleet_streams_missing Streams with missing numbers.\n\
              # TYPE outbox_ingest_fleet_streams_missing gauge\n\
              outbox_ingest_fleet_streams_missing {incomplete}\n\
+             # HELP outbox_ingest_fleet_streams_silent Streams whose device went silent with numbers pending.\n\
+             # TYPE outbox_ingest_fleet_streams_silent gauge\n\
+             outbox_ingest_fleet_streams_silent {silent}\n\
              # HELP outbox_ingest_fleet_missing_events Numbers neither stored, pending nor accounted.\n\
              # TYPE outbox_ingest_fleet_missing_events gauge\n\
              outbox_ingest_fleet_missing_events {missing}\n\
              # HELP outbox_ingest_fleet_reused_numbers Numbers stored under two event ids.\n\
              # TYPE outbox_ingest_fleet_reused_numbers gauge\n\
-             outbox_ingest_fleet_reused_numbers {reused}\n"
+             outbox_ingest_fleet_reused_numbers {reused}\n\
+             # HELP outbox_ingest_fleet_read_age_seconds Seconds since the fleet's view was last read (NaN: never).\n\
+             # TYPE outbox_ingest_fleet_read_age_seconds gauge\n\
+             outbox_ingest_fleet_read_age_seconds {age}\n"
         )
     }
 
@@ -79,6 +107,7 @@ impl FleetSnapshot {
         );
         for v in &self.views {
             let a = &v.accounted;
+            let silent = if v.silent { " (silent)" } else { "" };
             let _ = write!(
                 html,
                 "<tr class=\"{}\"><td>{}</td><td>{}</td><td class=\"opt\">{}</td>\
@@ -88,7 +117,7 @@ impl FleetSnapshot {
                 if v.is_incomplete() { "incomplete" } else { "complete" },
                 escape(&v.source),
                 escape(&v.destination),
-                escape(v.reported_at.as_deref().unwrap_or("never")),
+                escape(v.reported_at.as_deref().unwrap_or("never")) + silent,
                 v.stored_through,
                 v.high_water,
                 v.pending_on_device,
@@ -108,13 +137,18 @@ impl FleetSnapshot {
     }
 }
 
-/// Ranges as `3–5, 9`, or a dash.
+/// The most ranges a cell lists before it says how many more there are.
+const RANGES_SHOWN: usize = 20;
+
+/// Ranges as `3–5, 9` (the first [`RANGES_SHOWN`], then how many more), or a dash.
 fn ranges(ranges: &Ranges) -> String {
     if ranges.is_empty() {
         return "–".into();
     }
-    ranges
+    let more = ranges.len().saturating_sub(RANGES_SHOWN);
+    let mut shown = ranges
         .iter()
+        .take(RANGES_SHOWN)
         .map(|[a, b]| {
             if a == b {
                 a.to_string()
@@ -123,7 +157,11 @@ fn ranges(ranges: &Ranges) -> String {
             }
         })
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    if more > 0 {
+        shown.push_str(&format!(" and {more} more ranges"));
+    }
+    shown
 }
 
 /// Text as HTML.
@@ -159,6 +197,7 @@ mod tests {
         let page = FleetSnapshot {
             views: vec![v],
             read_at: None,
+            read_instant: None,
         }
         .page();
         assert!(!page.contains("<script>alert"));

@@ -108,6 +108,7 @@ pub struct IngestConfig {
     max_requests_per_connection: usize,
     receipt_key: Option<SigningKey>,
     fleet_refresh: Duration,
+    max_streams_per_source: usize,
 }
 
 impl IngestConfig {
@@ -129,6 +130,7 @@ impl IngestConfig {
             min_body_rate: 1024,
             receipt_key: None,
             fleet_refresh: fleet_page::FLEET_EVERY,
+            max_streams_per_source: store::DEFAULT_MAX_STREAMS_PER_SOURCE,
             max_rate_per_source: None,
             metrics_listen: None,
             threads: 8,
@@ -225,6 +227,15 @@ impl IngestConfig {
     /// metrics listener) is read again from PostgreSQL: default 15 s, at least 1 s.
     pub fn fleet_refresh(mut self, every: Duration) -> Self {
         self.fleet_refresh = every.max(Duration::from_secs(1));
+        self
+    }
+
+    /// The most streams one source may have at the fleet (default 256, 1 to 65,536): a
+    /// request that would give its source more is answered 422, nothing of it stored, and
+    /// counted as a refusal (`streams_per_source`). A device has one stream per
+    /// destination; the bound keeps one device's key from inventing streams without end.
+    pub fn max_streams_per_source(mut self, streams: usize) -> Self {
+        self.max_streams_per_source = streams;
         self
     }
 
@@ -337,6 +348,13 @@ impl IngestConfig {
                      100,000)"
                 )));
             }
+        }
+        if !(1..=store::MOST_STREAMS_PER_SOURCE).contains(&self.max_streams_per_source) {
+            return Err(bad(format!(
+                "{} streams per source is out of range (1 to {})",
+                self.max_streams_per_source,
+                store::MOST_STREAMS_PER_SOURCE
+            )));
         }
         if !(1..=256).contains(&self.threads) {
             return Err(bad(format!(
@@ -488,6 +506,7 @@ impl IngestServer {
             tls.clone(),
             config.threads,
             config.threads * 4,
+            config.max_streams_per_source,
         )?;
         let state = Arc::new(State {
             keys,

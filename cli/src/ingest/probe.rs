@@ -150,11 +150,12 @@ impl Round {
                 .is_none_or(|at| at.elapsed() >= state.fleet_refresh)
             {
                 self.fleet_read = Some(Instant::now());
-                match crate::fleet::read(client, None) {
+                match crate::fleet::read(client, None, crate::fleet::DEFAULT_SILENT_AFTER) {
                     Ok(views) => {
                         *super::lock(fleet) = FleetSnapshot {
                             views,
                             read_at: Some(crate::fleet::now_rfc3339()),
+                            read_instant: Some(Instant::now()),
                         }
                     }
                     Err(e) => log::warn!("ingest: the fleet's view not read: {e}"),

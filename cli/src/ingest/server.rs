@@ -631,6 +631,10 @@ async fn receive_events(
             response
         }
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
+        Outcome::TooManyStreams(why) => {
+            state.refuse(source.as_deref(), "streams_per_source", &why);
+            text(StatusCode::UNPROCESSABLE_ENTITY, &why)
+        }
         Outcome::Unavailable(why) => {
             // Unhealthy at once, until the probe succeeds again.
             state.set_health(Health::Unhealthy(why.clone()));

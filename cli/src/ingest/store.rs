@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use sqlite_outbox::receive::{CloudEvent, Data};
 use sqlite_outbox::wire::{
-    ranges_of, Ranges, StreamAccount, ACCOUNTING_TYPE, STREAM_ATTRIBUTE, STREAM_SEQ_ATTRIBUTE,
+    ranges_of, Ranges, StreamAccount, ACCOUNTING_TYPE, MAX_STREAM_NUMBER, STREAM_ATTRIBUTE,
+    STREAM_SEQ_ATTRIBUTE,
 };
 
 /// The statement that stores a request's events: `unnest` turns the per-column arrays into
@@ -24,7 +25,7 @@ pub(crate) const INSERT_EVENTS: &str = "
                              $6::int8[], $7::text[]::timestamptz[], $8::jsonb[],
                              $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[])
         ON CONFLICT (source, id) DO NOTHING
-        RETURNING source, time
+        RETURNING source, id, time
     ), seen AS (
         INSERT INTO outbox_sources AS s (source, events_stored, newest_event_time)
         SELECT requested.source, count(stored.source), max(stored.time)
@@ -36,7 +37,31 @@ pub(crate) const INSERT_EVENTS: &str = "
                events_stored = s.events_stored + EXCLUDED.events_stored,
                newest_event_time = GREATEST(s.newest_event_time, EXCLUDED.newest_event_time)
     )
-    SELECT count(*) FROM stored";
+    SELECT source, id FROM stored";
+
+/// The statement that keeps each stream's summary (`outbox_fleet_streams`, PostgreSQL
+/// migration 7) for a request: the numbers it recorded (`numbers`: its events' newly stored
+/// and the copies' of events stored before under another number) join the numbers stored;
+/// the numbers of its newly stored events that were stored already (`fresh` within the
+/// stored numbers as they were), or twice within the request (`twice`), join the reused.
+/// The `UPDATE` locks each stream's row, so two requests of one stream merge in turn and
+/// neither's numbers are lost. Streams without a row yet are not returned.
+pub(crate) const UPDATE_STREAMS: &str = "
+    UPDATE outbox_fleet_streams AS f
+       SET stored = f.stored + u.numbers::int8multirange,
+           reused = f.reused + (f.stored * u.fresh::int8multirange) + u.twice::int8multirange
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+               AS u(source, stream, numbers, fresh, twice)
+     WHERE f.source = u.source AND f.stream = u.stream
+    RETURNING f.source, f.stream";
+
+/// How many streams one source may have at the fleet unless the ingest is told otherwise
+/// (`--max-streams-per-source`): a device has one stream per destination, a handful at
+/// most; the bound keeps one device's key from inventing streams without end.
+pub const DEFAULT_MAX_STREAMS_PER_SOURCE: usize = 256;
+
+/// The most streams per source `--max-streams-per-source` may allow.
+pub const MOST_STREAMS_PER_SOURCE: usize = 65_536;
 
 /// The statement that keeps each stream's latest accounting (one row per source and
 /// stream): the newest report's pending numbers and fates, the highest high water any
@@ -198,6 +223,57 @@ impl Columns {
         (source, stream, ranges_of(numbers))
     }
 
+    /// The summaries of the request's streams once its events are stored (`stored`: the
+    /// `(source, id)` of those that were new): every number the request recorded, those
+    /// of its new events, and the numbers two of its new events both carry. The streams of
+    /// its accountings come too, with no numbers: they need their rows.
+    pub(crate) fn summaries(
+        &self,
+        stored: &std::collections::HashSet<(String, String)>,
+    ) -> Summaries {
+        use std::collections::BTreeMap;
+        // (source, stream) -> (every number, the numbers of new events)
+        let mut streams: BTreeMap<(&str, &str), (Vec<i64>, Vec<i64>)> = BTreeMap::new();
+        for i in 0..self.len() {
+            let (Some(stream), Some(number)) = (&self.stream[i], self.stream_seq[i]) else {
+                continue;
+            };
+            let entry = streams
+                .entry((self.source[i].as_str(), stream.as_str()))
+                .or_default();
+            entry.0.push(number);
+            if stored.contains(&(self.source[i].clone(), self.id[i].clone())) {
+                entry.1.push(number);
+            }
+        }
+        for i in 0..self.reports.len() {
+            streams
+                .entry((
+                    self.reports.source[i].as_str(),
+                    self.reports.stream[i].as_str(),
+                ))
+                .or_default();
+        }
+        let mut summaries = Summaries::default();
+        for ((source, stream), (mut numbers, mut fresh)) in streams {
+            numbers.sort_unstable();
+            fresh.sort_unstable();
+            let twice: Vec<i64> = fresh
+                .windows(2)
+                .filter(|pair| pair[0] == pair[1])
+                .map(|pair| pair[0])
+                .collect();
+            summaries.push(
+                source,
+                stream,
+                &ranges_of(numbers),
+                &ranges_of(fresh),
+                &ranges_of(twice),
+            );
+        }
+        summaries
+    }
+
     /// How many events (accountings not counted).
     pub fn len(&self) -> usize {
         self.id.len()
@@ -232,9 +308,12 @@ fn stream_number(event: &CloudEvent) -> Result<(Option<String>, Option<i64>), St
         (None, None) => Ok((None, None)),
         (Some(Value::String(stream)), Some(seq)) if !stream.is_empty() && stream.len() <= 255 => {
             match decimal(seq) {
-                Some(n) if n >= 1 => Ok((Some(stream.clone()), Some(n))),
+                Some(n) if (1..=MAX_STREAM_NUMBER).contains(&n) => {
+                    Ok((Some(stream.clone()), Some(n)))
+                }
                 _ => Err(format!(
-                    "event {}: {STREAM_SEQ_ATTRIBUTE} {seq} is not a positive decimal integer",
+                    "event {}: {STREAM_SEQ_ATTRIBUTE} {seq} is not a decimal integer from 1 to \
+                     {MAX_STREAM_NUMBER}",
                     event.id
                 )),
             }
@@ -316,24 +395,184 @@ fn decimal(value: &Value) -> Option<i64> {
     }
 }
 
-/// Stores `columns` in one transaction; returns how many were new.
+/// Why a request was not stored.
+#[derive(Debug)]
+pub(crate) enum StoreError {
+    /// PostgreSQL failed.
+    Postgres(postgres::Error),
+    /// The request would give a source more streams than allowed: refused whole (nothing
+    /// stored), with why.
+    TooManyStreams(String),
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        StoreError::Postgres(e)
+    }
+}
+
+/// Stores `columns` in one transaction, with the summaries of their streams; returns how
+/// many events were new. A request that would give a source more than `max_streams`
+/// streams is refused whole.
 pub(crate) fn store(
     client: &mut postgres::Client,
     columns: &Columns,
-) -> Result<u64, postgres::Error> {
+    max_streams: usize,
+) -> Result<u64, StoreError> {
     let mut tx = client.transaction()?;
-    let stored: i64 = if columns.len() > 0 {
+    let stored: std::collections::HashSet<(String, String)> = if columns.len() > 0 {
         let statement = tx.prepare(INSERT_EVENTS)?;
-        tx.query_one(&statement, &columns.params())?.get(0)
+        tx.query(&statement, &columns.params())?
+            .into_iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect()
     } else {
-        0
+        Default::default()
     };
+    let summaries = columns.summaries(&stored);
+    if !summaries.is_empty() {
+        let statement = tx.prepare(UPDATE_STREAMS)?;
+        let updated: std::collections::HashSet<(String, String)> = tx
+            .query(&statement, &summaries.params())?
+            .into_iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        if updated.len() < summaries.len() {
+            let new = summaries.without(&updated);
+            add_streams(&mut tx, &new, max_streams)?;
+            tx.query(&statement, &new.params())?;
+        }
+    }
     if columns.reports.len() > 0 {
         let statement = tx.prepare(UPSERT_REPORTS)?;
         tx.execute(&statement, &columns.reports.params())?;
     }
     tx.commit()?;
-    Ok(stored as u64)
+    Ok(stored.len() as u64)
+}
+
+/// Gives the streams of `new` their rows, unless a source would then have more than
+/// `max_streams`: each source's streams are counted under a lock of its own (new streams
+/// are rare: a device's first request to each destination), so two requests cannot both
+/// pass the bound.
+fn add_streams(
+    tx: &mut postgres::Transaction<'_>,
+    new: &Summaries,
+    max_streams: usize,
+) -> Result<(), StoreError> {
+    let mut sources: Vec<&String> = new.source.iter().collect();
+    sources.sort();
+    sources.dedup();
+    for source in sources {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 7303007))",
+            &[source],
+        )?;
+        let had: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM outbox_fleet_streams WHERE source = $1",
+                &[source],
+            )?
+            .get(0);
+        let adding: Vec<&String> = (0..new.len())
+            .filter(|&i| &new.source[i] == source)
+            .map(|i| &new.stream[i])
+            .collect();
+        let existing: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM outbox_fleet_streams WHERE source = $1 AND stream = ANY($2)",
+                &[source, &adding],
+            )?
+            .get(0);
+        let total = had + adding.len() as i64 - existing;
+        if total > max_streams as i64 {
+            return Err(StoreError::TooManyStreams(format!(
+                "source {source} would have {total} streams; at most {max_streams} per source \
+                 (outbox ingest --max-streams-per-source)"
+            )));
+        }
+        tx.execute(
+            "INSERT INTO outbox_fleet_streams (source, stream)
+             SELECT $1, unnest($2::text[]) ON CONFLICT (source, stream) DO NOTHING",
+            &[source, &adding],
+        )?;
+    }
+    Ok(())
+}
+
+/// A request's streams as the columns of [`UPDATE_STREAMS`]: ranges as multirange text
+/// (`{[1,5],[7,7]}`).
+#[derive(Debug, Default)]
+pub(crate) struct Summaries {
+    source: Vec<String>,
+    stream: Vec<String>,
+    numbers: Vec<String>,
+    fresh: Vec<String>,
+    twice: Vec<String>,
+}
+
+impl Summaries {
+    fn push(
+        &mut self,
+        source: &str,
+        stream: &str,
+        numbers: &Ranges,
+        fresh: &Ranges,
+        twice: &Ranges,
+    ) {
+        self.source.push(source.to_owned());
+        self.stream.push(stream.to_owned());
+        self.numbers.push(multirange(numbers));
+        self.fresh.push(multirange(fresh));
+        self.twice.push(multirange(twice));
+    }
+
+    fn len(&self) -> usize {
+        self.source.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.source.is_empty()
+    }
+
+    /// The streams not in `done`.
+    fn without(&self, done: &std::collections::HashSet<(String, String)>) -> Summaries {
+        let mut rest = Summaries::default();
+        for i in 0..self.len() {
+            if !done.contains(&(self.source[i].clone(), self.stream[i].clone())) {
+                rest.source.push(self.source[i].clone());
+                rest.stream.push(self.stream[i].clone());
+                rest.numbers.push(self.numbers[i].clone());
+                rest.fresh.push(self.fresh[i].clone());
+                rest.twice.push(self.twice[i].clone());
+            }
+        }
+        rest
+    }
+
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 5] {
+        [
+            &self.source,
+            &self.stream,
+            &self.numbers,
+            &self.fresh,
+            &self.twice,
+        ]
+    }
+}
+
+/// Ranges as PostgreSQL's multirange text: `{[1,5],[7,7]}`.
+fn multirange(ranges: &Ranges) -> String {
+    use std::fmt::Write;
+    let mut text = String::from("{");
+    for (i, [first, last]) in ranges.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(text, "[{first},{last}]");
+    }
+    text.push('}');
+    text
 }
 
 /// A row of `outbox_device_keys`: key id, source pattern, key.

@@ -32,6 +32,9 @@ pub(crate) enum Outcome {
     Unavailable(String),
     /// PostgreSQL refused the data itself (SQLSTATE class 22, data exception): 400.
     Rejected(String),
+    /// The request would give its source more streams than `--max-streams-per-source`
+    /// allows: 422, nothing stored.
+    TooManyStreams(String),
     /// Every database thread is busy and the queue is full: 503, retry soon.
     Overloaded,
 }
@@ -61,6 +64,8 @@ struct Shared {
     ready: AtomicBool,
     /// When creating the tables was last tried (one thread at a time tries).
     last_migration: Mutex<Option<Instant>>,
+    /// The most streams one source may have.
+    max_streams_per_source: usize,
 }
 
 impl Workers {
@@ -72,6 +77,7 @@ impl Workers {
         tls: PgTls,
         threads: usize,
         queue: usize,
+        max_streams_per_source: usize,
     ) -> std::io::Result<Workers> {
         let manager = PostgresConnectionManager::new(config, tls);
         let pool = r2d2::Pool::builder()
@@ -86,6 +92,7 @@ impl Workers {
             pool,
             ready: AtomicBool::new(false),
             last_migration: Mutex::new(None),
+            max_streams_per_source,
         });
         if let Err(e) = shared.ensure_tables() {
             log::warn!("ingest: PostgreSQL is not ready yet ({e}); will retry");
@@ -154,9 +161,14 @@ impl Shared {
             Err(e) => return Outcome::Unavailable(format!("PostgreSQL is unreachable: {e}")),
         };
         let result = match &work {
-            Work::Store(columns) => store::store(&mut client, columns).map(Outcome::Stored),
+            Work::Store(columns) => {
+                store::store(&mut client, columns, self.max_streams_per_source).map(Outcome::Stored)
+            }
         };
-        result.unwrap_or_else(|e| classify(&e))
+        result.unwrap_or_else(|e| match e {
+            store::StoreError::Postgres(e) => classify(&e),
+            store::StoreError::TooManyStreams(why) => Outcome::TooManyStreams(why),
+        })
     }
 
     /// Creates or upgrades the tables unless that is done; tries at most once a second.

@@ -108,6 +108,35 @@ const MIGRATIONS: &[&str] = &[
          DROP CONSTRAINT outbox_ingested_pkey,
          ADD CONSTRAINT outbox_ingested_pkey PRIMARY KEY (source, id) INCLUDE (stream, stream_seq);
      DROP INDEX outbox_ingested_stream_seq;",
+    // 7: the fleet's view kept as events and reports are stored, so that reading it costs
+    // the streams, not the events: one row per source and stream with the numbers stored
+    // (a multirange: one range per run of consecutive numbers, whatever the events' count)
+    // and the numbers stored under two event ids. A copy of an event stored before under
+    // another number (a redelivery, a second destination, an imported bundle) adds its
+    // number here though its event is not stored again. Built from the events stored so far.
+    "CREATE TABLE outbox_fleet_streams (
+         source     text           NOT NULL,
+         stream     text           NOT NULL,
+         stored     int8multirange NOT NULL DEFAULT '{}',
+         reused     int8multirange NOT NULL DEFAULT '{}',
+         first_seen timestamptz    NOT NULL DEFAULT now(),
+         PRIMARY KEY (source, stream)
+     );
+     INSERT INTO outbox_fleet_streams (source, stream, stored)
+     SELECT source, stream, range_agg(int8range(stream_seq, stream_seq, '[]'))
+       FROM outbox_ingested
+      WHERE stream IS NOT NULL AND stream_seq IS NOT NULL
+      GROUP BY source, stream;
+     UPDATE outbox_fleet_streams AS f SET reused = twice.numbers
+       FROM (SELECT source, stream, range_agg(int8range(stream_seq, stream_seq, '[]')) AS numbers
+               FROM (SELECT source, stream, stream_seq FROM outbox_ingested
+                      WHERE stream IS NOT NULL AND stream_seq IS NOT NULL
+                      GROUP BY source, stream, stream_seq HAVING count(*) > 1) AS d
+              GROUP BY source, stream) AS twice
+      WHERE f.source = twice.source AND f.stream = twice.stream;
+     INSERT INTO outbox_fleet_streams (source, stream)
+     SELECT source, stream FROM outbox_stream_reports
+     ON CONFLICT (source, stream) DO NOTHING;",
 ];
 
 /// The schema version this build creates.
@@ -137,6 +166,9 @@ pub fn migrate(client: &mut impl GenericClient) -> Result<()> {
     for (index, sql) in MIGRATIONS.iter().enumerate() {
         let version = index as i32 + 1;
         let mut tx = client.transaction()?;
+        // A migration of a big table takes as long as it takes: the connection's statement
+        // timeout (the ingest's 5 s) would cancel it for ever.
+        tx.batch_execute("SET LOCAL statement_timeout = 0")?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
         let applied = tx
             .query_opt(

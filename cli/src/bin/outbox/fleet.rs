@@ -31,6 +31,11 @@ pub struct FleetArgs {
     /// A JSON array, one object per stream.
     #[arg(long)]
     json: bool,
+    /// How long a device may stay unheard of while numbers it reported pending are not
+    /// stored, before its stream counts as incomplete (marked SILENT, exit 1). Keep it above
+    /// the devices' accounting interval (2 min by default, at most a day).
+    #[arg(long, value_parser = crate::parse_duration, default_value = "1d", value_name = "DURATION")]
+    silent_after: Duration,
 }
 
 /// How long connecting and each query may take.
@@ -52,11 +57,12 @@ pub fn run(args: FleetArgs) -> Outcome {
     let mut client = config
         .connect(tls)
         .map_err(|e| failed(format!("cannot reach PostgreSQL: {e}")))?;
-    let views = fleet::read(&mut client, args.source.as_deref()).map_err(|e| {
-        failed(format!(
+    let views =
+        fleet::read(&mut client, args.source.as_deref(), args.silent_after).map_err(|e| {
+            failed(format!(
             "cannot read the fleet's streams (has `outbox ingest` run against this database?): {e}"
         ))
-    })?;
+        })?;
     if args.json {
         println!(
             "{}",
@@ -90,10 +96,11 @@ fn print_table(views: &[StreamView]) {
         "REUSED"
     );
     for v in views {
+        // A device's names are its own: escaped, so that they cannot drive the terminal.
         println!(
-            "{:<28} {:<12} {:>8} {:>8} {:>8} {:>8} {:>9} {:<20} {:<12} {}",
-            v.source,
-            v.destination,
+            "{:<28} {:<12} {:>8} {:>8} {:>8} {:>8} {:>9} {:<20} {:<12} {}{}",
+            fleet::printable(&v.source),
+            fleet::printable(&v.destination),
             v.high_water,
             v.stored,
             v.stored_through,
@@ -101,7 +108,8 @@ fn print_table(views: &[StreamView]) {
             v.accounted.total(),
             shown(&v.missing),
             shown(&v.reused),
-            v.reported_at.as_deref().unwrap_or("never")
+            v.reported_at.as_deref().unwrap_or("never"),
+            if v.silent { " SILENT" } else { "" }
         );
     }
 }

@@ -79,6 +79,11 @@ pub struct IngestArgs {
     /// --metrics-listen) is read again from PostgreSQL.
     #[arg(long, value_parser = crate::parse_duration, default_value = "15s")]
     fleet_refresh: std::time::Duration,
+    /// The most streams one source may have at the fleet (a device has one per
+    /// destination): a request that would give its source more is answered 422 and counted
+    /// as a refusal. 1 to 65536.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    max_streams_per_source: usize,
     /// Serve GET /metrics (Prometheus text format) and GET /fleet (the fleet's streams as
     /// a page) on this address, e.g. 127.0.0.1:9090; never on the events port.
     #[arg(long)]
@@ -166,7 +171,9 @@ pub fn run(args: IngestArgs) -> Outcome {
     if let Some(key) = receipt_key {
         config = config.receipt_key(key);
     }
-    config = config.fleet_refresh(args.fleet_refresh);
+    config = config
+        .fleet_refresh(args.fleet_refresh)
+        .max_streams_per_source(args.max_streams_per_source);
     if let Some(path) = &args.keys {
         config = config.keys_file(path);
     }
