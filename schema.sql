@@ -1381,3 +1381,7 @@ BEGIN
        AND OLD.delivered_at IS NULL AND OLD.dead_at IS NULL;
     UPDATE outbox_stats SET numbered_through = OLD.id WHERE id = 1;
 END;
+
+-- Each stream's count of the accountings its relays told (`seq` on the wire): a receiver
+-- never takes an older report's pending numbers over a newer's, across restarts too.
+ALTER TABLE outbox_streams ADD COLUMN report_seq INTEGER NOT NULL DEFAULT 0;

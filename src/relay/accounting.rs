@@ -20,7 +20,7 @@ use crate::outbox::Outbox;
 use crate::relay::gate::Gate;
 use crate::store::stream_accounts;
 use crate::transport::{Attempt, OutboundEvent, Transport};
-use crate::wire::{Ranges, StreamAccount, ACCOUNTING_TYPE};
+use crate::wire::{Fates, Ranges, StreamAccount, ACCOUNTING_TYPE};
 
 /// The longest wait between two looks at the fates.
 const MOST_CHECK: Duration = Duration::from_secs(15);
@@ -28,18 +28,29 @@ const MOST_CHECK: Duration = Duration::from_secs(15);
 /// One destination the accountant keeps track of.
 pub(crate) struct Told {
     pub name: String,
-    /// Whether it takes accounting ([`Destination::accounting`](crate::Destination::accounting));
-    /// either way its streams' synced-through numbers are kept.
+    /// Whether it takes accounting ([`Destination::accounting`](crate::Destination::accounting)):
+    /// one that does not costs the accountant nothing, and its streams keep no
+    /// synced-through number (no fate of theirs is ever acknowledged).
     pub tells: bool,
     pub transport: Arc<dyn Transport>,
     pub gate: Arc<Gate>,
 }
 
-/// What a stream was last told, and when.
+/// What a stream's destination took, and when it was last told.
 struct LastTold {
-    account: StreamAccount,
+    /// The high water and pending numbers of the last report taken.
+    high_water: i64,
+    pending: Ranges,
+    /// The fates it acknowledged that the file still held at the last look: a report
+    /// tells only the others.
+    fates: Fates,
     at: Instant,
 }
+
+/// The most ranges of fates one report carries: a longer history goes over several
+/// reports, each well under a receiver's body limit (`outbox ingest` takes 1 MiB by
+/// default; 20,000 ranges of the largest numbers are about 700 KB).
+pub(crate) const REPORT_RANGES: usize = 20_000;
 
 /// The accountant thread's state.
 pub(crate) struct Accountant {
@@ -125,7 +136,9 @@ impl Accountant {
         self.seen = version.map(|v| (v, Instant::now()));
         for index in 0..self.destinations.len() {
             let destination = &self.destinations[index];
-            if destination.gate.is_down() || destination.gate.is_closed() {
+            // A destination that takes no accounting costs nothing here (its streams keep
+            // no synced-through number: no fate of theirs is ever acknowledged).
+            if !destination.tells || destination.gate.is_down() || destination.gate.is_closed() {
                 continue;
             }
             let name = destination.name.clone();
@@ -145,13 +158,24 @@ impl Accountant {
                     continue;
                 }
             };
-            let tells = self.destinations[index].tells;
             for stream in accounts {
                 let key = (name.clone(), stream.source);
-                if tells && self.is_due(&key, &stream.account, last_round) {
-                    self.tell(index, key.clone(), stream.account.clone());
+                self.forget_gone_fates(&key, &stream.account.accounted);
+                if self.is_due(&key, &stream.account, last_round) {
+                    self.tell(index, &key, &stream.account);
                 }
                 self.advance_synced(&key, &stream.account, &stream.lost);
+            }
+        }
+    }
+
+    /// Keeps of a stream's acknowledged fates only those the file still holds (the others
+    /// were forgotten once taken, or their rows left): memory bounded by the file.
+    fn forget_gone_fates(&mut self, key: &(String, String), now: &Fates) {
+        if let Some(last) = self.last.get_mut(key) {
+            let gone = last.fates.without(now);
+            if !gone.is_empty() {
+                last.fates = last.fates.without(&gone);
             }
         }
     }
@@ -159,7 +183,7 @@ impl Accountant {
     /// Moves the stream's synced-through number as far as deliveries and the fates the
     /// destination took allow; a lost number stops it.
     fn advance_synced(&self, key: &(String, String), account: &StreamAccount, lost: &Ranges) {
-        let told = self.last.get(key).map(|last| &last.account.accounted);
+        let told = self.last.get(key).map(|last| &last.fates);
         let through = stream_accounts::synced_candidate(account, lost, told);
         let now = self.outbox.now_ms();
         let result = match &self.conn {
@@ -173,31 +197,103 @@ impl Accountant {
         }
     }
 
-    /// Whether a stream's `account` is to be told now.
+    /// Whether a stream's `account` is to be told now: fates the destination has not taken
+    /// (at once), or any other change once an interval passed or as the relay stops.
     fn is_due(&self, key: &(String, String), account: &StreamAccount, last_round: bool) -> bool {
-        let (told, at) = match self.last.get(key) {
-            Some(last) => (Some(&last.account), last.at),
-            None => (None, self.started),
+        let Some(last) = self.last.get(key) else {
+            return !account.accounted.is_empty()
+                || last_round
+                || self.started.elapsed() >= self.interval;
         };
-        let fates_changed = match told {
-            Some(told) => told.accounted != account.accounted,
-            None => account.accounted != Default::default(),
-        };
-        let changed = told != Some(account);
-        fates_changed || (changed && (last_round || at.elapsed() >= self.interval))
+        let new_fates = !account.accounted.without(&last.fates).is_empty();
+        let changed = last.high_water != account.high_water || last.pending != account.pending;
+        new_fates || (changed && (last_round || last.at.elapsed() >= self.interval))
     }
 
-    /// Sends one stream's accounting; remembers it once the destination took it.
-    fn tell(&mut self, index: usize, key: (String, String), account: StreamAccount) {
+    /// Tells one stream's accounting: the fates the destination has not taken, over as
+    /// many reports as they need ([`REPORT_RANGES`] ranges each), each with the stream's
+    /// next report number; the fates each report delivers are then forgotten in the file.
+    /// Stops at the first report not taken (told again next round).
+    fn tell(&mut self, index: usize, key: &(String, String), account: &StreamAccount) {
+        let told = self
+            .last
+            .get(key)
+            .map(|last| last.fates.clone())
+            .unwrap_or_default();
+        let mut untold = account.accounted.without(&told);
+        let mut taken = told;
+        loop {
+            let (chunk, rest) = untold.split_at(REPORT_RANGES);
+            let seq = match self.next_seq(key) {
+                Ok(seq) => seq,
+                Err(e) => {
+                    log::warn!("destination {}: the accounting not numbered: {e}", key.0);
+                    return;
+                }
+            };
+            let mut report = account.clone();
+            report.accounted = chunk.clone();
+            report.seq = Some(seq);
+            if !self.send(index, key, &report) {
+                return;
+            }
+            taken = taken.merged(&chunk);
+            self.forget_in_file(key, &chunk);
+            self.last.insert(
+                key.clone(),
+                LastTold {
+                    high_water: account.high_water,
+                    pending: account.pending.clone(),
+                    fates: taken.clone(),
+                    at: Instant::now(),
+                },
+            );
+            if rest.is_empty() {
+                return;
+            }
+            untold = rest;
+        }
+    }
+
+    /// The stream's next report number, counted in the file.
+    fn next_seq(&mut self, key: &(String, String)) -> crate::error::Result<i64> {
+        match &self.conn {
+            Some(conn) => stream_accounts::next_report_seq(conn, &key.0, &key.1),
+            None => {
+                let conn = self.outbox.connection()?;
+                stream_accounts::next_report_seq(&conn, &key.0, &key.1)
+            }
+        }
+    }
+
+    /// Forgets in the file the fates a destination took (see
+    /// [`stream_accounts::forget_told`]); a failure only leaves them to be told again.
+    fn forget_in_file(&mut self, key: &(String, String), fates: &Fates) {
+        let result = match self.conn.as_mut() {
+            Some(conn) => stream_accounts::forget_told(conn, &key.0, &key.1, fates),
+            None => self.outbox.connection().and_then(|mut conn| {
+                stream_accounts::forget_told(&mut conn, &key.0, &key.1, fates)
+            }),
+        };
+        if let Err(e) = result {
+            log::warn!(
+                "destination {}: fates taken by the destination not forgotten: {e}",
+                key.0
+            );
+        }
+    }
+
+    /// Sends one report; whether the destination took it (2xx).
+    fn send(&self, index: usize, key: &(String, String), report: &StreamAccount) -> bool {
         let destination = &self.destinations[index];
-        let data = match serde_json::to_value(&account) {
+        let data = match serde_json::to_value(report) {
             Ok(data) => data,
             Err(e) => {
                 log::error!(
                     "destination {}: accounting not encoded: {e}",
                     destination.name
                 );
-                return;
+                return false;
             }
         };
         let mut event = OutboundEvent::new(ACCOUNTING_TYPE, &data);
@@ -207,25 +303,23 @@ impl Accountant {
         match destination.transport.send(std::slice::from_ref(&event)) {
             Attempt::Answered { status, .. } if (200..300).contains(&status) => {
                 log::debug!(
-                    "destination {}: told the accounting of {} through {}",
+                    "destination {}: told the accounting of {} through {} (report {:?})",
                     destination.name,
                     key.1,
-                    account.high_water
+                    report.high_water,
+                    report.seq
                 );
-                self.last.insert(
-                    key,
-                    LastTold {
-                        account,
-                        at: Instant::now(),
-                    },
-                );
+                true
             }
-            other => log::info!(
-                "destination {}: the accounting of {} was not taken ({other:?}); told again \
-                 next round",
-                destination.name,
-                key.1
-            ),
+            other => {
+                log::info!(
+                    "destination {}: the accounting of {} was not taken ({other:?}); told \
+                     again next round",
+                    destination.name,
+                    key.1
+                );
+                false
+            }
         }
     }
 }

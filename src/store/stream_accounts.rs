@@ -61,6 +61,48 @@ pub(crate) fn advance_synced(
     Ok(())
 }
 
+/// The next report number of a stream (`seq` on the wire): counted in the file, so it keeps
+/// rising across restarts.
+pub(crate) fn next_report_seq(conn: &Connection, destination: &str, source: &str) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "INSERT INTO outbox_streams (destination, source, high_water, report_seq)
+             VALUES (?1, ?2, 0, 1)
+             ON CONFLICT (destination, source) DO UPDATE SET report_seq = report_seq + 1
+             RETURNING report_seq",
+        )?
+        .query_row(params![destination, source], |r| r.get(0))?)
+}
+
+/// Forgets the fates of `told` that the destination acknowledged: rows of `outbox_fates`
+/// only (the fates of rows still in the file go with their rows), so that the fates a
+/// device keeps, and so what it tells after a restart, stay bounded by what the
+/// destination has not taken yet.
+pub(crate) fn forget_told(
+    conn: &mut Connection,
+    destination: &str,
+    source: &str,
+    told: &Fates,
+) -> Result<()> {
+    let all = told.all();
+    if all.is_empty() {
+        return Ok(());
+    }
+    // One seek per range in the table's key, in one transaction.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    {
+        let mut forget = tx.prepare_cached(
+            "DELETE FROM outbox_fates
+              WHERE destination = ?1 AND source = ?2 AND stream_seq BETWEEN ?3 AND ?4",
+        )?;
+        for [first, last] in all {
+            forget.execute(params![destination, source, first, last])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
 /// A stream's synced-through number and when it last moved (unix ms), once it has moved.
 pub(crate) fn synced(
     conn: &Connection,
@@ -115,24 +157,54 @@ pub(crate) fn read(conn: &mut Connection, destination: &str) -> Result<Vec<Strea
             );
         }
     }
-    // Pending numbers: the rows neither delivered nor out of pending.
+    // Pending numbers: the rows neither delivered nor out of pending, as ranges. The
+    // numbered rows are joined into ranges by SQLite (gaps and islands: a number minus its
+    // rank is constant along a run), so a backlog of a million costs the relay no memory
+    // of its own; the rows not numbered yet (those committed since the relay's last
+    // claim) take the numbers the plan gives them.
     {
+        let mut pending: BTreeMap<String, Ranges> = BTreeMap::new();
         let mut stmt = tx.prepare_cached(
-            "SELECT source, id, stream_seq FROM outbox_events
-              WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL
-                AND source IS NOT NULL",
+            "SELECT source, MIN(stream_seq), MAX(stream_seq)
+               FROM (SELECT source, stream_seq,
+                            stream_seq - row_number() OVER (PARTITION BY source ORDER BY stream_seq)
+                                AS island
+                       FROM outbox_events
+                      WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL
+                        AND source IS NOT NULL AND stream_seq IS NOT NULL)
+              GROUP BY source, island",
         )?;
         let mut rows = stmt.query([destination])?;
-        let mut numbers: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         while let Some(row) = rows.next()? {
-            if let Some(number) = number_of(row.get(1)?, row.get(2)?) {
-                numbers.entry(row.get(0)?).or_default().push(number);
+            pending
+                .entry(row.get(0)?)
+                .or_default()
+                .push([row.get(1)?, row.get(2)?]);
+        }
+        if let Some(plan) = &plan {
+            let mut stmt = tx.prepare_cached(
+                "SELECT source, id FROM outbox_events
+                  WHERE id > ?1 AND destination = ?2 AND delivered_at IS NULL AND dead_at IS NULL
+                    AND source IS NOT NULL AND stream_seq IS NULL",
+            )?;
+            let first = plan.numbered.first().map_or(i64::MAX, |(id, _)| *id - 1);
+            let mut rows = stmt.query(params![first, destination])?;
+            let mut unnumbered: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+            while let Some(row) = rows.next()? {
+                if let Some(number) = plan.number_of(row.get(1)?) {
+                    unnumbered.entry(row.get(0)?).or_default().push(number);
+                }
+            }
+            for (source, mut numbers) in unnumbered {
+                numbers.sort_unstable();
+                let ranges = pending.entry(source).or_default();
+                *ranges = union(ranges, &ranges_of(numbers));
             }
         }
-        for (source, mut numbers) in numbers {
+        for (source, mut ranges) in pending {
             if let Some((account, _)) = streams.get_mut(&source) {
-                numbers.sort_unstable();
-                account.pending = ranges_of(numbers);
+                ranges.sort_unstable();
+                account.pending = union(&ranges, &Vec::new());
             }
         }
     }

@@ -6,7 +6,7 @@
 //! stream's `source`, the `outboxstream` attribute naming the stream, and this data:
 //!
 //! ```json
-//! {"stream": "fleet", "high_water": 120,
+//! {"stream": "fleet", "high_water": 120, "seq": 7,
 //!  "pending": [[118, 120]],
 //!  "accounted": {"expired": [[3, 4]], "dropped": [], "coalesced": [[9, 9]], "dead": [],
 //!                "purged": [], "exported": [[40, 59]]}}
@@ -18,6 +18,15 @@
 //! has stored counts as stored whatever the device says of it (an exported event imported
 //! later, a dead event retried). Receivers that are not `outbox ingest` can ignore events of
 //! this type.
+//!
+//! `seq` is the device's own count of the stream's reports, rising across restarts. A
+//! report with a `seq` tells the fates that changed since the destination last
+//! acknowledged one: the receiver adds them to the fates it holds (a number moves to its
+//! newest fate), takes `pending` only from a report newer than the newest it holds, and the
+//! device forgets the fates acknowledged, so what it sends stays bounded by what changed
+//! (a long history is told over several reports, each well under a receiver's body
+//! limit). A report without `seq` (from a release before 0.3) replaces what the receiver
+//! holds.
 
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +100,11 @@ pub struct StreamAccount {
     pub stream: String,
     /// The highest number the device has committed in this stream.
     pub high_water: i64,
+    /// The device's count of this stream's reports (rising across restarts), when the
+    /// report tells only what changed since the last acknowledged one (see the module's
+    /// documentation); `None` for a report that replaces what the receiver holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<i64>,
     /// The numbers still waiting on the device to be sent.
     #[serde(default)]
     pub pending: Ranges,
@@ -105,6 +119,7 @@ impl StreamAccount {
         StreamAccount {
             stream: stream.into(),
             high_water,
+            seq: None,
             pending: Vec::new(),
             accounted: Fates::default(),
         }
@@ -125,6 +140,12 @@ impl StreamAccount {
                 "high_water {} is out of range: 0 to {MAX_STREAM_NUMBER}",
                 account.high_water
             ));
+        }
+        if account
+            .seq
+            .is_some_and(|seq| !(1..=MAX_STREAM_NUMBER).contains(&seq))
+        {
+            return Err(format!("seq is out of range: 1 to {MAX_STREAM_NUMBER}"));
         }
         if account.stream.is_empty() || account.stream.len() > 255 {
             return Err("stream must be a name of 1 to 255 bytes".into());
@@ -151,6 +172,74 @@ impl StreamAccount {
             }
         }
         Ok(account)
+    }
+}
+
+impl Fates {
+    /// Every fate's ranges together.
+    pub fn all(&self) -> Ranges {
+        let mut all = Ranges::new();
+        for (_, ranges) in self.each() {
+            all = union(&all, ranges);
+        }
+        all
+    }
+
+    /// How many ranges in all.
+    pub fn ranges(&self) -> usize {
+        self.each().iter().map(|(_, r)| r.len()).sum()
+    }
+
+    /// `self` with the fates of `newer` added: a number `newer` names takes its fate there
+    /// and leaves any other it had here.
+    pub fn merged(&self, newer: &Fates) -> Fates {
+        let renamed = newer.all();
+        let mut out = Fates::default();
+        for (name, ranges) in self.each() {
+            let added = newer
+                .each()
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, r)| r);
+            let kept = subtract(ranges, &renamed);
+            if let Some(slot) = out.named_mut(name) {
+                *slot = union(&kept, added.unwrap_or(&Vec::new()));
+            }
+        }
+        out
+    }
+
+    /// `self` without what `told` holds, fate by fate.
+    pub fn without(&self, told: &Fates) -> Fates {
+        let mut out = Fates::default();
+        for ((name, ranges), (_, taken)) in self.each().into_iter().zip(told.each()) {
+            if let Some(slot) = out.named_mut(name) {
+                *slot = subtract(ranges, taken);
+            }
+        }
+        out
+    }
+
+    /// Whether no fate holds a number.
+    pub fn is_empty(&self) -> bool {
+        self.each().iter().all(|(_, r)| r.is_empty())
+    }
+
+    /// The first `most` ranges (in the fates' fixed order), and the rest.
+    pub fn split_at(&self, most: usize) -> (Fates, Fates) {
+        let (mut head, mut tail) = (Fates::default(), Fates::default());
+        let mut left = most;
+        for (name, ranges) in self.each() {
+            let take = left.min(ranges.len());
+            left -= take;
+            if let Some(slot) = head.named_mut(name) {
+                *slot = ranges[..take].to_vec();
+            }
+            if let Some(slot) = tail.named_mut(name) {
+                *slot = ranges[take..].to_vec();
+            }
+        }
+        (head, tail)
     }
 }
 

@@ -186,6 +186,37 @@ mod tests {
     use crate::fleet::view;
 
     #[test]
+    fn a_view_never_read_is_unknown_not_zero_and_totals_saturate() {
+        let unread = FleetSnapshot::default().metrics();
+        assert!(
+            unread.contains("outbox_ingest_fleet_streams NaN"),
+            "{unread}"
+        );
+        assert!(unread.contains("outbox_ingest_fleet_missing_events NaN"));
+        assert!(unread.contains("outbox_ingest_fleet_read_age_seconds NaN"));
+        let huge = |source: &str| {
+            view(
+                source.into(),
+                "fleet".into(),
+                &vec![[i64::MAX - 1, i64::MAX - 1]],
+                vec![],
+                None,
+            )
+        };
+        let read = FleetSnapshot {
+            views: vec![huge("/a"), huge("/b")],
+            read_at: Some("now".into()),
+            read_instant: Some(std::time::Instant::now()),
+        }
+        .metrics();
+        assert!(
+            read.contains(&format!("outbox_ingest_fleet_missing_events {}", i64::MAX)),
+            "{read}"
+        );
+        assert!(read.contains("outbox_ingest_fleet_streams 2"));
+    }
+
+    #[test]
     fn a_device_cannot_put_markup_in_the_page() {
         let v = view(
             "<script>alert(1)</script>".into(),

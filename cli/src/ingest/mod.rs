@@ -47,6 +47,7 @@ mod fleet_page;
 mod keys;
 mod metrics;
 mod probe;
+mod reports;
 mod server;
 pub(crate) mod store;
 mod verification;

@@ -631,8 +631,8 @@ async fn receive_events(
             response
         }
         Outcome::Rejected(why) => text(StatusCode::BAD_REQUEST, &why),
-        Outcome::TooManyStreams(why) => {
-            state.refuse(source.as_deref(), "streams_per_source", &why);
+        Outcome::Refused { reason, why } => {
+            state.refuse(source.as_deref(), reason, &why);
             text(StatusCode::UNPROCESSABLE_ENTITY, &why)
         }
         Outcome::Unavailable(why) => {

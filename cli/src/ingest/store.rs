@@ -5,6 +5,8 @@ use base64::Engine;
 use serde_json::Value;
 
 use sqlite_outbox::receive::{CloudEvent, Data};
+
+use super::reports::Reports;
 use sqlite_outbox::wire::{
     ranges_of, Ranges, StreamAccount, ACCOUNTING_TYPE, MAX_STREAM_NUMBER, STREAM_ATTRIBUTE,
     STREAM_SEQ_ATTRIBUTE,
@@ -62,67 +64,6 @@ pub const DEFAULT_MAX_STREAMS_PER_SOURCE: usize = 256;
 
 /// The most streams per source `--max-streams-per-source` may allow.
 pub const MOST_STREAMS_PER_SOURCE: usize = 65_536;
-
-/// The statement that keeps each stream's latest accounting (one row per source and
-/// stream): the newest report's pending numbers and fates, the highest high water any
-/// report gave, and when the ingest received it.
-pub(crate) const UPSERT_REPORTS: &str = "
-    INSERT INTO outbox_stream_reports AS r (source, stream, high_water, pending, accounted)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::jsonb[], $5::jsonb[])
-    ON CONFLICT (source, stream) DO UPDATE
-       SET high_water = GREATEST(r.high_water, EXCLUDED.high_water),
-           pending = EXCLUDED.pending,
-           accounted = EXCLUDED.accounted,
-           reported_at = now()";
-
-/// A request's stream accountings (events of type `ACCOUNTING_TYPE`), the last of each
-/// stream, as the columns of [`UPSERT_REPORTS`].
-#[derive(Debug, Default)]
-pub(crate) struct Reports {
-    source: Vec<String>,
-    stream: Vec<String>,
-    high_water: Vec<i64>,
-    pending: Vec<Value>,
-    accounted: Vec<Value>,
-}
-
-impl Reports {
-    /// Adds `account` of `source`, replacing an earlier one of the same stream in this
-    /// request (one statement cannot update a row twice).
-    fn push(&mut self, source: String, account: StreamAccount) -> Result<(), String> {
-        let pending = serde_json::to_value(&account.pending).map_err(|e| e.to_string())?;
-        let accounted = serde_json::to_value(&account.accounted).map_err(|e| e.to_string())?;
-        if let Some(at) = (0..self.source.len())
-            .find(|&i| self.source[i] == source && self.stream[i] == account.stream)
-        {
-            self.high_water[at] = self.high_water[at].max(account.high_water);
-            self.pending[at] = pending;
-            self.accounted[at] = accounted;
-            return Ok(());
-        }
-        self.source.push(source);
-        self.stream.push(account.stream);
-        self.high_water.push(account.high_water);
-        self.pending.push(pending);
-        self.accounted.push(accounted);
-        Ok(())
-    }
-
-    /// How many streams.
-    pub fn len(&self) -> usize {
-        self.source.len()
-    }
-
-    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 5] {
-        [
-            &self.source,
-            &self.stream,
-            &self.high_water,
-            &self.pending,
-            &self.accounted,
-        ]
-    }
-}
 
 /// A request's events as the columns of [`INSERT_EVENTS`].
 #[derive(Debug, Default)]
@@ -211,7 +152,7 @@ impl Columns {
         let source = self
             .source
             .first()
-            .or(self.reports.source.first())
+            .or(self.reports.first_source())
             .cloned()
             .unwrap_or_default();
         let stream = self.stream.first().cloned().flatten();
@@ -246,13 +187,8 @@ impl Columns {
                 entry.1.push(number);
             }
         }
-        for i in 0..self.reports.len() {
-            streams
-                .entry((
-                    self.reports.source[i].as_str(),
-                    self.reports.stream[i].as_str(),
-                ))
-                .or_default();
+        for (source, stream) in self.reports.streams() {
+            streams.entry((source, stream)).or_default();
         }
         let mut summaries = Summaries::default();
         for ((source, stream), (mut numbers, mut fresh)) in streams {
@@ -400,9 +336,10 @@ fn decimal(value: &Value) -> Option<i64> {
 pub(crate) enum StoreError {
     /// PostgreSQL failed.
     Postgres(postgres::Error),
-    /// The request would give a source more streams than allowed: refused whole (nothing
-    /// stored), with why.
-    TooManyStreams(String),
+    /// The request would give a source more streams than allowed, or a stream more fates
+    /// than a stream may hold: refused whole (nothing stored), with the refusal's reason
+    /// (for the metrics) and why.
+    Refused { reason: &'static str, why: String },
 }
 
 impl From<postgres::Error> for StoreError {
@@ -443,10 +380,7 @@ pub(crate) fn store(
             tx.query(&statement, &new.params())?;
         }
     }
-    if columns.reports.len() > 0 {
-        let statement = tx.prepare(UPSERT_REPORTS)?;
-        tx.execute(&statement, &columns.reports.params())?;
-    }
+    columns.reports.store(&mut tx)?;
     tx.commit()?;
     Ok(stored.len() as u64)
 }
@@ -486,10 +420,13 @@ fn add_streams(
             .get(0);
         let total = had + adding.len() as i64 - existing;
         if total > max_streams as i64 {
-            return Err(StoreError::TooManyStreams(format!(
-                "source {source} would have {total} streams; at most {max_streams} per source \
-                 (outbox ingest --max-streams-per-source)"
-            )));
+            return Err(StoreError::Refused {
+                reason: "streams_per_source",
+                why: format!(
+                    "source {source} would have {total} streams; at most {max_streams} per \
+                     source (outbox ingest --max-streams-per-source)"
+                ),
+            });
         }
         tx.execute(
             "INSERT INTO outbox_fleet_streams (source, stream)

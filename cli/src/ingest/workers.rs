@@ -33,8 +33,9 @@ pub(crate) enum Outcome {
     /// PostgreSQL refused the data itself (SQLSTATE class 22, data exception): 400.
     Rejected(String),
     /// The request would give its source more streams than `--max-streams-per-source`
-    /// allows: 422, nothing stored.
-    TooManyStreams(String),
+    /// allows, or a stream more fates than it may hold: 422, nothing stored; the refusal's
+    /// reason (for the metrics) and why.
+    Refused { reason: &'static str, why: String },
     /// Every database thread is busy and the queue is full: 503, retry soon.
     Overloaded,
 }
@@ -167,7 +168,7 @@ impl Shared {
         };
         result.unwrap_or_else(|e| match e {
             store::StoreError::Postgres(e) => classify(&e),
-            store::StoreError::TooManyStreams(why) => Outcome::TooManyStreams(why),
+            store::StoreError::Refused { reason, why } => Outcome::Refused { reason, why },
         })
     }
 

@@ -114,6 +114,8 @@ const MIGRATIONS: &[&str] = &[
     // and the numbers stored under two event ids. A copy of an event stored before under
     // another number (a redelivery, a second destination, an imported bundle) adds its
     // number here though its event is not stored again. Built from the events stored so far.
+    // And each stream's last report number from its device (`seq`), so that reports that
+    // tell only what changed merge in order.
     "CREATE TABLE outbox_fleet_streams (
          source     text           NOT NULL,
          stream     text           NOT NULL,
@@ -136,7 +138,8 @@ const MIGRATIONS: &[&str] = &[
       WHERE f.source = twice.source AND f.stream = twice.stream;
      INSERT INTO outbox_fleet_streams (source, stream)
      SELECT source, stream FROM outbox_stream_reports
-     ON CONFLICT (source, stream) DO NOTHING;",
+     ON CONFLICT (source, stream) DO NOTHING;
+     ALTER TABLE outbox_stream_reports ADD COLUMN report_seq bigint;",
 ];
 
 /// The schema version this build creates.
