@@ -312,6 +312,24 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn fates_merge_split_and_count_without_overflow() {
+        let mut held = Fates::default();
+        held.dead = vec![[1, 3]];
+        let mut newer = Fates::default();
+        newer.purged = vec![[2, 2]];
+        newer.expired = vec![[7, 8]];
+        let merged = held.merged(&newer);
+        assert_eq!(merged.dead, vec![[1, 1], [3, 3]]);
+        assert_eq!(merged.purged, vec![[2, 2]]);
+        assert_eq!(merged.without(&newer).all(), vec![[1, 1], [3, 3]]);
+        let (head, tail) = merged.split_at(2);
+        assert_eq!(head.ranges() + tail.ranges(), merged.ranges());
+        assert_eq!(head.expired, vec![[7, 8]]);
+        assert_eq!(head.dead, vec![[1, 1]]);
+        assert_eq!(count_of(&[[i64::MIN, i64::MAX], [0, i64::MAX]]), i64::MAX);
+    }
+
+    #[test]
     fn ranges_subtract_and_join() {
         assert_eq!(
             subtract(&vec![[1, 10]], &vec![[2, 3], [5, 5], [9, 12]]),
@@ -359,13 +377,15 @@ mod tests {
             json!({"stream": "", "high_water": 1}),
             json!({"stream": "s", "high_water": 5, "accounted": {"stolen": [[1, 1]]}}),
             json!({"high_water": 5}),
+            json!({"stream": "s", "high_water": MAX_STREAM_NUMBER + 1}),
+            json!({"stream": "s", "high_water": 5, "seq": 0}),
         ] {
             assert!(StreamAccount::from_data(&bad).is_err(), "{bad}");
         }
         let many: Vec<[i64; 2]> = (1..=MAX_ACCOUNT_RANGES as i64 + 1)
             .map(|n| [2 * n, 2 * n])
             .collect();
-        let data = json!({"stream": "s", "high_water": i64::MAX, "pending": many});
+        let data = json!({"stream": "s", "high_water": MAX_STREAM_NUMBER, "pending": many});
         assert!(StreamAccount::from_data(&data)
             .unwrap_err()
             .contains("more than"));

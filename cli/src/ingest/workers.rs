@@ -70,9 +70,8 @@ struct Shared {
 }
 
 impl Workers {
-    /// Starts `threads` database threads behind a queue of `queue` jobs, and tries once to
-    /// create the tables (while PostgreSQL is down, every job tries again, at most once a
-    /// second).
+    /// Starts `threads` database threads behind a queue of `queue` jobs. Until the health
+    /// probe has created or migrated the tables, every job is answered 503.
     pub fn start(
         config: postgres::Config,
         tls: PgTls,
@@ -95,9 +94,6 @@ impl Workers {
             last_migration: Mutex::new(None),
             max_streams_per_source,
         });
-        if let Err(e) = shared.ensure_tables() {
-            log::warn!("ingest: PostgreSQL is not ready yet ({e}); will retry");
-        }
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(queue);
         let mut handles = Vec::with_capacity(threads);
         for index in 0..threads {
@@ -172,7 +168,10 @@ impl Shared {
         })
     }
 
-    /// Creates or upgrades the tables unless that is done; tries at most once a second.
+    /// Whether the tables are at this build's version; looks at most once a second until
+    /// they are. The threads here never create or migrate them: the health probe's thread
+    /// does (see `probe`), as long as it takes on a big table, while every request is
+    /// answered 503 with Retry-After.
     fn ensure_tables(&self) -> Result<(), String> {
         if self.ready.load(Ordering::Acquire) {
             return Ok(());
@@ -185,11 +184,25 @@ impl Shared {
             return Ok(());
         }
         if last.is_some_and(|at| at.elapsed() < MIGRATION_RETRY) {
-            return Err("the tables are not created yet".into());
+            return Err("the tables are being created or migrated; retry shortly".into());
         }
         *last = Some(Instant::now());
         let mut client = self.pool.get().map_err(|e| e.to_string())?;
-        sqlite_outbox::receive::pg_migrate(&mut *client).map_err(|e| e.to_string())?;
+        let wanted = sqlite_outbox::receive::pg_schema_version();
+        let found: Option<i32> = client
+            .query_one(
+                "SELECT max(version) FROM outbox_pg_migrations",
+                &[],
+            )
+            .ok()
+            .and_then(|row| row.get(0));
+        if found.is_none_or(|found| found < wanted) {
+            return Err(format!(
+                "the tables are being created or migrated (version {} of {wanted}); retry \
+                 shortly",
+                found.unwrap_or(0)
+            ));
+        }
         self.ready.store(true, Ordering::Release);
         log::info!("ingest: PostgreSQL tables ready");
         Ok(())

@@ -169,10 +169,11 @@ pub fn migrate(client: &mut impl GenericClient) -> Result<()> {
     for (index, sql) in MIGRATIONS.iter().enumerate() {
         let version = index as i32 + 1;
         let mut tx = client.transaction()?;
-        // A migration of a big table takes as long as it takes: the connection's statement
-        // timeout (the ingest's 5 s) would cancel it for ever.
-        tx.batch_execute("SET LOCAL statement_timeout = 0")?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+        // A migration of a big table takes as long as it takes: the connection's statement
+        // timeout (the ingest's 5 s) would cancel it for ever. (Taken after the lock: a
+        // process waiting for another's migration still waits within its own timeout.)
+        tx.batch_execute("SET LOCAL statement_timeout = 0")?;
         let applied = tx
             .query_opt(
                 "SELECT 1 FROM outbox_pg_migrations WHERE version = $1",
