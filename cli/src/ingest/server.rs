@@ -141,8 +141,19 @@ pub(crate) enum Health {
 const MAX_REFUSING_SOURCES: usize = 10_000;
 
 impl State {
+    /// Records the probe's (or a failed store's) finding, and logs each change of it: an
+    /// operator reads in the log why the ingest answers 503, in PostgreSQL's own words.
     pub(crate) fn set_health(&self, health: Health) {
-        self.health.send_replace(health);
+        let before = self.health.send_replace(health.clone());
+        if before != health {
+            match &health {
+                Health::Unhealthy(why) => log::warn!("ingest: unhealthy: {}", loggable(why)),
+                Health::Healthy if before != Health::NotProbedYet => {
+                    log::info!("ingest: healthy again")
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The probe's last finding; before its first, waits for it (up to a bound).

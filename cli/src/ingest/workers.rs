@@ -190,10 +190,7 @@ impl Shared {
         let mut client = self.pool.get().map_err(|e| e.to_string())?;
         let wanted = sqlite_outbox::receive::pg_schema_version();
         let found: Option<i32> = client
-            .query_one(
-                "SELECT max(version) FROM outbox_pg_migrations",
-                &[],
-            )
+            .query_one("SELECT max(version) FROM outbox_pg_migrations", &[])
             .ok()
             .and_then(|row| row.get(0));
         if found.is_none_or(|found| found < wanted) {
