@@ -1329,7 +1329,7 @@ CREATE TABLE outbox_lost_numbers (
     PRIMARY KEY (destination, source, stream_seq)
 ) WITHOUT ROWID;
 
-CREATE TRIGGER outbox_events_pending_delete AFTER DELETE ON outbox_events
+CREATE TRIGGER outbox_events_lost_delete AFTER DELETE ON outbox_events
 WHEN OLD.stream_seq IS NOT NULL AND OLD.source IS NOT NULL
      AND OLD.delivered_at IS NULL AND OLD.dead_at IS NULL
 BEGIN

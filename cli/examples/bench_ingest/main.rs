@@ -175,6 +175,36 @@ fn main() {
             numbered / plain,
         );
     }
+    // The streams' summaries (issue 65): the same numbered events and accountings, to one
+    // server that keeps the summaries and one that does not (same PostgreSQL). Every
+    // request of the shared secret is of one source and stream, so the eight clients'
+    // requests all merge into one summary row: the worst case for its lock.
+    let unsummarized = IngestServer::start(
+        IngestConfig::new("127.0.0.1:0".parse().expect("an address"), postgres.url())
+            .secret(secret.clone())
+            .threads(8)
+            .without_fleet_summaries_for_bench(),
+    )
+    .expect("the ingest server starts");
+    for (events, per_request) in [(4_000, 1), (50_000, 100)] {
+        let post = |addr| {
+            let bodies =
+                support_ingest::bodies_numbered(&next_run(), events, per_request, &shared, true);
+            rate(
+                events,
+                support_ingest::post_all(&[addr], &shared, &bodies, per_request > 1, 8),
+            )
+        };
+        let (with, without) = alternate(3, || post(addrs[0]), || post(unsummarized.local_addr()));
+        println!(
+            "| ingest, {per_request} event(s)/request, keeping the streams' summaries | {} events | {} (without them) | {:.2}× | {} |",
+            per_s(with),
+            per_s(without),
+            with / without,
+            if per_request > 1 { "≥ 0.9×" } else { "" },
+        );
+    }
+    unsummarized.shutdown();
     device_server.shutdown();
     for server in servers {
         server.shutdown();

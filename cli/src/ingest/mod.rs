@@ -110,6 +110,7 @@ pub struct IngestConfig {
     receipt_key: Option<SigningKey>,
     fleet_refresh: Duration,
     max_streams_per_source: usize,
+    fleet_summaries: bool,
 }
 
 impl IngestConfig {
@@ -132,6 +133,7 @@ impl IngestConfig {
             receipt_key: None,
             fleet_refresh: fleet_page::FLEET_EVERY,
             max_streams_per_source: store::DEFAULT_MAX_STREAMS_PER_SOURCE,
+            fleet_summaries: true,
             max_rate_per_source: None,
             metrics_listen: None,
             threads: 8,
@@ -237,6 +239,15 @@ impl IngestConfig {
     /// destination; the bound keeps one device's key from inventing streams without end.
     pub fn max_streams_per_source(mut self, streams: usize) -> Self {
         self.max_streams_per_source = streams;
+        self
+    }
+
+    /// Keeps no streams' summaries, for a bench that measures what they cost in the same
+    /// run. Never for real use: `outbox fleet` then names every number stored meanwhile
+    /// missing.
+    #[doc(hidden)]
+    pub fn without_fleet_summaries_for_bench(mut self) -> Self {
+        self.fleet_summaries = false;
         self
     }
 
@@ -508,6 +519,7 @@ impl IngestServer {
             config.threads,
             config.threads * 4,
             config.max_streams_per_source,
+            config.fleet_summaries,
         )?;
         let state = Arc::new(State {
             keys,

@@ -348,13 +348,14 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-/// Stores `columns` in one transaction, with the summaries of their streams; returns how
-/// many events were new. A request that would give a source more than `max_streams`
+/// Stores `columns` in one transaction, with the summaries of their streams (unless a bench
+/// turned them off, `summaries_on`); returns how many events were new. A request that would give a source more than `max_streams`
 /// streams is refused whole.
 pub(crate) fn store(
     client: &mut postgres::Client,
     columns: &Columns,
     max_streams: usize,
+    summaries_on: bool,
 ) -> Result<u64, StoreError> {
     let mut tx = client.transaction()?;
     let stored: std::collections::HashSet<(String, String)> = if columns.len() > 0 {
@@ -367,7 +368,7 @@ pub(crate) fn store(
         Default::default()
     };
     let summaries = columns.summaries(&stored);
-    if !summaries.is_empty() {
+    if summaries_on && !summaries.is_empty() {
         let statement = tx.prepare(UPDATE_STREAMS)?;
         let updated: std::collections::HashSet<(String, String)> = tx
             .query(&statement, &summaries.params())?

@@ -67,6 +67,8 @@ struct Shared {
     last_migration: Mutex<Option<Instant>>,
     /// The most streams one source may have.
     max_streams_per_source: usize,
+    /// Whether the streams' summaries are kept (off only in a bench, to measure them).
+    summaries: bool,
 }
 
 impl Workers {
@@ -78,6 +80,7 @@ impl Workers {
         threads: usize,
         queue: usize,
         max_streams_per_source: usize,
+        summaries: bool,
     ) -> std::io::Result<Workers> {
         let manager = PostgresConnectionManager::new(config, tls);
         let pool = r2d2::Pool::builder()
@@ -93,6 +96,7 @@ impl Workers {
             ready: AtomicBool::new(false),
             last_migration: Mutex::new(None),
             max_streams_per_source,
+            summaries,
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(queue);
         let mut handles = Vec::with_capacity(threads);
@@ -158,9 +162,13 @@ impl Shared {
             Err(e) => return Outcome::Unavailable(format!("PostgreSQL is unreachable: {e}")),
         };
         let result = match &work {
-            Work::Store(columns) => {
-                store::store(&mut client, columns, self.max_streams_per_source).map(Outcome::Stored)
-            }
+            Work::Store(columns) => store::store(
+                &mut client,
+                columns,
+                self.max_streams_per_source,
+                self.summaries,
+            )
+            .map(Outcome::Stored),
         };
         result.unwrap_or_else(|e| match e {
             store::StoreError::Postgres(e) => classify(&e),
