@@ -42,8 +42,10 @@ fn the_watch_sleeps_through_a_drain_and_wakes_the_relay_after_it() {
     }));
     let woke = watcher_wake_ups() - before;
     // Unpaused, every ack transaction of the drain (hundreds) woke the watcher's thread.
+    // Paused, it wakes a few times, or about twenty when the first claims and acks land
+    // before the first request pauses it (2 to 5, or 13 to 22, seen at e08a51d and since).
     assert!(
-        woke <= 20,
+        woke <= 40,
         "the WAL watch's thread woke {woke} times while the relay drained {backlog} events"
     );
     // Caught up: the watch is back.
