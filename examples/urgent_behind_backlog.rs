@@ -34,8 +34,8 @@ fn backlog_file(dir: &std::path::Path, backlog: usize, urgent: bool) -> Outbox {
             .expect("the backlog");
     }
     if urgent {
-        let alarm = Event::new("alarm.raised", json!({"door": "open"}))
-            .priority(Event::URGENT_PRIORITY);
+        let alarm =
+            Event::new("alarm.raised", json!({"door": "open"})).priority(Event::URGENT_PRIORITY);
         let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, alarm))
             .expect("the urgent event");
@@ -69,7 +69,9 @@ fn app_commits_beside_relay(outbox: &Outbox, url: &str) -> Vec<Duration> {
     };
     std::thread::sleep(Duration::from_millis(200));
     let relay = outbox
-        .relay(RelayConfig::new().destination(Destination::http("default", url).batch(100, 1 << 20)))
+        .relay(
+            RelayConfig::new().destination(Destination::http("default", url).batch(100, 1 << 20)),
+        )
         .start()
         .expect("the relay");
     std::thread::sleep(WINDOW);
@@ -88,10 +90,9 @@ fn main() {
     let backlog: usize = std::env::args()
         .nth(1)
         .map_or(1_000_000, |n| n.parse().expect("a number of events"));
-    let receiver = http_server::HttpServer::bind("127.0.0.1:0", |_| {
-        http_server::Response::status(204)
-    })
-    .expect("a receiver");
+    let receiver =
+        http_server::HttpServer::bind("127.0.0.1:0", |_| http_server::Response::status(204))
+            .expect("a receiver");
     let url = format!("http://{}/events", receiver.addr());
     let dir = tempfile::tempdir().expect("a folder");
     println!("| backlog | case | app's worst commit | p99.9 |");
@@ -102,7 +103,11 @@ fn main() {
         let (max, p999) = worst_and_p999(app_commits_beside_relay(&outbox, &url));
         println!(
             "| {backlog} | {} | {:.1} ms | {:.1} ms |",
-            if urgent { "an urgent event behind it" } else { "the backlog alone" },
+            if urgent {
+                "an urgent event behind it"
+            } else {
+                "the backlog alone"
+            },
             max.as_secs_f64() * 1000.0,
             p999.as_secs_f64() * 1000.0
         );

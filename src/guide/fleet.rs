@@ -27,7 +27,7 @@
 //! the table's newest row (an app's own cleanup of delivered rows, a hand), so the rows
 //! committed after it are numbered like any other. A backlog committed while no relay
 //! claimed (a week offline) is numbered by the relay in transactions of its own of at most
-//! 10,000 rows before it claims, so an urgent event behind a million offline ones does not
+//! 1,000 rows before it claims, so an urgent event behind a million offline ones does not
 //! hold the app's commits while a million rows are numbered.
 //!
 //! ## Accounting

@@ -622,11 +622,7 @@ impl Writer {
         // transactions of its own of a bounded size: the claim's transaction then numbers at
         // most a chunk, never the whole backlog below an urgent event. A read when there is
         // no such backlog.
-        numbering::catch_up(
-            &mut self.conn,
-            numbering::CATCH_UP_CHUNK,
-            numbering::CATCH_UP_CHUNK,
-        )?;
+        numbering::catch_up(&mut self.conn, numbering::RELAY_STEP, numbering::RELAY_STEP)?;
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // The lease as this relay counts it: from before the claim, on the monotonic clock.
         let lease_ends = Instant::now() + Duration::from_millis(self.lease_ms.max(0) as u64);

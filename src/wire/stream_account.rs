@@ -313,11 +313,15 @@ mod tests {
 
     #[test]
     fn fates_merge_split_and_count_without_overflow() {
-        let mut held = Fates::default();
-        held.dead = vec![[1, 3]];
-        let mut newer = Fates::default();
-        newer.purged = vec![[2, 2]];
-        newer.expired = vec![[7, 8]];
+        let held = Fates {
+            dead: vec![[1, 3]],
+            ..Fates::default()
+        };
+        let newer = Fates {
+            purged: vec![[2, 2]],
+            expired: vec![[7, 8]],
+            ..Fates::default()
+        };
         let merged = held.merged(&newer);
         assert_eq!(merged.dead, vec![[1, 1], [3, 3]]);
         assert_eq!(merged.purged, vec![[2, 2]]);

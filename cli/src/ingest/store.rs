@@ -173,8 +173,13 @@ impl Columns {
         stored: &std::collections::HashSet<(String, String)>,
     ) -> Summaries {
         use std::collections::BTreeMap;
-        // (source, stream) -> (every number, the numbers of new events)
-        let mut streams: BTreeMap<(&str, &str), (Vec<i64>, Vec<i64>)> = BTreeMap::new();
+        /// A stream's numbers in the request: every one, and those of its new events.
+        #[derive(Default)]
+        struct Numbers {
+            all: Vec<i64>,
+            fresh: Vec<i64>,
+        }
+        let mut streams: BTreeMap<(&str, &str), Numbers> = BTreeMap::new();
         for i in 0..self.len() {
             let (Some(stream), Some(number)) = (&self.stream[i], self.stream_seq[i]) else {
                 continue;
@@ -182,16 +187,23 @@ impl Columns {
             let entry = streams
                 .entry((self.source[i].as_str(), stream.as_str()))
                 .or_default();
-            entry.0.push(number);
+            entry.all.push(number);
             if stored.contains(&(self.source[i].clone(), self.id[i].clone())) {
-                entry.1.push(number);
+                entry.fresh.push(number);
             }
         }
         for (source, stream) in self.reports.streams() {
             streams.entry((source, stream)).or_default();
         }
         let mut summaries = Summaries::default();
-        for ((source, stream), (mut numbers, mut fresh)) in streams {
+        for (
+            (source, stream),
+            Numbers {
+                all: mut numbers,
+                mut fresh,
+            },
+        ) in streams
+        {
             numbers.sort_unstable();
             fresh.sort_unstable();
             let twice: Vec<i64> = fresh

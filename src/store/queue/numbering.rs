@@ -21,8 +21,8 @@
 //!   before it first), so its number stays given and the fleet names it missing.
 //!
 //! A backlog committed while no relay claimed (a device offline for weeks) is numbered by the
-//! relay in transactions of its own of at most [`CATCH_UP_CHUNK`] rows before it claims
-//! ([`catch_up`]), so that no claim numbers more than a chunk (and the rows committed since)
+//! relay in transactions of its own of at most [`RELAY_STEP`] rows before it claims
+//! ([`catch_up`]), so that no claim numbers more than a step (and the rows committed since)
 //! under the write lock, and an urgent event behind a million offline ones does not hold the
 //! app's commits for the whole walk.
 //!
@@ -61,6 +61,12 @@ pub(crate) fn is_off() -> bool {
 /// transaction that claims or reads after it: a backlog of weeks is numbered without
 /// holding the write lock for long.
 pub(crate) const CATCH_UP_CHUNK: i64 = 10_000;
+
+/// The step of the relay's own catching up before a claim: small enough that the app's
+/// commits beside it wait a few milliseconds per step (10,000 rows a step held them about
+/// 250 ms at a time on the 2-core VM), large enough that a relay keeping up never takes a
+/// step (its claims number the few rows committed since the last).
+pub(crate) const RELAY_STEP: i64 = 1_000;
 
 /// `(numbered_through, newest id)`: the rows in between are not numbered yet.
 fn unnumbered(conn: &Connection) -> Result<(i64, i64)> {
