@@ -54,16 +54,8 @@ fn enqueue(outbox: &Outbox, event: Event) {
 
 /// `outbox fleet --json` (of `SOURCE` only, if `only`): its streams and its exit code.
 fn fleet(postgres: &Postgres, only: bool) -> (Vec<Value>, i32) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    command.args(["fleet", "--pg", &postgres.url(), "--json"]);
-    if only {
-        command.args(["--source", SOURCE]);
-    }
-    let out = command.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let streams: Vec<Value> = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
-    (streams, out.status.code().unwrap_or(-1))
+    let args: &[&str] = if only { &["--source", SOURCE] } else { &[] };
+    ingest_process::fleet_json(postgres, args)
 }
 
 fn device(path: &Path) -> Outbox {
@@ -285,20 +277,6 @@ fn bad_input_exits_2_and_an_empty_fleet_exits_0() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("no streams yet"));
 }
 
-/// `outbox keygen` into `dir`: the key file and the public key it printed.
-fn keygen(dir: &Path, name: &str) -> (std::path::PathBuf, String) {
-    let file = dir.join(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["keygen", "--out", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (
-        file,
-        String::from_utf8(out.stdout).unwrap().trim().to_string(),
-    )
-}
-
 /// A relay to `url` requiring receipts signed by `receipt_key`, telling its accounting
 /// every second.
 fn relay_with_receipts(
@@ -326,7 +304,7 @@ fn relay_with_receipts(
 #[test]
 fn a_2xx_without_a_receipt_delivers_nothing_and_synced_through_follows_the_receipts() {
     let dir = tempfile::tempdir().unwrap();
-    let (receipt_file, receipt_public) = keygen(dir.path(), "ingest.key");
+    let (receipt_file, receipt_public) = ingest_process::keygen(dir.path(), "ingest.key");
     let postgres = Postgres::start();
     let ingest = Ingest::start(
         &postgres,

@@ -68,17 +68,8 @@ fn deliver(outbox: &Outbox, url: &str, destinations: &[&str], receipt_key: Optio
     assert_eq!(report.detached_threads, 0);
 }
 
-/// `outbox fleet --json` with `args`: its streams and its exit code.
 fn fleet(postgres: &Postgres, args: &[&str]) -> (Vec<Value>, i32) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["fleet", "--pg", &postgres.url(), "--json"])
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let streams: Vec<Value> = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
-    (streams, out.status.code().unwrap_or(-1))
+    ingest_process::fleet_json(postgres, args)
 }
 
 fn stream<'a>(streams: &'a [Value], name: &str) -> &'a Value {
@@ -99,18 +90,22 @@ fn unnumbered_at_the_fleet(postgres: &Postgres) -> i64 {
         .get(0)
 }
 
-/// `outbox keygen` into `dir`: the key file and the public key it printed.
-fn keygen(dir: &Path) -> (std::path::PathBuf, String) {
-    let file = dir.join("ingest.key");
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["keygen", "--out", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (
-        file,
-        String::from_utf8(out.stdout).unwrap().trim().to_string(),
-    )
+/// A PostgreSQL cluster and an `outbox ingest` that signs receipts, healthy; the ingest's
+/// public key.
+fn ingest_with_receipts(dir: &Path) -> (Postgres, Ingest, String) {
+    let (key_file, public) = ingest_process::keygen(dir, "ingest.key");
+    let postgres = Postgres::start();
+    let ingest = Ingest::start(
+        &postgres,
+        &[
+            "--secret",
+            SECRET,
+            "--receipt-key",
+            key_file.to_str().unwrap(),
+        ],
+    );
+    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    (postgres, ingest, public)
 }
 
 /// The review's first case: an app deletes its delivered rows itself (the newest among
@@ -155,18 +150,7 @@ fn the_apps_own_cleanup_and_a_hand_delete_leave_no_event_unnumbered_and_no_gap_u
 #[test]
 fn synced_through_stops_below_a_number_the_fleet_never_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_file, public) = keygen(dir.path());
-    let postgres = Postgres::start();
-    let ingest = Ingest::start(
-        &postgres,
-        &[
-            "--secret",
-            SECRET,
-            "--receipt-key",
-            key_file.to_str().unwrap(),
-        ],
-    );
-    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let (postgres, ingest, public) = ingest_with_receipts(dir.path());
     let db = dir.path().join("device.db");
     let outbox = device(&db, &["fleet"]);
     for i in 0..3 {
@@ -193,18 +177,7 @@ fn synced_through_stops_below_a_number_the_fleet_never_stored() {
 #[test]
 fn a_copy_stored_before_under_another_number_counts_as_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_file, public) = keygen(dir.path());
-    let postgres = Postgres::start();
-    let ingest = Ingest::start(
-        &postgres,
-        &[
-            "--secret",
-            SECRET,
-            "--receipt-key",
-            key_file.to_str().unwrap(),
-        ],
-    );
-    assert!(ingest.wait_healthy(Duration::from_secs(20)));
+    let (postgres, ingest, public) = ingest_with_receipts(dir.path());
     let outbox = device(&dir.path().join("device.db"), &["fleet", "backup"]);
     for i in 0..3 {
         enqueue(&outbox, Event::new("doc.saved", json!({"i": i})));

@@ -153,3 +153,30 @@ pub fn stored(postgres: &Postgres, source: &str) -> i64 {
         .unwrap()
         .get(0)
 }
+
+/// `outbox fleet --pg … --json` with `args`: its streams and its exit code.
+pub fn fleet_json(postgres: &Postgres, args: &[&str]) -> (Vec<serde_json::Value>, i32) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["fleet", "--pg", &postgres.url(), "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let streams: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    (streams, out.status.code().unwrap_or(-1))
+}
+
+/// `outbox keygen` into `dir`: the key file and the public key it printed.
+pub fn keygen(dir: &std::path::Path, name: &str) -> (PathBuf, String) {
+    let file = dir.join(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["keygen", "--out", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    (
+        file,
+        String::from_utf8(out.stdout).unwrap().trim().to_string(),
+    )
+}
