@@ -33,9 +33,8 @@ struct Held {
 
 impl Reports {
     /// Adds `account` of `source`.
-    pub fn push(&mut self, source: String, account: StreamAccount) -> Result<(), String> {
+    pub fn push(&mut self, source: String, account: StreamAccount) {
         self.reports.push((source, account));
-        Ok(())
     }
 
     /// How many reports.

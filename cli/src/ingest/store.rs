@@ -98,7 +98,7 @@ impl Columns {
                     _ => Err("its data is not JSON".to_string()),
                 }
                 .map_err(|e| format!("accounting {}: {e}", event.id))?;
-                columns.reports.push(event.source, account)?;
+                columns.reports.push(event.source, account);
                 continue;
             }
             let (stream, stream_seq) = stream_number(&event)?;
