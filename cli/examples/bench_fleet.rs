@@ -73,7 +73,7 @@ fn fill(client: &mut postgres::Client, stored: i64, total: i64) {
 fn rebuild(client: &mut postgres::Client) -> Duration {
     client
         .batch_execute(
-            "DROP TABLE outbox_fleet_streams;
+            "DROP TABLE outbox_fleet_streams, outbox_fleet_log;
              ALTER TABLE outbox_stream_reports DROP COLUMN report_seq;
              DELETE FROM outbox_pg_migrations WHERE version = 7;",
         )

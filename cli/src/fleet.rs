@@ -159,10 +159,78 @@ pub fn now_rfc3339() -> String {
 /// (`RelayConfig::accounting_interval`, at most a day).
 pub const DEFAULT_SILENT_AFTER: std::time::Duration = std::time::Duration::from_secs(86_400);
 
+/// Rows of `outbox_fleet_log` one transaction of [`merge_log`] takes at most.
+const MERGE_ROWS: i64 = 20_000;
+
+/// Key of the advisory lock that lets one merger at a time at the log (any process).
+const MERGE_LOCK: i64 = 0x6f75_7466_6c74;
+
+/// Merges what requests logged (`outbox_fleet_log`) into the streams' summaries, in
+/// transactions of at most [`MERGE_ROWS`] log rows, one merger at a time (an advisory lock:
+/// a second waits, then finds the log empty): the numbers join the stored ones; a number of
+/// a new event that was stored already, or that two new events carry, joins the reused.
+/// Returns how many log rows were merged. The ingest's probe calls it every fleet refresh;
+/// `outbox fleet` before it reads.
+///
+/// # Errors
+///
+/// PostgreSQL's.
+pub fn merge_log(client: &mut postgres::Client) -> Result<u64, postgres::Error> {
+    let mut merged = 0u64;
+    loop {
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MERGE_LOCK])?;
+        // Per stream, in one statement: the log rows taken (deleted), their numbers joined,
+        // and the new events' numbers found among the stored ones, or in two rows (ranges
+        // swept in order: one that starts below the reach of those before it overlaps).
+        let row = tx.query_one(
+            "WITH taken AS (
+                 DELETE FROM outbox_fleet_log
+                  WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox_fleet_log LIMIT $1))
+                 RETURNING source, stream, numbers, fresh, twice
+             ), per_stream AS (
+                 SELECT source, stream, range_agg(numbers) AS numbers,
+                        range_agg(fresh) AS fresh, range_agg(twice) AS twice
+                   FROM taken GROUP BY source, stream
+             ), swept AS (
+                 SELECT source, stream, r,
+                        max(upper(r)) OVER (PARTITION BY source, stream
+                                            ORDER BY lower(r), upper(r)
+                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                            AS reach
+                   FROM taken, unnest(fresh) AS r
+             ), across AS (
+                 SELECT source, stream,
+                        range_agg(int8range(lower(r), LEAST(upper(r), reach))) AS numbers
+                   FROM swept WHERE reach > lower(r)
+                  GROUP BY source, stream
+             ), updated AS (
+                 UPDATE outbox_fleet_streams AS f
+                    SET stored = f.stored + p.numbers,
+                        reused = f.reused + (f.stored * p.fresh) + p.twice
+                                          + COALESCE(a.numbers, '{}')
+                   FROM per_stream AS p
+                   LEFT JOIN across AS a ON a.source = p.source AND a.stream = p.stream
+                  WHERE f.source = p.source AND f.stream = p.stream
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM taken), (SELECT count(*) FROM updated)",
+            &[&MERGE_ROWS],
+        )?;
+        let taken: i64 = row.get(0);
+        tx.commit()?;
+        merged += taken as u64;
+        if taken < MERGE_ROWS {
+            return Ok(merged);
+        }
+    }
+}
+
 /// Reads the view of every stream (of `source` only, if given) from the streams' summaries
 /// the ingest keeps (`outbox_fleet_streams`, one row per source and stream, and the last
-/// report of each): its cost grows with the streams and the gaps in them, not with the
-/// events stored. A stream whose last report is older than `silent_after` while numbers it
+/// report of each), once what requests logged since the last merge is merged
+/// ([`merge_log`]): its cost grows with the streams and the gaps in them, and with what
+/// was stored since the last merge, not with the events stored. A stream whose last report is older than `silent_after` while numbers it
 /// reported pending are not stored is marked silent (and so incomplete). The incomplete
 /// streams come first, then by source and stream.
 ///
@@ -174,6 +242,7 @@ pub fn read(
     source: Option<&str>,
     silent_after: std::time::Duration,
 ) -> Result<Vec<StreamView>, postgres::Error> {
+    merge_log(client)?;
     let mut views = Vec::new();
     for row in client.query(
         "SELECT f.source, f.stream,

@@ -385,7 +385,7 @@ fn migration_7_builds_the_summaries_from_the_events_stored_before_it() {
     postgres
         .client()
         .batch_execute(
-            "DROP TABLE outbox_fleet_streams; DELETE FROM outbox_pg_migrations WHERE version = 7;",
+            "DROP TABLE outbox_fleet_streams, outbox_fleet_log; ALTER TABLE outbox_stream_reports DROP COLUMN report_seq; DELETE FROM outbox_pg_migrations WHERE version = 7;",
         )
         .unwrap();
     let ingest = Ingest::start(&postgres, &["--secret", SECRET]);

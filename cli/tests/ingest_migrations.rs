@@ -28,7 +28,7 @@ fn back_to_version_6(postgres: &Postgres) {
     postgres
         .client()
         .batch_execute(
-            "DROP TABLE outbox_fleet_streams;
+            "DROP TABLE outbox_fleet_streams, outbox_fleet_log;
              ALTER TABLE outbox_stream_reports DROP COLUMN report_seq;
              DELETE FROM outbox_pg_migrations WHERE version = 7;",
         )

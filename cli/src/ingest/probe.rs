@@ -144,6 +144,18 @@ impl Round {
                 );
             }
         }
+        // The log of the streams' numbers is merged every refresh, with or without a metrics
+        // listener to show the view: it stays as short as a refresh's requests.
+        if state.fleet.is_none()
+            && self
+                .fleet_read
+                .is_none_or(|at| at.elapsed() >= state.fleet_refresh)
+        {
+            self.fleet_read = Some(Instant::now());
+            if let Err(e) = crate::fleet::merge_log(client) {
+                log::warn!("ingest: the streams' log not merged: {e}");
+            }
+        }
         if let Some(fleet) = &state.fleet {
             if self
                 .fleet_read

@@ -18,7 +18,16 @@ use sqlite_outbox::wire::{
 ///
 /// In the same statement, each of the request's sources gets its row in `outbox_sources`
 /// (first and last seen, events stored, newest event time), so an operator can ask which
-/// devices went silent; the statement returns how many events were new.
+/// devices went silent; and each of its streams a row in `outbox_fleet_log` (PostgreSQL
+/// migration 7): every number the request carries (`numbers`: its new events' and the
+/// copies' of events stored before under another number: a redelivery, a second
+/// destination, an imported bundle), those of its new events (`fresh`) and those two of
+/// its new events both carry (`twice`). An append, which no other request waits for: the
+/// log is merged into the streams' summaries by the health probe (`fleet::merge_log`).
+///
+/// It returns one row of how many events were new, then one per stream of the request
+/// that has no summary row yet (a device's first request to a destination: its source's
+/// streams are counted before it is stored).
 pub(crate) const INSERT_EVENTS: &str = "
     WITH stored AS (
         INSERT INTO outbox_ingested (source, id, type, subject, partitionkey, sequence, time, data,
@@ -27,7 +36,7 @@ pub(crate) const INSERT_EVENTS: &str = "
                              $6::int8[], $7::text[]::timestamptz[], $8::jsonb[],
                              $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[])
         ON CONFLICT (source, id) DO NOTHING
-        RETURNING source, id, time
+        RETURNING source, id, time, stream, stream_seq
     ), seen AS (
         INSERT INTO outbox_sources AS s (source, events_stored, newest_event_time)
         SELECT requested.source, count(stored.source), max(stored.time)
@@ -38,24 +47,30 @@ pub(crate) const INSERT_EVENTS: &str = "
            SET last_seen = now(),
                events_stored = s.events_stored + EXCLUDED.events_stored,
                newest_event_time = GREATEST(s.newest_event_time, EXCLUDED.newest_event_time)
+    ), numbered AS (
+        SELECT source, stream, stream_seq
+          FROM unnest($1::text[], $12::text[], $13::int8[]) AS r(source, stream, stream_seq)
+         WHERE stream IS NOT NULL AND stream_seq IS NOT NULL
+    ), logged AS (
+        INSERT INTO outbox_fleet_log (source, stream, numbers, fresh, twice)
+        SELECT n.source, n.stream, range_agg(int8range(n.stream_seq, n.stream_seq, '[]')),
+               COALESCE((SELECT range_agg(int8range(f.stream_seq, f.stream_seq, '[]'))
+                           FROM stored AS f
+                          WHERE f.source = n.source AND f.stream = n.stream), '{}'),
+               COALESCE((SELECT range_agg(int8range(t.stream_seq, t.stream_seq, '[]'))
+                           FROM (SELECT stream_seq FROM stored AS f
+                                  WHERE f.source = n.source AND f.stream = n.stream
+                                  GROUP BY stream_seq HAVING count(*) > 1) AS t), '{}')
+          FROM numbered AS n
+         WHERE $14
+         GROUP BY n.source, n.stream
     )
-    SELECT source, id FROM stored";
-
-/// The statement that keeps each stream's summary (`outbox_fleet_streams`, PostgreSQL
-/// migration 7) for a request: the numbers it recorded (`numbers`: its events' newly stored
-/// and the copies' of events stored before under another number) join the numbers stored;
-/// the numbers of its newly stored events that were stored already (`fresh` within the
-/// stored numbers as they were), or twice within the request (`twice`), join the reused.
-/// The `UPDATE` locks each stream's row, so two requests of one stream merge in turn and
-/// neither's numbers are lost. Streams without a row yet are not returned.
-pub(crate) const UPDATE_STREAMS: &str = "
-    UPDATE outbox_fleet_streams AS f
-       SET stored = f.stored + u.numbers::int8multirange,
-           reused = f.reused + (f.stored * u.fresh::int8multirange) + u.twice::int8multirange
-      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-               AS u(source, stream, numbers, fresh, twice)
-     WHERE f.source = u.source AND f.stream = u.stream
-    RETURNING f.source, f.stream";
+    SELECT (SELECT count(*) FROM stored), NULL::text, NULL::text
+    UNION ALL
+    SELECT NULL, r.source, r.stream
+      FROM (SELECT DISTINCT source, stream FROM numbered) AS r
+     WHERE $14 AND NOT EXISTS (SELECT 1 FROM outbox_fleet_streams AS f
+                                WHERE f.source = r.source AND f.stream = r.stream)";
 
 /// How many streams one source may have at the fleet unless the ingest is told otherwise
 /// (`--max-streams-per-source`): a device has one stream per destination, a handful at
@@ -162,64 +177,6 @@ impl Columns {
             .collect();
         numbers.sort_unstable();
         (source, stream, ranges_of(numbers))
-    }
-
-    /// The summaries of the request's streams once its events are stored (`stored`: the
-    /// `(source, id)` of those that were new): every number the request recorded, those
-    /// of its new events, and the numbers two of its new events both carry. The streams of
-    /// its accountings come too, with no numbers: they need their rows.
-    pub(crate) fn summaries(
-        &self,
-        stored: &std::collections::HashSet<(String, String)>,
-    ) -> Summaries {
-        use std::collections::BTreeMap;
-        /// A stream's numbers in the request: every one, and those of its new events.
-        #[derive(Default)]
-        struct Numbers {
-            all: Vec<i64>,
-            fresh: Vec<i64>,
-        }
-        let mut streams: BTreeMap<(&str, &str), Numbers> = BTreeMap::new();
-        for i in 0..self.len() {
-            let (Some(stream), Some(number)) = (&self.stream[i], self.stream_seq[i]) else {
-                continue;
-            };
-            let entry = streams
-                .entry((self.source[i].as_str(), stream.as_str()))
-                .or_default();
-            entry.all.push(number);
-            if stored.contains(&(self.source[i].clone(), self.id[i].clone())) {
-                entry.fresh.push(number);
-            }
-        }
-        for (source, stream) in self.reports.streams() {
-            streams.entry((source, stream)).or_default();
-        }
-        let mut summaries = Summaries::default();
-        for (
-            (source, stream),
-            Numbers {
-                all: mut numbers,
-                mut fresh,
-            },
-        ) in streams
-        {
-            numbers.sort_unstable();
-            fresh.sort_unstable();
-            let twice: Vec<i64> = fresh
-                .windows(2)
-                .filter(|pair| pair[0] == pair[1])
-                .map(|pair| pair[0])
-                .collect();
-            summaries.push(
-                source,
-                stream,
-                &ranges_of(numbers),
-                &ranges_of(fresh),
-                &ranges_of(twice),
-            );
-        }
-        summaries
     }
 
     /// How many events (accountings not counted).
@@ -360,9 +317,10 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-/// Stores `columns` in one transaction, with the summaries of their streams (unless a bench
-/// turned them off, `summaries_on`); returns how many events were new. A request that would give a source more than `max_streams`
-/// streams is refused whole.
+/// Stores `columns` in one transaction, with their streams' numbers logged for the
+/// summaries (unless a bench turned them off, `summaries_on`); returns how many events were
+/// new. A request that would give a source more than `max_streams` streams is refused
+/// whole.
 pub(crate) fn store(
     client: &mut postgres::Client,
     columns: &Columns,
@@ -370,32 +328,53 @@ pub(crate) fn store(
     summaries_on: bool,
 ) -> Result<u64, StoreError> {
     let mut tx = client.transaction()?;
-    let stored: std::collections::HashSet<(String, String)> = if columns.len() > 0 {
+    let mut stored = 0i64;
+    let mut new = NewStreams::default();
+    if columns.len() > 0 {
         let statement = tx.prepare(INSERT_EVENTS)?;
-        tx.query(&statement, &columns.params())?
-            .into_iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
-    } else {
-        Default::default()
-    };
-    let summaries = columns.summaries(&stored);
-    if summaries_on && !summaries.is_empty() {
-        let statement = tx.prepare(UPDATE_STREAMS)?;
-        let updated: std::collections::HashSet<(String, String)> = tx
-            .query(&statement, &summaries.params())?
-            .into_iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        if updated.len() < summaries.len() {
-            let new = summaries.without(&updated);
-            add_streams(&mut tx, &new, max_streams)?;
-            tx.query(&statement, &new.params())?;
+        let mut params = columns.params().to_vec();
+        params.push(&summaries_on);
+        for row in tx.query(&statement, &params)? {
+            match row.get::<_, Option<i64>>(0) {
+                Some(count) => stored = count,
+                None => new.push(row.get(1), row.get(2)),
+            }
         }
+    }
+    if summaries_on && columns.reports.len() > 0 {
+        let (sources, streams): (Vec<&str>, Vec<&str>) = columns.reports.streams().unzip();
+        for row in tx.query(
+            "SELECT DISTINCT r.source, r.stream
+               FROM unnest($1::text[], $2::text[]) AS r(source, stream)
+              WHERE NOT EXISTS (SELECT 1 FROM outbox_fleet_streams AS f
+                                 WHERE f.source = r.source AND f.stream = r.stream)",
+            &[&sources, &streams],
+        )? {
+            new.push(row.get(0), row.get(1));
+        }
+    }
+    if !new.source.is_empty() {
+        add_streams(&mut tx, &new, max_streams)?;
     }
     columns.reports.store(&mut tx)?;
     tx.commit()?;
-    Ok(stored.len() as u64)
+    Ok(stored as u64)
+}
+
+/// Streams seen without a summary row, by source.
+#[derive(Debug, Default)]
+struct NewStreams {
+    source: Vec<String>,
+    stream: Vec<String>,
+}
+
+impl NewStreams {
+    fn push(&mut self, source: String, stream: String) {
+        if !(0..self.source.len()).any(|i| self.source[i] == source && self.stream[i] == stream) {
+            self.source.push(source);
+            self.stream.push(stream);
+        }
+    }
 }
 
 /// Gives the streams of `new` their rows, unless a source would then have more than
@@ -404,7 +383,7 @@ pub(crate) fn store(
 /// pass the bound.
 fn add_streams(
     tx: &mut postgres::Transaction<'_>,
-    new: &Summaries,
+    new: &NewStreams,
     max_streams: usize,
 ) -> Result<(), StoreError> {
     let mut sources: Vec<&String> = new.source.iter().collect();
@@ -421,7 +400,7 @@ fn add_streams(
                 &[source],
             )?
             .get(0);
-        let adding: Vec<&String> = (0..new.len())
+        let adding: Vec<&String> = (0..new.source.len())
             .filter(|&i| &new.source[i] == source)
             .map(|i| &new.stream[i])
             .collect();
@@ -448,81 +427,6 @@ fn add_streams(
         )?;
     }
     Ok(())
-}
-
-/// A request's streams as the columns of [`UPDATE_STREAMS`]: ranges as multirange text
-/// (`{[1,5],[7,7]}`).
-#[derive(Debug, Default)]
-pub(crate) struct Summaries {
-    source: Vec<String>,
-    stream: Vec<String>,
-    numbers: Vec<String>,
-    fresh: Vec<String>,
-    twice: Vec<String>,
-}
-
-impl Summaries {
-    fn push(
-        &mut self,
-        source: &str,
-        stream: &str,
-        numbers: &Ranges,
-        fresh: &Ranges,
-        twice: &Ranges,
-    ) {
-        self.source.push(source.to_owned());
-        self.stream.push(stream.to_owned());
-        self.numbers.push(multirange(numbers));
-        self.fresh.push(multirange(fresh));
-        self.twice.push(multirange(twice));
-    }
-
-    fn len(&self) -> usize {
-        self.source.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.source.is_empty()
-    }
-
-    /// The streams not in `done`.
-    fn without(&self, done: &std::collections::HashSet<(String, String)>) -> Summaries {
-        let mut rest = Summaries::default();
-        for i in 0..self.len() {
-            if !done.contains(&(self.source[i].clone(), self.stream[i].clone())) {
-                rest.source.push(self.source[i].clone());
-                rest.stream.push(self.stream[i].clone());
-                rest.numbers.push(self.numbers[i].clone());
-                rest.fresh.push(self.fresh[i].clone());
-                rest.twice.push(self.twice[i].clone());
-            }
-        }
-        rest
-    }
-
-    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 5] {
-        [
-            &self.source,
-            &self.stream,
-            &self.numbers,
-            &self.fresh,
-            &self.twice,
-        ]
-    }
-}
-
-/// Ranges as PostgreSQL's multirange text: `{[1,5],[7,7]}`.
-fn multirange(ranges: &Ranges) -> String {
-    use std::fmt::Write;
-    let mut text = String::from("{");
-    for (i, [first, last]) in ranges.iter().enumerate() {
-        if i > 0 {
-            text.push(',');
-        }
-        let _ = write!(text, "[{first},{last}]");
-    }
-    text.push('}');
-    text
 }
 
 /// A row of `outbox_device_keys`: key id, source pattern, key.

@@ -114,6 +114,8 @@ const MIGRATIONS: &[&str] = &[
     // and the numbers stored under two event ids. A copy of an event stored before under
     // another number (a redelivery, a second destination, an imported bundle) adds its
     // number here though its event is not stored again. Built from the events stored so far.
+    // Each request appends its streams' numbers to `outbox_fleet_log` (no index, no lock
+    // another request waits for), which the ingest's probe merges into the summaries.
     // And each stream's last report number from its device (`seq`), so that reports that
     // tell only what changed merge in order.
     "CREATE TABLE outbox_fleet_streams (
@@ -139,7 +141,14 @@ const MIGRATIONS: &[&str] = &[
      INSERT INTO outbox_fleet_streams (source, stream)
      SELECT source, stream FROM outbox_stream_reports
      ON CONFLICT (source, stream) DO NOTHING;
-     ALTER TABLE outbox_stream_reports ADD COLUMN report_seq bigint;",
+     ALTER TABLE outbox_stream_reports ADD COLUMN report_seq bigint;
+     CREATE TABLE outbox_fleet_log (
+         source  text           NOT NULL,
+         stream  text           NOT NULL,
+         numbers int8multirange NOT NULL,
+         fresh   int8multirange NOT NULL,
+         twice   int8multirange NOT NULL
+     );",
 ];
 
 /// The schema version this build creates.
