@@ -95,9 +95,11 @@
 //!
 //! Its cost grows with the streams, not with the events: the ingest keeps one summary row
 //! per source and stream (`outbox_fleet_streams`, PostgreSQL migration 7: the numbers
-//! stored and the numbers stored twice, as multiranges, merged as each request is stored,
-//! under the row's lock), and `outbox fleet`, `/fleet` and the gauges read those rows and
-//! the last reports. With 10,000 streams it reads in about 0.2 s whether 1 or 10 million
+//! stored and the numbers stored twice, as multiranges). Each request appends its streams'
+//! numbers to a log (`outbox_fleet_log`) in the statement that stores its events, so no
+//! request waits for another's; the ingest's probe merges the log into the summaries every
+//! `--fleet-refresh` (15 s), and `outbox fleet` merges what is left before it reads.
+//! `outbox fleet`, `/fleet` and the gauges read the summaries and the last reports. With 10,000 streams it reads in about 0.2 s whether 1 or 10 million
 //! events are stored (docs/PERFORMANCE.md, "The fleet's view"); it needs PostgreSQL 14 or
 //! newer (multiranges). An event stored before under its `(source, id)` and sent again under
 //! another number (a redelivery, a second destination posting to the same ingest, an

@@ -250,6 +250,8 @@ pub fn bare_inserts(
             &statement,
             &[
                 &c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7, &c.8, &c.9, &c.10, &c.11, &c.12,
+                // The streams' numbers logged, as the ingest does.
+                &true,
             ],
         )
         .unwrap();
