@@ -18,10 +18,11 @@
 //! whichever ingest process each attempt reached. The processes share nothing but the
 //! database, so a load balancer may send any request anywhere.
 //!
-//! [`IngestServer::start`] binds, starts the threads, and returns; it creates or upgrades the
-//! tables first (or, while PostgreSQL is down, within a second of its return: the probe
-//! tries every second, and so does each request): until then every request gets 503 and
-//! `/healthz` is not 200. With `--keys-table`, `/healthz` is 200 only once the table of
+//! [`IngestServer::start`] binds, starts the threads, and returns; its probe thread creates
+//! or upgrades the tables (the start waits up to two seconds for that; a migration of a big
+//! table goes on after it, without a statement timeout, and while PostgreSQL is down the
+//! probe tries every second): until they are current every request gets 503 with
+//! `Retry-After`, and `/healthz` is not 200. With `--keys-table`, `/healthz` is 200 only once the table of
 //! device keys was read. The command-line form is `outbox ingest`.
 //!
 //! **Order.** A device's relay sends a partition key's events one at a time, in commit
@@ -46,6 +47,7 @@ mod admission;
 mod fleet_page;
 mod keys;
 mod metrics;
+mod prepared;
 mod probe;
 mod reports;
 mod server;
@@ -64,6 +66,10 @@ use tokio::sync::watch;
 use admission::{InflightBudget, PeerConnections, RefusalLog, SourceRate};
 use keys::{Entry, Origin, Registry};
 use probe::Probe;
+
+/// How long [`IngestServer::start`] waits for the probe's first round (the tables created or
+/// migrated, the keys read) before it returns.
+const FIRST_ROUND_WAIT: Duration = Duration::from_secs(2);
 use server::{Health, State};
 use verification::VerifyPool;
 
@@ -550,8 +556,16 @@ impl IngestServer {
         if config.keys_file.is_some() {
             state.metrics.key_reload_succeeded();
         }
-        // Its first round runs now: the table of device keys is read at start.
+        // Its first round runs now: the tables are created or migrated, and the table of
+        // device keys is read. The start waits for that round a moment (a new or current
+        // database takes milliseconds); a longer migration goes on while the server
+        // answers 503 with Retry-After.
         let probe = Probe::start(postgres, tls, Arc::clone(&state))?;
+        let waited = std::time::Instant::now();
+        while *state.health.borrow() == Health::NotProbedYet && waited.elapsed() < FIRST_ROUND_WAIT
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(1)

@@ -322,16 +322,16 @@ impl From<postgres::Error> for StoreError {
 /// new. A request that would give a source more than `max_streams` streams is refused
 /// whole.
 pub(crate) fn store(
-    client: &mut postgres::Client,
+    conn: &mut super::prepared::Connection,
     columns: &Columns,
     max_streams: usize,
     summaries_on: bool,
 ) -> Result<u64, StoreError> {
-    let mut tx = client.transaction()?;
+    let statement = conn.prepared(INSERT_EVENTS)?;
+    let mut tx = conn.client.transaction()?;
     let mut stored = 0i64;
     let mut new = NewStreams::default();
     if columns.len() > 0 {
-        let statement = tx.prepare(INSERT_EVENTS)?;
         let mut params = columns.params().to_vec();
         params.push(&summaries_on);
         for row in tx.query(&statement, &params)? {

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use r2d2_postgres::PostgresConnectionManager;
 
+use super::prepared::Manager;
+
 use sqlite_outbox::receive::PgTls;
 
 use super::store::{self, Columns};
@@ -20,7 +22,7 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// The shortest pause between two attempts to create the tables while PostgreSQL is down.
 const MIGRATION_RETRY: Duration = Duration::from_secs(1);
 
-type Pool = r2d2::Pool<PostgresConnectionManager<PgTls>>;
+type Pool = r2d2::Pool<Manager>;
 
 /// What a job came to.
 #[derive(Debug)]
@@ -82,7 +84,7 @@ impl Workers {
         max_streams_per_source: usize,
         summaries: bool,
     ) -> std::io::Result<Workers> {
-        let manager = PostgresConnectionManager::new(config, tls);
+        let manager = Manager(PostgresConnectionManager::new(config, tls));
         let pool = r2d2::Pool::builder()
             .max_size(threads as u32)
             .min_idle(Some(0))
@@ -198,6 +200,7 @@ impl Shared {
         let mut client = self.pool.get().map_err(|e| e.to_string())?;
         let wanted = sqlite_outbox::receive::pg_schema_version();
         let found: Option<i32> = client
+            .client
             .query_one("SELECT max(version) FROM outbox_pg_migrations", &[])
             .ok()
             .and_then(|row| row.get(0));
