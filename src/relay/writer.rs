@@ -51,6 +51,9 @@ const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// published in the wal-index, which no notification reports (see [`crate::relay::wal_watch`]).
 const RECHECKS: u32 = 4;
 const RECHECK_STEP: Duration = Duration::from_millis(1);
+/// How often the relay looks for a backlog not numbered yet before it claims.
+const NUMBERING_CHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// How long no request must have been out before the paused WAL watch resumes: past an
 /// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
 /// commits at 20 a second, so another process's next commit finds the watch on.
@@ -119,6 +122,8 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
+    /// When the relay last looked for a backlog not numbered yet (see `claim`).
+    numbering_checked: Option<Instant>,
     /// When the writer last made room on a full disk.
     last_room_recovery: Option<Instant>,
     /// When the expiry sweep last ran, and when it is next due (`None`: no pending event
@@ -184,6 +189,7 @@ impl Writer {
             data_version: 0,
             last_poll: Instant::now(),
             last_claim: Instant::now(),
+            numbering_checked: None,
             last_room_recovery: None,
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
@@ -620,9 +626,17 @@ impl Writer {
         };
         // A backlog not numbered yet (committed while no relay claimed) is numbered first, in
         // transactions of its own of a bounded size: the claim's transaction then numbers at
-        // most a chunk, never the whole backlog below an urgent event. A read when there is
-        // no such backlog.
-        numbering::catch_up(&mut self.conn, numbering::RELAY_STEP, numbering::RELAY_STEP)?;
+        // most a step and what the app committed since the last look, never the whole
+        // backlog below an urgent event. A read when there is no such backlog, so made at
+        // the first claim and then at most every NUMBERING_CHECK_EVERY: before every claim
+        // it cost the one-event relay about a tenth of its rate.
+        if self
+            .numbering_checked
+            .is_none_or(|at| at.elapsed() >= NUMBERING_CHECK_EVERY)
+        {
+            numbering::catch_up(&mut self.conn, numbering::RELAY_STEP, numbering::RELAY_STEP)?;
+            self.numbering_checked = Some(Instant::now());
+        }
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // The lease as this relay counts it: from before the claim, on the monotonic clock.
         let lease_ends = Instant::now() + Duration::from_millis(self.lease_ms.max(0) as u64);
