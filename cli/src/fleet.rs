@@ -166,7 +166,7 @@ const MERGE_ROWS: i64 = 20_000;
 const MERGE_LOCK: i64 = 0x6f75_7466_6c74;
 
 /// Merges what requests logged (`outbox_fleet_log`) into the streams' summaries, in
-/// transactions of at most [`MERGE_ROWS`] log rows, one merger at a time (an advisory lock:
+/// transactions of at most 20,000 log rows, one merger at a time (an advisory lock:
 /// a second waits, then finds the log empty): the numbers join the stored ones; a number of
 /// a new event that was stored already, or that two new events carry, joins the reused.
 /// Returns how many log rows were merged. The ingest's probe calls it every fleet refresh;
