@@ -60,6 +60,9 @@ pub(crate) struct Accountant {
     interval: Duration,
     /// Per `(destination, source)`.
     last: HashMap<(String, String), LastTold>,
+    /// Streams whose accounting the destination refused (4xx) since it last took one: the
+    /// refusal is logged as a warning once, not every round.
+    refused: std::collections::HashSet<(String, String)>,
     started: Instant,
     /// Its own connection (opened at the first look): its `PRAGMA data_version` moves only
     /// when another connection commits, so an idle file costs a look one pragma.
@@ -83,6 +86,7 @@ impl Accountant {
             stop,
             interval,
             last: HashMap::new(),
+            refused: Default::default(),
             started: Instant::now(),
             conn: None,
             seen: None,
@@ -284,7 +288,7 @@ impl Accountant {
     }
 
     /// Sends one report; whether the destination took it (2xx).
-    fn send(&self, index: usize, key: &(String, String), report: &StreamAccount) -> bool {
+    fn send(&mut self, index: usize, key: &(String, String), report: &StreamAccount) -> bool {
         let destination = &self.destinations[index];
         let data = match serde_json::to_value(report) {
             Ok(data) => data,
@@ -302,6 +306,7 @@ impl Accountant {
         event.created_at = self.outbox.now_ms();
         match destination.transport.send(std::slice::from_ref(&event)) {
             Attempt::Answered { status, .. } if (200..300).contains(&status) => {
+                self.refused.remove(key);
                 log::debug!(
                     "destination {}: told the accounting of {} through {} (report {:?})",
                     destination.name,
@@ -310,6 +315,20 @@ impl Accountant {
                     report.seq
                 );
                 true
+            }
+            // Refused (a receiver's bound, a malformed report): retrying will not pass, and
+            // the fleet names this stream's fates missing until an operator acts.
+            Attempt::Answered { status, .. }
+                if (400..500).contains(&status) && self.refused.insert(key.clone()) =>
+            {
+                log::warn!(
+                    "destination {}: the accounting of {} was refused ({status}); the fleet \
+                     cannot see this stream's fates until it takes one (logged once; told \
+                     again every round)",
+                    destination.name,
+                    key.1
+                );
+                false
             }
             other => {
                 log::info!(
