@@ -634,7 +634,11 @@ impl Writer {
             .numbering_checked
             .is_none_or(|at| at.elapsed() >= NUMBERING_CHECK_EVERY)
         {
-            numbering::catch_up(&mut self.conn, numbering::RELAY_STEP, numbering::RELAY_STEP)?;
+            numbering::catch_up(
+                &mut self.conn,
+                numbering::RELAY_STEP,
+                numbering::CATCH_UP_CHUNK,
+            )?;
             self.numbering_checked = Some(Instant::now());
         }
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
