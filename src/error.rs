@@ -146,6 +146,14 @@ pub enum Error {
     /// statement.
     #[cfg(feature = "postgres")]
     Postgres(postgres::Error),
+    /// Another process held the PostgreSQL migration lock for as long as
+    /// [`pg_migrate`](crate::receive::pg_migrate) waits (10 s): it is still migrating the
+    /// tables (a big table can take minutes). Call again later.
+    #[cfg(feature = "postgres")]
+    MigrationInProgress {
+        /// How long this call waited for the lock.
+        waited: std::time::Duration,
+    },
 }
 
 impl fmt::Display for Error {
@@ -219,6 +227,12 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "I/O error: {e}"),
             #[cfg(feature = "postgres")]
             // The server's own words: the error's own display says only "db error".
+            Error::MigrationInProgress { waited } => write!(
+                f,
+                "another process is migrating the PostgreSQL tables (waited {:.1} s for its \
+                 lock, the most this call waits); try again later",
+                waited.as_secs_f64()
+            ),
             Error::Postgres(e) => match e.as_db_error() {
                 Some(db) => {
                     write!(f, "PostgreSQL error {}: {}", db.code().code(), db.message())?;
