@@ -69,6 +69,13 @@ pub(crate) struct Accountant {
     conn: Option<rusqlite::Connection>,
     /// The file's data version at the last round, and when that round was.
     seen: Option<(i64, Instant)>,
+    /// Per destination: its fates' fingerprint at its last full read, and when that was.
+    /// A round reads a destination's streams in full (every pending row) only when the
+    /// fingerprint moved (a fate to tell at once), its last pending row left (its
+    /// synced-through number can move up to its high water), an interval passed (the
+    /// pending numbers are told every interval), or the relay stops: a draining relay's
+    /// other rounds read no pending row.
+    looked: HashMap<String, (stream_accounts::FatesFingerprint, Instant)>,
 }
 
 impl Accountant {
@@ -90,6 +97,7 @@ impl Accountant {
             started: Instant::now(),
             conn: None,
             seen: None,
+            looked: HashMap::new(),
         }
     }
 
@@ -146,6 +154,9 @@ impl Accountant {
                 continue;
             }
             let name = destination.name.clone();
+            if !last_round && !self.full_read_due(&name) {
+                continue;
+            }
             let read = match self.conn.as_mut() {
                 Some(conn) => stream_accounts::read(conn, &name),
                 None => self
@@ -171,6 +182,31 @@ impl Accountant {
                 self.advance_synced(&key, &stream.account, &stream.lost);
             }
         }
+    }
+
+    /// Whether `destination`'s streams are to be read in full this round (see `looked`);
+    /// keeps the fingerprint when they are. Unknown (an error) counts as due.
+    fn full_read_due(&mut self, destination: &str) -> bool {
+        let fingerprint = match &self.conn {
+            Some(conn) => stream_accounts::fates_fingerprint(conn, destination).ok(),
+            None => None,
+        };
+        let Some(fingerprint) = fingerprint else {
+            return true;
+        };
+        let due = match self.looked.get(destination) {
+            None => true,
+            Some((then, at)) => {
+                at.elapsed() >= self.interval
+                    || fingerprint != *then
+                    || (then.any_pending && !fingerprint.any_pending)
+            }
+        };
+        if due {
+            self.looked
+                .insert(destination.to_string(), (fingerprint, Instant::now()));
+        }
+        due
     }
 
     /// Keeps of a stream's acknowledged fates only those the file still holds (the others

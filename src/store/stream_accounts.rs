@@ -103,6 +103,52 @@ pub(crate) fn forget_told(
     Ok(())
 }
 
+/// What, cheaply read, tells whether a destination's fates may have changed: its dead
+/// letters (file-wide, from their index), its fates of deleted rows and its lost numbers
+/// (counts and sums over their keys), and whether it has anything pending at all. Equal
+/// fingerprints mean no new fate to tell; reading one costs no pending row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FatesFingerprint {
+    dead: (i64, Option<i64>),
+    fates: (i64, i64),
+    lost: (i64, i64),
+    pub any_pending: bool,
+}
+
+/// Reads `destination`'s [`FatesFingerprint`].
+pub(crate) fn fates_fingerprint(conn: &Connection, destination: &str) -> Result<FatesFingerprint> {
+    let dead = conn
+        .prepare_cached(
+            "SELECT count(*), max(dead_at) FROM outbox_events INDEXED BY outbox_events_dead
+              WHERE dead_at IS NOT NULL AND delivered_at IS NULL",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let fates = conn
+        .prepare_cached(
+            "SELECT count(*), COALESCE(sum(stream_seq), 0) FROM outbox_fates
+              WHERE destination = ?1",
+        )?
+        .query_row([destination], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let lost = conn
+        .prepare_cached(
+            "SELECT count(*), COALESCE(sum(stream_seq), 0) FROM outbox_lost_numbers
+              WHERE destination = ?1",
+        )?
+        .query_row([destination], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let any_pending = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM outbox_events INDEXED BY outbox_events_pending
+                             WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL)",
+        )?
+        .query_row([destination], |r| r.get(0))?;
+    Ok(FatesFingerprint {
+        dead,
+        fates,
+        lost,
+        any_pending,
+    })
+}
+
 /// A stream's synced-through number and when it last moved (unix ms), once it has moved.
 pub(crate) fn synced(
     conn: &Connection,
@@ -157,54 +203,57 @@ pub(crate) fn read(conn: &mut Connection, destination: &str) -> Result<Vec<Strea
             );
         }
     }
-    // Pending numbers: the rows neither delivered nor out of pending, as ranges. The
-    // numbered rows are joined into ranges by SQLite (gaps and islands: a number minus its
-    // rank is constant along a run), so a backlog of a million costs the relay no memory
-    // of its own; the rows not numbered yet (those committed since the relay's last
-    // claim) take the numbers the plan gives them.
+    // Pending numbers: the rows neither delivered nor out of pending, as ranges, in one
+    // walk of ids from the lowest pending one (found in the pending rows' index, which
+    // holds the ids: no row is read for it). A stream's numbers rise with its ids, so each
+    // row extends its stream's last range or starts the next one: no sort, memory by
+    // ranges, not rows. The rows not numbered yet (committed since the relay's last claim)
+    // take the numbers the plan gives them.
     {
-        let mut pending: BTreeMap<String, Ranges> = BTreeMap::new();
-        let mut stmt = tx.prepare_cached(
-            "SELECT source, MIN(stream_seq), MAX(stream_seq)
-               FROM (SELECT source, stream_seq,
-                            stream_seq - row_number() OVER (PARTITION BY source ORDER BY stream_seq)
-                                AS island
-                       FROM outbox_events
-                      WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL
-                        AND source IS NOT NULL AND stream_seq IS NOT NULL)
-              GROUP BY source, island",
-        )?;
-        let mut rows = stmt.query([destination])?;
-        while let Some(row) = rows.next()? {
-            pending
-                .entry(row.get(0)?)
-                .or_default()
-                .push([row.get(1)?, row.get(2)?]);
-        }
-        if let Some(plan) = &plan {
+        let lowest: Option<i64> = tx
+            .prepare_cached(
+                "SELECT MIN(id) FROM outbox_events INDEXED BY outbox_events_pending
+                  WHERE destination = ?1 AND delivered_at IS NULL AND dead_at IS NULL",
+            )?
+            .query_row([destination], |r| r.get(0))?;
+        let mut pending: BTreeMap<String, (Ranges, bool)> = BTreeMap::new();
+        if let Some(lowest) = lowest {
             let mut stmt = tx.prepare_cached(
-                "SELECT source, id FROM outbox_events
-                  WHERE id > ?1 AND destination = ?2 AND delivered_at IS NULL AND dead_at IS NULL
-                    AND source IS NOT NULL AND stream_seq IS NULL",
+                "SELECT source, id, stream_seq FROM outbox_events NOT INDEXED
+                  WHERE id >= ?1 AND destination = ?2 AND delivered_at IS NULL
+                    AND dead_at IS NULL AND source IS NOT NULL
+                  ORDER BY id",
             )?;
-            let first = plan.numbered.first().map_or(i64::MAX, |(id, _)| *id - 1);
-            let mut rows = stmt.query(params![first, destination])?;
-            let mut unnumbered: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+            let mut rows = stmt.query(params![lowest, destination])?;
             while let Some(row) = rows.next()? {
-                if let Some(number) = plan.number_of(row.get(1)?) {
-                    unnumbered.entry(row.get(0)?).or_default().push(number);
+                let Some(number) = number_of(row.get(1)?, row.get(2)?) else {
+                    continue;
+                };
+                let Ok(source) = row.get_ref(0)?.as_str() else {
+                    continue;
+                };
+                let (ranges, unordered) = match pending.get_mut(source) {
+                    Some(entry) => entry,
+                    None => pending.entry(source.to_string()).or_default(),
+                };
+                match ranges.last_mut() {
+                    Some([_, last]) if number == *last + 1 => *last = number,
+                    Some([_, last]) if number <= *last => {
+                        *unordered = true;
+                        ranges.push([number, number]);
+                    }
+                    _ => ranges.push([number, number]),
                 }
             }
-            for (source, mut numbers) in unnumbered {
-                numbers.sort_unstable();
-                let ranges = pending.entry(source).or_default();
-                *ranges = union(ranges, &ranges_of(numbers));
-            }
         }
-        for (source, mut ranges) in pending {
+        for (source, (mut ranges, unordered)) in pending {
             if let Some((account, _)) = streams.get_mut(&source) {
-                ranges.sort_unstable();
-                account.pending = union(&ranges, &Vec::new());
+                if unordered {
+                    // Numbers out of id order (a hand's update): joined the long way.
+                    ranges.sort_unstable();
+                    ranges = union(&ranges, &Vec::new());
+                }
+                account.pending = ranges;
             }
         }
     }
@@ -275,4 +324,82 @@ pub(crate) fn read(conn: &mut Connection, destination: &str) -> Result<Vec<Strea
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending_row(conn: &Connection, destination: &str) -> i64 {
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, destination, source, event_type, payload,
+                                        created_at, available_at)
+             VALUES (lower(hex(randomblob(8))), ?1, 'app', 't', 'null', 1, 1)",
+            [destination],
+        )
+        .unwrap();
+        conn.last_insert_rowid()
+    }
+
+    /// The fingerprint the accountant compares moves with every kind of fate (so a fate is
+    /// told at once) and when the last pending row leaves, and stays put while rows are
+    /// only delivered (so a draining relay's rounds read no pending row).
+    #[test]
+    fn the_fates_fingerprint_moves_with_each_fate_and_not_with_deliveries() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = crate::Outbox::open(dir.path().join("o.db")).unwrap();
+        let conn = outbox.connection().unwrap();
+        let ids: Vec<i64> = (0..5).map(|_| pending_row(&conn, "a")).collect();
+        let first = fates_fingerprint(&conn, "a").unwrap();
+        assert!(first.any_pending);
+        conn.execute(
+            "UPDATE outbox_events SET delivered_at = 2 WHERE id = ?1",
+            [ids[0]],
+        )
+        .unwrap();
+        assert_eq!(fates_fingerprint(&conn, "a").unwrap(), first);
+        // A dead letter.
+        conn.execute(
+            "UPDATE outbox_events SET dead_at = 3 WHERE id = ?1",
+            [ids[1]],
+        )
+        .unwrap();
+        let dead = fates_fingerprint(&conn, "a").unwrap();
+        assert_ne!(dead, first);
+        // A fate of a deleted row (coalesced), then one taken and forgotten.
+        conn.execute(
+            "INSERT INTO outbox_fates (destination, source, stream_seq, fate)
+             VALUES ('a', 'app', 3, 'coalesced')",
+            [],
+        )
+        .unwrap();
+        let fated = fates_fingerprint(&conn, "a").unwrap();
+        assert_ne!(fated, dead);
+        // Another destination's fate does not move it.
+        conn.execute(
+            "INSERT INTO outbox_fates (destination, source, stream_seq, fate)
+             VALUES ('b', 'app', 1, 'dropped')",
+            [],
+        )
+        .unwrap();
+        assert_eq!(fates_fingerprint(&conn, "a").unwrap(), fated);
+        // A lost number.
+        conn.execute(
+            "INSERT INTO outbox_lost_numbers (destination, source, stream_seq)
+             VALUES ('a', 'app', 4)",
+            [],
+        )
+        .unwrap();
+        let lost = fates_fingerprint(&conn, "a").unwrap();
+        assert_ne!(lost, fated);
+        // The last pending rows delivered.
+        conn.execute(
+            "UPDATE outbox_events SET delivered_at = 4 WHERE delivered_at IS NULL AND dead_at IS NULL",
+            [],
+        )
+        .unwrap();
+        let drained = fates_fingerprint(&conn, "a").unwrap();
+        assert!(!drained.any_pending);
+        assert_ne!(drained, lost);
+    }
 }
