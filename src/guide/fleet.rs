@@ -62,9 +62,16 @@
 //! 1 MiB, `outbox ingest`'s default body limit), then nothing is told again. The ingest
 //! merges reports: a number takes the newest fate told of it, and the pending numbers come
 //! from the newest report, so one that arrives late never undoes a newer. The pending
-//! numbers are joined into ranges by SQLite, not in the relay's memory. (A report costs a
-//! read of the destination's pending rows: with a million pending, a few hundred
-//! milliseconds each time the file changed, at most every 15 s.)
+//! numbers are joined into ranges as they are read, in one walk of ids from the lowest
+//! pending one: memory by ranges, not rows. That read is the one cost that grows with
+//! the pending rows (0.7 s of CPU for a million on the 2-core VM), and the accountant does
+//! it only when a report is due: when a fate's cheap fingerprint moved (dead letters,
+//! fates of deleted rows, lost numbers: counts read from their indexes), when a
+//! destination's last pending row left (its synced-through number can reach its high
+//! water), once an interval, and as the relay stops. Its other looks read no pending row.
+//! Beside a million pending draining slowly for a minute, the accountant took 0.69 s of
+//! CPU and the process's memory grew 3.9 MB (10.7 s and 10.2 MB before;
+//! docs/PERFORMANCE.md, "The accountant beside a big backlog").
 //!
 //! ## The fleet's view: `outbox fleet`
 //!
