@@ -226,13 +226,14 @@ impl fmt::Display for Error {
             Error::Pool(e) => write!(f, "no database connection available: {e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             #[cfg(feature = "postgres")]
-            // The server's own words: the error's own display says only "db error".
             Error::MigrationInProgress { waited } => write!(
                 f,
                 "another process is migrating the PostgreSQL tables (waited {:.1} s for its \
                  lock, the most this call waits); try again later",
                 waited.as_secs_f64()
             ),
+            // The server's own words: the error's own display says only "db error".
+            #[cfg(feature = "postgres")]
             Error::Postgres(e) => match e.as_db_error() {
                 Some(db) => {
                     write!(f, "PostgreSQL error {}: {}", db.code().code(), db.message())?;
