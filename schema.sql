@@ -1385,3 +1385,29 @@ END;
 -- Each stream's count of the accountings its relays told (`seq` on the wire): a receiver
 -- never takes an older report's pending numbers over a newer's, across restarts too.
 ALTER TABLE outbox_streams ADD COLUMN report_seq INTEGER NOT NULL DEFAULT 0;
+
+-- version 18
+
+-- Repair of a file a release before version 17 left damaged: after a hand or the app's own
+-- cleanup deleted the newest rows, the next rows took their ids again, below
+-- `numbered_through`, where no numbering looks. Those still pending (or dead) take their
+-- numbers now, after their stream's high water in id order, so that they are sent with
+-- numbers and the fleet counts them; rows already delivered without a number keep none
+-- (the fleet stored them, under no number). One walk of the table, once.
+UPDATE outbox_events SET stream_seq = n.seq
+  FROM (SELECT e.id AS id,
+               COALESCE((SELECT t.high_water FROM outbox_streams AS t
+                          WHERE t.destination = e.destination AND t.source = e.source), 0)
+               + row_number() OVER (PARTITION BY e.destination, e.source ORDER BY e.id) AS seq
+          FROM outbox_events AS e
+         WHERE e.id <= (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+           AND e.stream_seq IS NULL AND e.delivered_at IS NULL
+           AND typeof(e.destination) = 'text' AND typeof(e.source) = 'text') AS n
+ WHERE outbox_events.id = n.id;
+
+INSERT INTO outbox_streams (destination, source, high_water)
+SELECT destination, source, MAX(stream_seq) FROM outbox_events
+ WHERE id <= (SELECT numbered_through FROM outbox_stats WHERE id = 1)
+   AND stream_seq IS NOT NULL AND typeof(destination) = 'text' AND typeof(source) = 'text'
+ GROUP BY destination, source
+ON CONFLICT (destination, source) DO UPDATE SET high_water = max(high_water, excluded.high_water);

@@ -25,9 +25,13 @@
 //! No writer can skip a number. Row ids are never given twice, whoever deletes: the crate's
 //! own deletes keep the id high water, and so does a trigger for any other delete that takes
 //! the table's newest row (an app's own cleanup of delivered rows, a hand), so the rows
-//! committed after it are numbered like any other. A backlog committed while no relay
-//! claimed (a week offline) is numbered by the relay in transactions of its own of at most
-//! 1,000 rows before it claims, so an urgent event behind a million offline ones does not
+//! committed after it are numbered like any other. (A file an older release left with
+//! such rows, ids taken again and never numbered, is repaired when it opens: schema version
+//! 18 numbers those still pending or dead after their stream's high water; those already
+//! delivered without a number keep none.) A backlog of more than 10,000 rows committed
+//! while no relay claimed (a week offline) is numbered by the relay in transactions of its
+//! own of at most 1,000 rows before it claims, and no claim numbers more than 10,000 rows
+//! plus those committed since, so an urgent event behind a million offline ones does not
 //! hold the app's commits while a million rows are numbered.
 //!
 //! ## Accounting

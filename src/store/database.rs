@@ -705,6 +705,69 @@ mod tests {
     }
 
     #[test]
+    fn a_version_17_file_with_reused_ids_gets_its_pending_rows_numbered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v17.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for (_, sql) in migrations().into_iter().filter(|(v, _)| *v <= 17) {
+            conn.execute_batch(sql).unwrap();
+        }
+        record_version(&conn, 17).unwrap();
+        for n in 1..=4 {
+            conn.execute(
+                "INSERT INTO outbox_enqueue (type, data) VALUES ('t', ?1)",
+                [n.to_string()],
+            )
+            .unwrap();
+        }
+        let tx = conn.transaction().unwrap();
+        crate::store::queue::numbering::number_all(&tx).unwrap();
+        tx.commit().unwrap();
+        conn.execute_batch(
+            "UPDATE outbox_events SET delivered_at = 1;
+             DELETE FROM outbox_events WHERE id >= 2;",
+        )
+        .unwrap();
+        // What a release before 17 left: rows 2-4 again, under ids already numbered through,
+        // with no number: one pending, one dead, one delivered (sent without a number).
+        let (destination, source): (String, String) = conn
+            .query_row("SELECT destination, source FROM outbox_events", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        for (id, delivered, dead) in [(2, None, None), (3, None, Some(9)), (4, Some(9), None)] {
+            conn.execute(
+                "INSERT INTO outbox_events (id, event_id, destination, source, event_type,
+                                            payload, created_at, available_at, delivered_at,
+                                            dead_at)
+                 VALUES (?1, 'again-' || ?1, ?2, ?3, 't', 'null', 1, 1, ?4, ?5)",
+                rusqlite::params![id, destination, source, delivered, dead],
+            )
+            .unwrap();
+        }
+        migrate(&mut conn, &path).unwrap();
+        let numbers: Vec<(i64, Option<i64>)> = conn
+            .prepare("SELECT id, stream_seq FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            numbers,
+            vec![(1, Some(1)), (2, Some(5)), (3, Some(6)), (4, None)]
+        );
+        let high: i64 = conn
+            .query_row(
+                "SELECT high_water FROM outbox_streams WHERE destination = ?1 AND source = ?2",
+                [&destination, &source],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(high, 6);
+    }
+
+    #[test]
     fn migrate_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
