@@ -27,6 +27,7 @@ pub fn claim(
             now,
             lease_ms: 60_000,
             max_bytes: i64::MAX,
+            numbering_bound: None,
             limit,
         },
     )?;

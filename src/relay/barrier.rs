@@ -138,6 +138,7 @@ mod tests {
             now: 10,
             lease_ms: 1_000,
             max_bytes: i64::MAX,
+            numbering_bound: None,
             limit: 100,
         };
         let way = RightOfWay::default();

@@ -51,8 +51,6 @@ const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// published in the wal-index, which no notification reports (see [`crate::relay::wal_watch`]).
 const RECHECKS: u32 = 4;
 const RECHECK_STEP: Duration = Duration::from_millis(1);
-/// How often the relay looks for a backlog not numbered yet before it claims.
-const NUMBERING_CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// How long no request must have been out before the paused WAL watch resumes: past an
 /// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
@@ -122,8 +120,6 @@ pub(crate) struct Writer {
     data_version: i64,
     last_poll: Instant,
     last_claim: Instant,
-    /// When the relay last looked for a backlog not numbered yet (see `claim`).
-    numbering_checked: Option<Instant>,
     /// When the writer last made room on a full disk.
     last_room_recovery: Option<Instant>,
     /// When the expiry sweep last ran, and when it is next due (`None`: no pending event
@@ -189,7 +185,6 @@ impl Writer {
             data_version: 0,
             last_poll: Instant::now(),
             last_claim: Instant::now(),
-            numbering_checked: None,
             last_room_recovery: None,
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
@@ -623,24 +618,8 @@ impl Writer {
             lease_ms: self.lease_ms,
             limit: limit as i64,
             max_bytes: lane.claim_max_bytes() as i64,
+            numbering_bound: Some(numbering::CATCH_UP_CHUNK),
         };
-        // A backlog not numbered yet (committed while no relay claimed) is numbered first, in
-        // transactions of its own of a bounded size: the claim's transaction then numbers at
-        // most a step and what the app committed since the last look, never the whole
-        // backlog below an urgent event. A read when there is no such backlog, so made at
-        // the first claim and then at most every NUMBERING_CHECK_EVERY: before every claim
-        // it cost the one-event relay about a tenth of its rate.
-        if self
-            .numbering_checked
-            .is_none_or(|at| at.elapsed() >= NUMBERING_CHECK_EVERY)
-        {
-            numbering::catch_up(
-                &mut self.conn,
-                numbering::RELAY_STEP,
-                numbering::CATCH_UP_CHUNK,
-            )?;
-            self.numbering_checked = Some(Instant::now());
-        }
         let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
         // The lease as this relay counts it: from before the claim, on the monotonic clock.
         let lease_ends = Instant::now() + Duration::from_millis(self.lease_ms.max(0) as u64);
@@ -648,6 +627,24 @@ impl Writer {
         let mut claimed = self
             .barrier
             .claim(&mut self.conn, write, |conn| queue::claim(conn, &request))?;
+        // A claim that would number more than a bound of rows not numbered yet under the
+        // write lock (an urgent event behind a backlog committed offline) took nothing of
+        // them: the backlog is numbered in steps of its own transactions (the app's commits
+        // go between them), then claimed again, numbering at most what was committed since.
+        // A backlog drained oldest first is never stepped: each claim numbers its own rows.
+        if let Some(through) = claimed.numbering_needed {
+            numbering::catch_up_through(&mut self.conn, through, numbering::RELAY_STEP)?;
+            if claimed.is_empty() {
+                let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+                let again = ClaimRequest {
+                    numbering_bound: None,
+                    ..request
+                };
+                claimed = self
+                    .barrier
+                    .claim(&mut self.conn, write, |conn| queue::claim(conn, &again))?;
+            }
+        }
         self.last_claim = Instant::now();
         for row in &claimed.unreadable {
             self.counters.record(&WriteBack::Dead {

@@ -124,6 +124,12 @@ pub(crate) struct ClaimRequest<'a> {
     /// The most bytes of event data one claim takes (past the first event, which goes
     /// whatever its size): with large events a count alone held hundreds of megabytes.
     pub max_bytes: i64,
+    /// The most rows not numbered yet a claim numbers up to the newest row it takes (an
+    /// urgent event committed behind a backlog of a week offline): past it, the claim
+    /// takes nothing more and says which row it needs numbered through
+    /// ([`Claimed::numbering_needed`]), for the caller to number in steps of its own and
+    /// claim again. `None`: no bound.
+    pub numbering_bound: Option<i64>,
 }
 
 /// A claimed row that could not be read as an event (a BLOB payload, a REAL time, text that
@@ -143,6 +149,9 @@ pub(crate) struct Claimed {
     /// Whether an event of [`Event::URGENT_PRIORITY`](crate::Event::URGENT_PRIORITY) or
     /// above was claimed (it skips a destination's linger).
     pub urgent: bool,
+    /// The row through which the claim needed rows numbered, past its request's
+    /// `numbering_bound`: it stopped before taking those rows.
+    pub numbering_needed: Option<i64>,
 }
 
 impl Claimed {
@@ -178,6 +187,9 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
             bytes: bytes_left,
         };
         claim_level(conn, req, level, room, takes_over, &mut claimed)?;
+        if claimed.numbering_needed.is_some() {
+            break;
+        }
         if level >= i64::from(crate::Event::URGENT_PRIORITY) && claimed.events.len() > first {
             claimed.urgent = true;
         }
@@ -247,6 +259,13 @@ fn claim_level(
     let ids = fitting_candidates(conn, candidates, room.bytes)?;
     if ids.is_empty() {
         return Ok(());
+    }
+    if let Some(bound) = req.numbering_bound {
+        let newest = ids.iter().copied().max().unwrap_or(0);
+        if !numbering::is_off() && newest - numbering::numbered_from(conn)? > bound {
+            claimed.numbering_needed = Some(newest);
+            return Ok(());
+        }
     }
     if takes_over {
         return tally::around(conn, &ids, || claim_rows(conn, req, &lease, &ids, claimed));

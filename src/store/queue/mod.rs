@@ -344,6 +344,7 @@ mod tests {
             now,
             lease_ms: 1_000,
             max_bytes: i64::MAX,
+            numbering_bound: None,
             limit,
         }
     }

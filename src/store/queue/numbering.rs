@@ -20,11 +20,13 @@
 //! - by the schema's delete trigger, for a row deleted before it was numbered (the rows
 //!   before it first), so its number stays given and the fleet names it missing.
 //!
-//! A backlog committed while no relay claimed (a device offline for weeks) is numbered by the
-//! relay in transactions of its own of at most [`RELAY_STEP`] rows before it claims
-//! ([`catch_up`]), so that no claim numbers more than a step (and the rows committed since)
-//! under the write lock, and an urgent event behind a million offline ones does not hold the
-//! app's commits for the whole walk.
+//! No relay's claim numbers more than [`CATCH_UP_CHUNK`] rows up to the newest row it takes
+//! (and the rows committed since): a claim past that bound (an urgent event behind a backlog
+//! a device committed offline for weeks) takes nothing, and the relay numbers the backlog
+//! in transactions of its own of [`RELAY_STEP`] ids ([`catch_up_through`]), then claims
+//! again, so an urgent event behind a million offline ones does not hold the app's commits
+//! for the whole walk. A backlog drained oldest first takes no step: each claim numbers the
+//! rows it takes, in its own statement.
 //!
 //! The streams' accounts read the numbers of rows not numbered yet ([`plan`]) without
 //! writing them. Rows at or below `outbox_stats.numbered_through` are numbered.
@@ -59,13 +61,13 @@ pub(crate) fn is_off() -> bool {
 
 /// How many rows one transaction of [`catch_up`] numbers, and how many it leaves to the
 /// transaction that claims or reads after it: a backlog of weeks is numbered without
-/// holding the write lock for long.
+/// holding the write lock for long. Also the most a relay's claim numbers (its
+/// `numbering_bound`).
 pub(crate) const CATCH_UP_CHUNK: i64 = 10_000;
 
-/// The step of the relay's own catching up before a claim: small enough that the app's
-/// commits beside it wait a few milliseconds per step (10,000 rows a step held them about
-/// 250 ms at a time on the 2-core VM), large enough that a relay keeping up never takes a
-/// step (its claims number the few rows committed since the last).
+/// The step of the relay's own catching up when a claim passed its bound: small enough
+/// that the app's commits beside it wait a few milliseconds per step (10,000 rows a step
+/// held them about 250 ms at a time on the 2-core VM).
 pub(crate) const RELAY_STEP: i64 = 1_000;
 
 /// `(numbered_through, newest id)`: the rows in between are not numbered yet.
@@ -241,7 +243,7 @@ fn number_through(tx: &Connection, limit: i64) -> Result<()> {
 }
 
 /// `numbered_through`: every row at or below it is numbered.
-fn numbered_from(conn: &Connection) -> Result<i64> {
+pub(crate) fn numbered_from(conn: &Connection) -> Result<i64> {
     Ok(conn
         .prepare_cached("SELECT numbered_through FROM outbox_stats WHERE id = 1")?
         .query_row([], |r| r.get(0))?)
@@ -275,6 +277,24 @@ pub(crate) fn catch_up(conn: &mut Connection, chunk: i64, leave: i64) -> Result<
         tx.commit()?;
     }
     Ok(())
+}
+
+/// Numbers every row up to `through` in transactions of at most `step` ids each (what a
+/// claim past its numbering bound needs first). Outside any transaction of `conn`.
+pub(crate) fn catch_up_through(conn: &mut Connection, through: i64, step: i64) -> Result<()> {
+    if is_off() {
+        return Ok(());
+    }
+    loop {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let from = numbered_from(&tx)?;
+        if from >= through {
+            return Ok(());
+        }
+        // Sets `numbered_through` to the step's end whatever it found: each turn moves on.
+        number_through(&tx, through.min(from.saturating_add(step.max(1))))?;
+        tx.commit()?;
+    }
 }
 
 /// Records that the numbered rows `gone` (`(destination, source, stream_seq)`) left the file

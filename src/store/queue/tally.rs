@@ -652,6 +652,7 @@ mod tests {
                         now,
                         lease_ms: rng.i64(1..20_000),
                         max_bytes: rng.i64(1..2_000),
+                        numbering_bound: None,
                         limit: rng.i64(1..8),
                     };
                     let got = in_tx(&outbox, |tx| queue::claim(tx, &request));
