@@ -28,11 +28,12 @@
 //! committed after it are numbered like any other. (A file an older release left with
 //! such rows, ids taken again and never numbered, is repaired when it opens: schema version
 //! 18 numbers those still pending or dead after their stream's high water; those already
-//! delivered without a number keep none.) A backlog of more than 10,000 rows committed
-//! while no relay claimed (a week offline) is numbered by the relay in transactions of its
-//! own of at most 1,000 rows before it claims, and no claim numbers more than 10,000 rows
-//! plus those committed since, so an urgent event behind a million offline ones does not
-//! hold the app's commits while a million rows are numbered.
+//! delivered without a number keep none.) No claim numbers more than 10,000 rows (plus
+//! those committed since) under the write lock: a backlog drained oldest first is numbered
+//! by the claims that take it, and when a claim would pass that bound (an urgent event
+//! behind a backlog committed a week offline), the relay numbers the backlog first in
+//! transactions of its own of 1,000 rows, so an urgent event behind a million offline ones
+//! does not hold the app's commits while a million rows are numbered.
 //!
 //! ## Accounting
 //!
