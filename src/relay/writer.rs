@@ -633,7 +633,10 @@ impl Writer {
         // go between them), then claimed again, numbering at most what was committed since.
         // A backlog drained oldest first is never stepped: each claim numbers its own rows.
         if let Some(through) = claimed.numbering_needed {
-            numbering::catch_up_through(&mut self.conn, through, numbering::RELAY_STEP)?;
+            let right_of_way = self.outbox.right_of_way();
+            numbering::catch_up_through(&mut self.conn, through, numbering::RELAY_STEP, || {
+                right_of_way.relay_write(GIVE_WAY_LIMIT)
+            })?;
             if claimed.is_empty() {
                 let write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
                 let again = ClaimRequest {

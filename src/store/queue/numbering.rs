@@ -280,12 +280,20 @@ pub(crate) fn catch_up(conn: &mut Connection, chunk: i64, leave: i64) -> Result<
 }
 
 /// Numbers every row up to `through` in transactions of at most `step` ids each (what a
-/// claim past its numbering bound needs first). Outside any transaction of `conn`.
-pub(crate) fn catch_up_through(conn: &mut Connection, through: i64, step: i64) -> Result<()> {
+/// claim past its numbering bound needs first), each inside what `turn` returns (the
+/// relay's right of way: the app's commits waiting go between two steps, not after the
+/// last). Outside any transaction of `conn`.
+pub(crate) fn catch_up_through<T>(
+    conn: &mut Connection,
+    through: i64,
+    step: i64,
+    mut turn: impl FnMut() -> T,
+) -> Result<()> {
     if is_off() {
         return Ok(());
     }
     loop {
+        let _turn = turn();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let from = numbered_from(&tx)?;
         if from >= through {
