@@ -662,23 +662,30 @@ mod tests {
         assert_eq!(rows[1].3.as_deref(), Some("urn:schema:v2"));
     }
 
-    #[test]
-    fn a_version_15_file_keeps_its_numbers_and_the_next_row_continues_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v15.db");
-        let mut conn = Connection::open(&path).unwrap();
-        for (_, sql) in migrations().into_iter().filter(|(v, _)| *v <= 15) {
+    /// A file at schema `version` (as that release left it) with `events` events committed
+    /// through the SQL contract, their data `"1"`, `"2"`, ….
+    fn file_at_version(path: &Path, version: i64, events: i64) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        for (_, sql) in migrations().into_iter().filter(|(v, _)| *v <= version) {
             conn.execute_batch(sql).unwrap();
         }
-        record_version(&conn, 15).unwrap();
-        // Version 15 numbered inside the INSERT; the third row is then deleted.
-        for n in 1..=3 {
+        record_version(&conn, version).unwrap();
+        for n in 1..=events {
             conn.execute(
                 "INSERT INTO outbox_enqueue (type, data) VALUES ('t', ?1)",
                 [n.to_string()],
             )
             .unwrap();
         }
+        conn
+    }
+
+    #[test]
+    fn a_version_15_file_keeps_its_numbers_and_the_next_row_continues_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v15.db");
+        // Version 15 numbered inside the INSERT; the third row is then deleted.
+        let mut conn = file_at_version(&path, 15, 3);
         conn.execute("DELETE FROM outbox_events WHERE stream_seq = 3", [])
             .unwrap();
         migrate(&mut conn, &path).unwrap();
@@ -708,18 +715,7 @@ mod tests {
     fn a_version_17_file_with_reused_ids_gets_its_pending_rows_numbered() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v17.db");
-        let mut conn = Connection::open(&path).unwrap();
-        for (_, sql) in migrations().into_iter().filter(|(v, _)| *v <= 17) {
-            conn.execute_batch(sql).unwrap();
-        }
-        record_version(&conn, 17).unwrap();
-        for n in 1..=4 {
-            conn.execute(
-                "INSERT INTO outbox_enqueue (type, data) VALUES ('t', ?1)",
-                [n.to_string()],
-            )
-            .unwrap();
-        }
+        let mut conn = file_at_version(&path, 17, 4);
         let tx = conn.transaction().unwrap();
         crate::store::queue::numbering::number_all(&tx).unwrap();
         tx.commit().unwrap();
