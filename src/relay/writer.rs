@@ -633,8 +633,13 @@ impl Writer {
         // go between them), then claimed again, numbering at most what was committed since.
         // A backlog drained oldest first is never stepped: each claim numbers its own rows.
         if let Some(through) = claimed.numbering_needed {
+            // Each step's writes are the checkpointer's to copy: unseen, a million rows
+            // numbered grew the WAL to the app's automatic checkpoint, run inside an app
+            // commit (100-150 ms, every second or so of the steps).
             let right_of_way = self.outbox.right_of_way();
+            let kick = &self.checkpoint_kick;
             numbering::catch_up_through(&mut self.conn, through, numbering::RELAY_STEP, || {
+                let _ = kick.try_send(());
                 right_of_way.relay_write(GIVE_WAY_LIMIT)
             })?;
             if claimed.is_empty() {
