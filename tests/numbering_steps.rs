@@ -1,5 +1,5 @@
 //! Stream numbers in bounded steps (issue 65, item 6): a backlog committed while no relay
-//! claimed is numbered in steps of 1,000 rows down to at most 10,000, never all at once
+//! claimed is numbered in steps of 500 rows down to at most 10,000, never all at once
 //! inside the claim that takes an urgent event behind it. Its own test binary: the step is
 //! counted for the whole process.
 

@@ -32,7 +32,7 @@
 //! those committed since) under the write lock: a backlog drained oldest first is numbered
 //! by the claims that take it, and when a claim would pass that bound (an urgent event
 //! behind a backlog committed a week offline), the relay numbers the backlog first in
-//! transactions of its own of 1,000 rows, so an urgent event behind a million offline ones
+//! transactions of its own of 500 rows, so an urgent event behind a million offline ones
 //! does not hold the app's commits while a million rows are numbered.
 //!
 //! ## Accounting
