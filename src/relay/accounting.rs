@@ -76,6 +76,8 @@ pub(crate) struct Accountant {
     /// pending numbers are told every interval), or the relay stops: a draining relay's
     /// other rounds read no pending row.
     looked: HashMap<String, (stream_accounts::FatesFingerprint, Instant)>,
+    /// Destinations whose fingerprint could not be read at the last look (warned once).
+    fingerprint_failed: std::collections::HashSet<String>,
 }
 
 impl Accountant {
@@ -98,6 +100,7 @@ impl Accountant {
             conn: None,
             seen: None,
             looked: HashMap::new(),
+            fingerprint_failed: Default::default(),
         }
     }
 
@@ -188,19 +191,29 @@ impl Accountant {
     /// keeps the fingerprint when they are. Unknown (an error) counts as due.
     fn full_read_due(&mut self, destination: &str) -> bool {
         let fingerprint = match &self.conn {
-            Some(conn) => stream_accounts::fates_fingerprint(conn, destination).ok(),
-            None => None,
+            Some(conn) => stream_accounts::fates_fingerprint(conn, destination),
+            None => return true,
         };
-        let Some(fingerprint) = fingerprint else {
-            return true;
+        let fingerprint = match fingerprint {
+            Ok(fingerprint) => {
+                self.fingerprint_failed.remove(destination);
+                fingerprint
+            }
+            Err(e) => {
+                // Every round then reads in full: said once, not every round.
+                if self.fingerprint_failed.insert(destination.to_string()) {
+                    log::warn!(
+                        "accounting for {destination}: the fates could not be looked at ({e}); \
+                         each round reads every pending row until they can"
+                    );
+                }
+                return true;
+            }
         };
+        // A change of `any_pending` (the last pending row left) is a change of fingerprint.
         let due = match self.looked.get(destination) {
             None => true,
-            Some((then, at)) => {
-                at.elapsed() >= self.interval
-                    || fingerprint != *then
-                    || (then.any_pending && !fingerprint.any_pending)
-            }
+            Some((then, at)) => at.elapsed() >= self.interval || fingerprint != *then,
         };
         if due {
             self.looked

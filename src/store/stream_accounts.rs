@@ -112,7 +112,7 @@ pub(crate) struct FatesFingerprint {
     dead: (i64, Option<i64>),
     fates: (i64, i64),
     lost: (i64, i64),
-    pub any_pending: bool,
+    any_pending: bool,
 }
 
 /// Reads `destination`'s [`FatesFingerprint`].
