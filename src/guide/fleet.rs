@@ -119,6 +119,14 @@
 //! receipt covers it. Until the view has been read once, the gauges read `NaN` (unknown),
 //! never 0, and `outbox_ingest_fleet_read_age_seconds` tells how old the view is.
 //!
+//! Two limits, known and not covered. A device restored from an older copy of its file
+//! counts its reports again from the copy's number: until it has sent as many reports as it
+//! had before, the ingest keeps the pending numbers of the newer report it held (shown
+//! pending, where the numbers lost with the newer file are missing); its reused numbers are
+//! shown at once. And a number stored under one event id and, in the same merge of the log,
+//! under another (a restored device's new event and a redelivered copy of the old one
+//! arriving within one `--fleet-refresh`) is counted as stored but not as reused.
+//!
 //! What a device may claim is bounded: numbers and high waters above 2^53 - 1 are refused
 //! (400), every count saturates, and a source may have at most 256 streams (`outbox ingest
 //! --max-streams-per-source N`, 1 to 65,536): a request that would give it more is answered
