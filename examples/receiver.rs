@@ -6,8 +6,9 @@
 //! cargo run --example receiver -- --db received.db --secret whsec_… [--port 8080]
 //! ```
 //!
-//! Answers: 204 when the events were applied (or were duplicates), 400 for a bad signature
-//! or a body that is not CloudEvents, 413 for a body over 4 MiB (on the wire, or decoded: a
+//! Answers: 204 when the events were applied (or were duplicates), 401 for a missing or bad
+//! signature (what most webhook verifiers answer: the relay holds the events and warns, it
+//! does not dead-letter them), 400 for a body that is not CloudEvents, 413 for a body over 4 MiB (on the wire, or decoded: a
 //! `Content-Encoding: gzip` body is decoded through a reader that stops at 4 MiB or 100 times
 //! its size), 415 for another encoding, 503 with `Retry-After` while it is overloaded.
 //! Prints `listening on http://127.0.0.1:PORT/events` once ready.
@@ -226,7 +227,7 @@ fn handle(request: &Request, verifier: &Verifier, conn: &mut Connection) -> (u16
         Ok(events) => events,
         Err(e @ ReceiveError::Signature(_)) => {
             log::warn!("refused: {e}");
-            return (400, e.to_string());
+            return (401, e.to_string());
         }
         Err(e) => return (400, e.to_string()),
     };

@@ -126,7 +126,7 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
     );
     assert_eq!(count(&received_db, "SELECT COUNT(*) FROM outbox_inbox"), 20);
 
-    // A forged request is refused with 400 and changes nothing.
+    // A forged request is refused with 401 and changes nothing.
     let agent = client();
     let response = agent
         .post(&receiver.url)
@@ -136,7 +136,7 @@ fn the_receiver_example_applies_a_redelivered_event_once_and_refuses_bad_signatu
         .header("webhook-signature", "v1,Zm9yZ2Vk")
         .send(r#"{"specversion":"1.0","id":"x","source":"/evil","type":"t"}"#)
         .unwrap();
-    assert_eq!(response.status().as_u16(), 400);
+    assert_eq!(response.status().as_u16(), 401);
     assert_eq!(
         count(&received_db, "SELECT COUNT(*) FROM received_events"),
         20

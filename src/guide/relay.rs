@@ -48,6 +48,20 @@
 //! checkpoints. A writer waiting for
 //! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
 //!
+//! # What the relay says
+//!
+//! Through the `log` crate, at `warn` (the level `outbox` shows by default), one line each
+//! time a destination's state changes, naming it and the answer, and one when it delivers
+//! again: unreachable (refused connection, DNS, a TLS handshake, a proxy that would not
+//! connect), refusing the relay's credentials (401), refused by a proxy (407), failing on
+//! its side (5xx, 429, 408), not answering. A destination down for a week costs two lines,
+//! not one per retry; one flapping between two states says each at most once a minute.
+//! [`RelayHandle::trouble`](crate::RelayHandle::trouble) gives the current one to show in an
+//! app. At start, a destination that no route of the file sends events to (and that has none
+//! pending) is named at once, as is an HTTP destination whose requests carry no signature
+//! and no `Authorization` header. Events refused one by one (a 400, a 403, a 422) are
+//! dead-lettered and each logged as such.
+//!
 //! # Clocks
 //!
 //! Devices without a real-time clock boot in 1970 or wherever their last shutdown left them,

@@ -262,6 +262,20 @@ impl Destination {
         self
     }
 
+    /// Whether it is an HTTP destination whose requests carry no signature and no
+    /// `Authorization` header: a receiver cannot tell them from anyone else's.
+    pub(crate) fn is_unsigned_http(&self) -> bool {
+        match &self.target {
+            Target::Http {
+                config,
+                secrets,
+                signing_key,
+                ..
+            } => secrets.is_empty() && signing_key.is_none() && !config.has_authorization(),
+            _ => false,
+        }
+    }
+
     /// Whether the relay sends this destination its streams' accounting.
     pub(crate) fn sends_accounting(&self) -> bool {
         self.accounting

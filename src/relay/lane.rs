@@ -16,6 +16,7 @@ use crate::relay::config::RelayConfig;
 use crate::relay::destination::{Batching, Destination};
 use crate::relay::gate::Gate;
 use crate::relay::pacer::Pacer;
+use crate::relay::voice::Voice;
 use crate::wire::encoded_size_bound;
 
 /// Retry times a lane remembers at most (8 bytes each).
@@ -59,6 +60,8 @@ pub(crate) struct Lane {
     /// Claimed events this lane may have queued or in delivery at once.
     max_in_flight: usize,
     gate: Arc<Gate>,
+    /// What the relay says of the destination's state, from its workers.
+    voice: Arc<Voice>,
     /// The destination's rate and bandwidth limits, shared by its workers.
     pacer: Option<Arc<Pacer>>,
     /// How far ahead a paced lane claims: what its pacer lets out within this much time.
@@ -135,6 +138,7 @@ impl Lane {
             claim_batch,
             max_in_flight,
             gate: Arc::new(Gate::new(config.offline)),
+            voice: Arc::new(Voice::new(destination.name())),
             pacer: {
                 let (rate, bandwidth) = destination.pacing();
                 Pacer::new(rate, bandwidth).map(Arc::new)
@@ -162,6 +166,11 @@ impl Lane {
     /// The destination's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The destination's voice, for this lane's workers.
+    pub fn voice(&self) -> Arc<Voice> {
+        self.voice.clone()
     }
 
     /// The gate, for this lane's workers.

@@ -40,6 +40,7 @@ mod pacer;
 mod panic;
 mod report;
 pub(crate) mod stats;
+mod voice;
 mod wal_watch;
 mod worker;
 mod writer;
@@ -139,11 +140,14 @@ impl Relay {
         let clocks = transports.clone();
         let mut told = Vec::new();
         let mut workers = Vec::new();
+        let mut voices = Vec::new();
         for (index, (destination, transport)) in
             config.destinations.iter().zip(transports).enumerate()
         {
             let worker_count = destination.worker_count().unwrap_or(config.workers);
             let lane = Lane::new(destination, worker_count, &config);
+            voices.push(lane.voice());
+            say_what_will_not_work(&outbox, destination);
             told.push(accounting::Told {
                 name: destination.name().to_string(),
                 tells: destination.sends_accounting(),
@@ -214,7 +218,47 @@ impl Relay {
             shutdown_timeout,
             counters,
             transports: clocks,
+            voices,
         })
+    }
+}
+
+/// Says at once, as a warning, what about `destination` will silently not work: no route
+/// of the file sends events to it (and none is pending for it), so it will never have
+/// anything to deliver; or its requests are not signed.
+fn say_what_will_not_work(outbox: &Outbox, destination: &destination::Destination) {
+    let name = destination.name();
+    let settings = outbox.current_settings();
+    let routed = if settings.routes.is_empty() {
+        name == destination::Destination::DEFAULT
+    } else {
+        settings
+            .routes
+            .iter()
+            .any(|route| route.destination() == name)
+    };
+    if !routed && outbox.pending_count(Some(name)).unwrap_or(0) == 0 {
+        let routes: Vec<String> = settings
+            .routes
+            .iter()
+            .map(|route| format!("{} -> {}", route.pattern(), route.destination()))
+            .collect();
+        log::warn!(
+            "destination {name}: no route sends events to it and none is pending for it, so \
+             it will deliver nothing (routes: {}); route event types to it with \
+             Outbox::builder().route(pattern, \"{name}\")",
+            if routes.is_empty() {
+                "none: every event goes to \"default\"".to_owned()
+            } else {
+                routes.join(", ")
+            }
+        );
+    }
+    if destination.is_unsigned_http() {
+        log::warn!(
+            "destination {name}: requests are not signed (no secret, signing key or \
+             Authorization header): its receiver cannot tell them from anyone else's"
+        );
     }
 }
 
@@ -229,6 +273,8 @@ pub struct RelayHandle {
     counters: Arc<Counters>,
     /// The destinations' transports, for their clock offset estimates.
     transports: Vec<Arc<dyn Transport>>,
+    /// What the relay says of each destination's state.
+    voices: Vec<Arc<voice::Voice>>,
 }
 
 /// The threads a running relay owns, taken (and joined) once by the first shutdown.
@@ -272,6 +318,14 @@ impl RelayHandle {
         self.threads
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What is wrong with the first destination that is not delivering, as the relay last
+    /// logged it (its state and the answer: `destination orders: refuses the relay's
+    /// credentials …: 401 Unauthorized`), or `None` while every destination delivers (or
+    /// has not been tried yet).
+    pub fn trouble(&self) -> Option<String> {
+        self.voices.iter().find_map(|voice| voice.trouble())
     }
 
     /// What the relay has done so far.

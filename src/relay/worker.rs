@@ -22,6 +22,7 @@ use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::panic::panic_message;
 use crate::relay::report::Report;
+use crate::relay::voice::Voice;
 use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
 
@@ -42,6 +43,7 @@ pub(crate) struct Worker {
     reports: Sender<Report>,
     transport: Arc<dyn Transport>,
     gate: Arc<Gate>,
+    voice: Arc<Voice>,
     pacer: Option<Arc<Pacer>>,
     clock: Arc<dyn Clock>,
     lease_ms: i64,
@@ -64,6 +66,7 @@ impl Worker {
             reports,
             transport,
             gate: lane.gate(),
+            voice: lane.voice(),
             pacer: lane.pacer(),
             clock,
             lease_ms: config.lease_ms(),
@@ -264,9 +267,11 @@ impl Worker {
         let policy = self.policy;
         let clock = Arc::clone(&self.clock);
         let gate = Arc::clone(&self.gate);
+        let voice = Arc::clone(&self.voice);
         let reports = self.reports.clone();
         Box::new(move |attempts| {
             span.end(|| failure_name(&attempts));
+            voice.heard(&attempts);
             // This runs on the transport's thread (MQTT's connection): a panic here (a
             // clock that panics) must not take the connection down with it.
             let decided = catch_unwind(AssertUnwindSafe(|| {
@@ -310,6 +315,7 @@ impl Worker {
         let now = self.clock.now_ms();
         let report = match attempts {
             Ok(attempts) => {
+                self.voice.heard(&attempts);
                 let down = judge(&self.gate, &events, &attempts);
                 Report::decide_each(self.lane, events, &attempts, &self.policy, now, down)
             }
@@ -457,6 +463,7 @@ mod tests {
             reports,
             transport,
             gate: Arc::new(Gate::new(config.offline)),
+            voice: Arc::new(Voice::new("default")),
             pacer: None,
             clock: Arc::new(crate::clock::SystemClock),
             lease_ms: config.lease_ms(),

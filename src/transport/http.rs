@@ -83,6 +83,13 @@ impl HttpConfig {
         self
     }
 
+    /// Whether an `Authorization` header is set (credentials of their own: not unsigned).
+    pub(crate) fn has_authorization(&self) -> bool {
+        self.headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+    }
+
     /// Adds a header sent with every request (credentials, say: `Debug` shows only its name).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> HttpConfig {
         self.headers.push((name.into(), value.into()));

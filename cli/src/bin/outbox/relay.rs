@@ -106,7 +106,8 @@ pub struct RelayArgs {
     /// Answered attempts before an event is dead-lettered.
     #[arg(long, default_value_t = 25)]
     max_attempts: u32,
-    /// Exit 0 once nothing is pending for the destination.
+    /// Exit 0 once nothing is pending for the destination (3 if stopped by a signal first,
+    /// with events pending). Without a terminal, says where it stands every 5 s.
     #[arg(long)]
     until_empty: bool,
     /// The destination whose events to deliver.
@@ -122,6 +123,9 @@ pub struct RelayArgs {
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
 }
+
+/// How often `--until-empty` without a terminal says where it stands.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     let lease = Duration::from_secs(args.lease_secs);
@@ -187,6 +191,9 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     // Watching the outbox empty or drawing progress needs a look every 100 ms; otherwise
     // this thread only waits for the signal or the timeout, so an idle relay stays asleep.
     let watching = args.until_empty || progress.is_some();
+    // Without a terminal (a CI job, a service's log) `--until-empty` says where it stands
+    // every few seconds instead of drawing a bar: a run that delivers nothing is not silent.
+    let mut next_word = (args.until_empty && progress.is_none()).then(|| started + PROGRESS_EVERY);
     loop {
         let look = match args.timeout {
             _ if watching => Duration::from_millis(100),
@@ -194,11 +201,36 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
             None => Duration::from_secs(3600),
         };
         if stop_rx.recv_timeout(look).is_ok() {
-            eprintln!("stopping…");
+            let pending = outbox.pending_count(Some(&args.destination))?;
+            if pending > 0 {
+                eprintln!("stopping with {pending} events still pending…");
+                // A run meant to empty the outbox (or bounded by a timeout) that was cut
+                // short says so in its exit code, as `--timeout` does.
+                if args.until_empty || args.timeout.is_some() {
+                    code = ExitCode::from(3);
+                }
+            } else {
+                eprintln!("stopping…");
+            }
             break;
         }
         if let Some(bar) = &progress {
             bar.set_position(handle.stats().delivered);
+        }
+        if next_word.is_some_and(|at| Instant::now() >= at) {
+            next_word = Some(Instant::now() + PROGRESS_EVERY);
+            let pending = outbox.pending_count(Some(&args.destination))?;
+            let stats = handle.stats();
+            let trouble = handle
+                .trouble()
+                .map_or_else(String::new, |trouble| format!("; {trouble}"));
+            eprintln!(
+                "{pending} pending, {} delivered, {} retried, {} dead after {:.0?}{trouble}",
+                stats.delivered,
+                stats.retried,
+                stats.dead,
+                Duration::from_secs(started.elapsed().as_secs())
+            );
         }
         if args.until_empty && outbox.pending_count(Some(&args.destination))? == 0 {
             break;
