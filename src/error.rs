@@ -93,6 +93,15 @@ pub enum Error {
         /// The newest schema version this build knows.
         supported: i64,
     },
+    /// A read-only open ([`OutboxBuilder::open_read_only`](crate::OutboxBuilder::open_read_only))
+    /// found a file at an older schema version, which only a migration (a read-write open,
+    /// `outbox migrate`) brings up to date; nothing was changed.
+    SchemaOutdated {
+        /// The outbox's schema version found in the file.
+        found: i64,
+        /// The schema version this build reads.
+        current: i64,
+    },
     /// The file exists but is not a SQLite database; nothing was changed.
     NotADatabase {
         /// The path that was opened.
@@ -203,6 +212,11 @@ impl fmt::Display for Error {
                 f,
                 "database schema version {found} is newer than this build of sqlite-outbox \
                  supports ({supported}); upgrade the crate, nothing was changed"
+            ),
+            Error::SchemaOutdated { found, current } => write!(
+                f,
+                "the outbox's schema is at version {found}, this build reads version {current}: \
+                 a migration (a read-write open, `outbox migrate`) brings it up to date"
             ),
             Error::NotADatabase { path } => write!(f, "{path} is not a SQLite database"),
             Error::NotFound { path } => write!(f, "{path} does not exist"),

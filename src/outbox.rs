@@ -450,6 +450,47 @@ impl OutboxBuilder {
         database::check_existing(&path, &self.connection_settings())?;
         self.open(path)
     }
+
+    /// Opens the outbox at `path` for reading only: the file is not migrated, no PRAGMA that
+    /// writes is run, no file is created (no disk reserve, and no `-wal` or `-shm` when no
+    /// other connection has the file open), and not a byte of it changes. For tools that
+    /// look (`outbox stats`, `list`, `show`, `health`, `config show`) beside an app of
+    /// another release: a newer tool never upgrades the file under an older app.
+    ///
+    /// Reads work as on any outbox ([`stats`](Outbox::stats), [`list`](Outbox::list),
+    /// [`health`](Outbox::health), …); anything that writes (enqueue, a relay, repairs)
+    /// fails with SQLite's read-only error. Settings given to this builder that are kept in
+    /// the file (routes, limits, …) are not written either.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`], [`Error::NotADatabase`], [`Error::NotAnOutbox`] as
+    /// [`open_existing`](Self::open_existing); [`Error::SchemaOutdated`] for a file at an
+    /// older schema version (a read-write open migrates it), [`Error::SchemaTooNew`] for a
+    /// newer one.
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<Outbox> {
+        if self.pool_size == 0 {
+            return Err(Error::InvalidConfig("pool size must be at least 1".into()));
+        }
+        let path = database::resolve_path(path.as_ref())?;
+        let settings = self.connection_settings();
+        let pool = database::open_read_only_pool(&path, &settings, self.pool_size)?;
+        let rows = crate::store::settings::load_rows(&*pool.get()?)?;
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                live: LiveSettings::fixed(rows, &path, &settings),
+                pool,
+                // No reserve: nothing is written, and no file is made.
+                disk_room: DiskRoom::new(&path, 0),
+                path,
+                settings,
+                clock: self.clock,
+                wakers: Wakers::default(),
+                right_of_way: RightOfWay::default(),
+                subscribers: Default::default(),
+            }),
+        })
+    }
 }
 
 impl Outbox {

@@ -505,6 +505,89 @@ pub(crate) fn open_pool(
     Ok((pool, path.to_path_buf()))
 }
 
+/// Opens the outbox at `path` for reading only, and returns a pool of read-only
+/// connections: no migration, no PRAGMA that writes, nothing created. The schema must be
+/// this build's (an older one is [`Error::SchemaOutdated`]).
+///
+/// A WAL-mode file opened read-only makes SQLite create its `-wal` and `-shm` files when no
+/// other connection has them open, and leave them behind. So when there is no `-wal` file
+/// (no connection has the file open in WAL mode) the file is read as it stands, through
+/// SQLite's `immutable` URI parameter: no file created, no lock taken. A writer that opens
+/// the file in that moment writes to a WAL this read does not see.
+pub(crate) fn open_read_only_pool(
+    path: &Path,
+    settings: &ConnectionSettings,
+    pool_size: u32,
+) -> Result<Pool> {
+    let shown = || path.display().to_string();
+    if !path.exists() {
+        return Err(Error::NotFound { path: shown() });
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let (target, flags) = if Path::new(&wal).exists() {
+        (
+            path.to_path_buf(),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    } else {
+        (
+            immutable_uri(path),
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    };
+    {
+        let conn = settings.open(&target, flags)?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        let found = stored_version(&conn, path)?;
+        if found.version() < 1 {
+            return Err(Error::NotAnOutbox { path: shown() });
+        }
+        check_not_too_new(found)?;
+        if found.version() < schema_version() {
+            return Err(Error::SchemaOutdated {
+                found: found.version(),
+                current: schema_version(),
+            });
+        }
+    }
+    let init_settings = settings.clone();
+    let manager = SqliteConnectionManager::file(&target)
+        .with_flags(flags)
+        .with_init(move |c| {
+            if let Some(setup) = &init_settings.on_connect {
+                setup(c)?;
+            }
+            c.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            )?;
+            c.busy_handler(Some(busy_handler))
+        });
+    Ok(r2d2::Pool::builder()
+        .max_size(pool_size)
+        .min_idle(Some(1))
+        .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
+        .build(manager)?)
+}
+
+/// `path` as a `file:` URI with `mode=ro&immutable=1`, its reserved characters escaped.
+fn immutable_uri(path: &Path) -> PathBuf {
+    use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+    // What a URI's path cannot hold as is: the query and fragment marks, the escape itself.
+    const RESERVED: &AsciiSet = &CONTROLS.add(b'%').add(b'?').add(b'#').add(b' ');
+    let text = path.to_string_lossy();
+    PathBuf::from(format!(
+        "file:{}?mode=ro&immutable=1",
+        utf8_percent_encode(&text, RESERVED)
+    ))
+}
+
 /// Opens a connection to an outbox file that [`open_pool`] already opened (and migrated),
 /// outside the pool, with the same settings.
 pub(crate) fn open_unpooled(path: &Path, settings: &ConnectionSettings) -> Result<Connection> {

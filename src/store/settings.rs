@@ -398,6 +398,9 @@ struct Refresh {
     connection: crate::store::database::ConnectionSettings,
     rows: BTreeMap<String, String>,
     checked: Instant,
+    /// False for a read-only outbox: the settings read at open stay (a refresh would open
+    /// a read-write connection).
+    follows: bool,
 }
 
 impl LiveSettings {
@@ -415,8 +418,23 @@ impl LiveSettings {
                 connection: connection.clone(),
                 rows,
                 checked: Instant::now(),
+                follows: true,
             }),
         }
+    }
+
+    /// Settings read from `rows` at open and never read again (a read-only outbox).
+    pub fn fixed(
+        rows: BTreeMap<String, String>,
+        path: &std::path::Path,
+        connection: &crate::store::database::ConnectionSettings,
+    ) -> LiveSettings {
+        let live = LiveSettings::new(rows, path, connection);
+        live.refresh
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .follows = false;
+        live
     }
 
     /// The settings last read, without looking at the file (for `Debug`).
@@ -437,7 +455,7 @@ impl LiveSettings {
     /// interval (and no other thread is reading them right now).
     pub fn get(&self) -> Arc<Settings> {
         if let Ok(mut refresh) = self.refresh.try_lock() {
-            if refresh.checked.elapsed() >= REFRESH_INTERVAL {
+            if refresh.follows && refresh.checked.elapsed() >= REFRESH_INTERVAL {
                 refresh.checked = Instant::now();
                 if let Some(settings) = refresh.reload() {
                     *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);

@@ -32,6 +32,13 @@ enum ConfigAction {
     Unset { key: String },
 }
 
+impl ConfigArgs {
+    /// Whether the command only reads the file (`show`).
+    pub fn only_reads(&self) -> bool {
+        matches!(self.action, ConfigAction::Show { .. })
+    }
+}
+
 pub fn run(outbox: &Outbox, args: ConfigArgs) -> Outcome {
     match args.action {
         ConfigAction::Show { json } => {

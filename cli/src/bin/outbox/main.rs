@@ -53,6 +53,9 @@ struct Cli {
 enum Command {
     /// Create the database (or bring an existing one's schema up to date).
     Init,
+    /// Bring an existing database's schema up to date (the only command besides `init` that
+    /// changes it: an app on an older release then refuses the file).
+    Migrate,
     /// Commit one event, or one per line of JSON from stdin with --jsonl.
     Enqueue(enqueue::EnqueueArgs),
     /// Show or change the settings every writer of the file follows (routes, limits, …).
@@ -137,6 +140,9 @@ fn run(cli: Cli) -> Outcome {
         return Err(bad_input("--db PATH (or OUTBOX_DB) is required"));
     };
     let builder = Outbox::builder().synchronous(cli.synchronous.into());
+    if let Command::Migrate = command {
+        return migrate(builder, &db);
+    }
     if let Command::Init = command {
         let outbox = builder.open(&db)?;
         println!(
@@ -146,9 +152,22 @@ fn run(cli: Cli) -> Outcome {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let outbox = open_existing(builder, &db)?;
+    // Read commands open the file read-only: they never migrate it, create no file and
+    // change no byte. The others change what they are for, never the schema.
+    let only_reads = match &command {
+        Command::Stats(_) | Command::List(_) | Command::Show(_) | Command::Health(_) => true,
+        Command::Config(args) => args.only_reads(),
+        _ => false,
+    };
+    let outbox = if only_reads {
+        open_read_only(builder, &db)?
+    } else {
+        let _ = open_read_only(Outbox::builder(), &db)?;
+        open_existing(builder, &db)?
+    };
     match command {
         Command::Init
+        | Command::Migrate
         | Command::Ingest(_)
         | Command::Import(_)
         | Command::Keygen(_)
@@ -171,9 +190,46 @@ fn run(cli: Cli) -> Outcome {
     }
 }
 
+/// `outbox migrate`: brings the file's schema up to date.
+fn migrate(builder: OutboxBuilder, db: &std::path::Path) -> Outcome {
+    let current = sqlite_outbox::admin::schema_version();
+    match Outbox::builder().open_read_only(db) {
+        Ok(_) => println!("{} is at schema version {current} already", db.display()),
+        Err(Error::SchemaOutdated { found, .. }) => {
+            let outbox = open_existing(builder, db)?;
+            println!(
+                "migrated {} from schema version {found} to {current}",
+                outbox.path().display()
+            );
+        }
+        Err(other) => return Err(open_failure(db, other)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Opens a database read-only: exit 2 naming the command that migrates a file at an older
+/// schema version.
+fn open_read_only(builder: OutboxBuilder, db: &std::path::Path) -> Result<Outbox, Failure> {
+    builder.open_read_only(db).map_err(|e| match e {
+        Error::SchemaOutdated { found, current } => bad_input(format!(
+            "{} is at schema version {found} and this outbox reads version {current}; bring \
+             it up to date with: outbox --db {} migrate (an app on the older release then \
+             refuses the file)",
+            db.display(),
+            db.display()
+        )),
+        other => open_failure(db, other),
+    })
+}
+
 /// Opens a database that must already exist and hold an outbox, without creating anything.
 fn open_existing(builder: OutboxBuilder, db: &std::path::Path) -> Result<Outbox, Failure> {
-    builder.open_existing(db).map_err(|e| match e {
+    builder.open_existing(db).map_err(|e| open_failure(db, e))
+}
+
+/// What a failed open of `db` says, and its exit code.
+fn open_failure(db: &std::path::Path, e: Error) -> Failure {
+    match e {
         Error::NotFound { .. } => bad_input(format!(
             "{} does not exist (create it with: outbox --db {} init)",
             db.display(),
@@ -185,5 +241,5 @@ fn open_existing(builder: OutboxBuilder, db: &std::path::Path) -> Result<Outbox,
         )),
         Error::Sqlite(e) => bad_input(format!("cannot open {}: {e}", db.display())),
         other => Failure::from(other),
-    })
+    }
 }
