@@ -164,7 +164,7 @@ fn the_cli_relays_over_mutual_tls_with_ca_cert_and_key_files() {
     for (args, why) in [
         (
             vec!["--cert", cert.as_str()],
-            "--cert and --key go together",
+            "--cert and --client-key go together",
         ),
         (vec!["--ca", not_pem.as_str()], "holds no PEM certificate"),
     ] {

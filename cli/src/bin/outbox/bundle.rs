@@ -110,6 +110,12 @@ pub fn run_import(args: ImportArgs) -> Outcome {
             args.url
         )));
     }
+    if !args.file.is_file() {
+        return Err(bad_input(format!(
+            "{}: no such bundle file",
+            args.file.display()
+        )));
+    }
     let options = ImportOptions::default().max_attempts(args.max_attempts.max(1));
     let report = import(&args.file, key, &args.url, &options)?;
     println!(

@@ -15,6 +15,7 @@ use crate::parse_duration;
 // Each command's help text is the doc comment of its variant in main.rs.
 #[derive(Args)]
 pub struct StatsArgs {
+    /// One JSON document.
     #[arg(long)]
     json: bool,
 }
@@ -23,8 +24,10 @@ pub struct StatsArgs {
 pub struct ListArgs {
     #[arg(long, default_value = "pending", value_parser = ["pending", "delivered", "dead", "expired", "exported", "all"])]
     state: String,
+    /// The most deliveries listed.
     #[arg(long, default_value_t = 50)]
     limit: usize,
+    /// JSON Lines: one object per delivery.
     #[arg(long)]
     json: bool,
 }
@@ -32,12 +35,14 @@ pub struct ListArgs {
 #[derive(Args)]
 pub struct ShowArgs {
     event_id: String,
+    /// JSON Lines: one object per delivery of the event.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Args)]
 pub struct HealthArgs {
+    /// One JSON document.
     #[arg(long)]
     json: bool,
     /// Oldest pending event allowed.
@@ -132,7 +137,7 @@ pub fn list(outbox: &Outbox, args: ListArgs) -> Outcome {
     if args.json {
         let mut out = std::io::stdout().lock();
         for r in &records {
-            let _ = writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default());
+            let _ = writeln!(out, "{}", output::record_json(r));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -174,7 +179,7 @@ pub fn show(outbox: &Outbox, args: ShowArgs) -> Outcome {
     }
     if args.json {
         for r in &records {
-            println!("{}", serde_json::to_string(r).unwrap_or_default());
+            println!("{}", output::record_json(r));
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -6,6 +6,7 @@
 //! end, in PostgreSQL) and `keygen.rs` (a device's signing key); `failure.rs` maps errors to exit codes and `output.rs` formats tables.
 
 mod bundle;
+mod closed_pipe;
 mod config;
 mod enqueue;
 mod failure;
@@ -33,6 +34,8 @@ struct Cli {
     /// The database file.
     #[arg(long, env = "OUTBOX_DB", global = true)]
     db: Option<PathBuf>,
+    /// Durability of this command's commits on power loss (the app's own setting).
+    ///
     /// How hard SQLite works to keep this command's commits on power loss: `normal` (the
     /// default) or `full`; give the app's own setting. A relay never sends an event before
     /// its commit is on disk, whichever is chosen.
@@ -80,6 +83,8 @@ enum Command {
     Health(inspect::HealthArgs),
     /// Re-enable a destination disabled by a 410 or an operator.
     Enable(repair::EnableArgs),
+    /// Stop deliveries to a destination until `enable`; its events stay pending.
+    Disable(repair::DisableArgs),
     /// Send delivered events again to a destination, with their original ids.
     Redeliver(repair::RedeliverArgs),
     /// Write pending events to a signed bundle file, for a site with no uplink.
@@ -117,6 +122,7 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    closed_pipe::end_quietly_on_closed_pipe();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     match run(cli) {
@@ -144,6 +150,15 @@ fn run(cli: Cli) -> Outcome {
         return migrate(builder, &db);
     }
     if let Command::Init = command {
+        if let Some(folder) = db.parent().filter(|f| !f.as_os_str().is_empty()) {
+            if !folder.is_dir() {
+                return Err(bad_input(format!(
+                    "{}: the folder {} does not exist (create it first)",
+                    db.display(),
+                    folder.display()
+                )));
+            }
+        }
         let outbox = builder.open(&db)?;
         println!(
             "initialized {} (schema version {})",
@@ -185,6 +200,7 @@ fn run(cli: Cli) -> Outcome {
         Command::PurgeDead(args) => repair::purge_dead(&outbox, args),
         Command::Prune(args) => repair::prune(&outbox, args),
         Command::Enable(args) => repair::enable(&outbox, args),
+        Command::Disable(args) => repair::disable(&outbox, args),
         Command::Redeliver(args) => repair::redeliver(&outbox, args),
         Command::Export(args) => bundle::export(&outbox, args),
     }

@@ -68,3 +68,36 @@ pub fn clip(text: &str, max: usize) -> String {
         format!("{cut}…")
     }
 }
+
+/// One delivery as the commands' JSON shows it: the record's fields, its `data` as JSON
+/// (not a string holding JSON), and beside each time in unix milliseconds (`created_at`,
+/// …) the same time in RFC 3339 (`created_time`, …), `null` where the time is.
+pub fn record_json(record: &sqlite_outbox::admin::EventRecord) -> String {
+    let mut value = serde_json::to_value(record).unwrap_or_default();
+    if let Some(serde_json::Value::String(data)) = value.get("data") {
+        if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(data) {
+            value["data"] = parsed;
+        }
+    }
+    for (millis, time) in [
+        ("created_at", "created_time"),
+        ("available_at", "available_time"),
+        ("delivered_at", "delivered_time"),
+        ("dead_at", "dead_time"),
+    ] {
+        let text = value
+            .get(millis)
+            .and_then(serde_json::Value::as_i64)
+            .and_then(rfc3339);
+        value[time] = text.map_or(serde_json::Value::Null, serde_json::Value::String);
+    }
+    value.to_string()
+}
+
+/// Unix milliseconds as RFC 3339 in UTC, to the millisecond.
+pub fn rfc3339(unix_ms: i64) -> Option<String> {
+    let at =
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000).ok()?;
+    at.format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}

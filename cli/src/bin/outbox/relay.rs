@@ -44,11 +44,12 @@ pub struct RelayArgs {
     #[arg(long, visible_alias = "ca-file")]
     ca: Option<std::path::PathBuf>,
     /// https:// or mqtts://: the device's certificate chain (PEM), for mutual TLS; needs
-    /// --key.
+    /// --client-key.
     #[arg(long, visible_alias = "client-cert")]
     cert: Option<std::path::PathBuf>,
-    /// https:// or mqtts://: the private key (PEM) of --cert.
-    #[arg(long, visible_alias = "client-key")]
+    /// https:// or mqtts://: the private key (PEM) of --cert. (`--key`, its old name, is
+    /// still taken: `enqueue --key` is a partition key.)
+    #[arg(long = "client-key", alias = "key")]
     key: Option<std::path::PathBuf>,
     /// MQTT only: a fixed client id (default: outbox- and a random suffix per start).
     #[arg(long)]
@@ -94,15 +95,19 @@ pub struct RelayArgs {
     /// With --batch: while fewer events are due than fill a batch, wait up to this long
     /// (e.g. 2s) for more before sending, so a trickle goes out a batch per request instead
     /// of an event per request. Events of priority 8 or above go at once; stopping sends
-    /// what is waiting. At most a quarter of --lease-secs.
+    /// what is waiting. At most a quarter of --lease.
     #[arg(long, value_parser = parse_duration)]
     linger: Option<Duration>,
     /// Concurrent requests.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Lease length in seconds.
-    #[arg(long, default_value_t = 60)]
-    lease_secs: u64,
+    /// How long a claim holds its events before another relay may take them over (e.g.
+    /// 60s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    lease: Duration,
+    /// The lease in whole seconds (the old form of --lease).
+    #[arg(long, hide = true, conflicts_with = "lease")]
+    lease_secs: Option<u64>,
     /// Answered attempts before an event is dead-lettered.
     #[arg(long, default_value_t = 25)]
     max_attempts: u32,
@@ -128,7 +133,7 @@ pub struct RelayArgs {
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
-    let lease = Duration::from_secs(args.lease_secs);
+    let lease = args.lease_secs.map_or(args.lease, Duration::from_secs);
     let mut destination = if args.url.starts_with("mqtt://") || args.url.starts_with("mqtts://") {
         mqtt_destination(&args, lease)?
     } else {
@@ -409,7 +414,11 @@ fn tls_files(args: &RelayArgs) -> Result<TlsFiles, Failure> {
     let identity = match (&args.cert, &args.key) {
         (Some(cert), Some(key)) => Some((read("--cert", cert)?, read("--key", key)?)),
         (None, None) => None,
-        _ => return Err(bad_input("--cert and --key go together (mutual TLS)")),
+        _ => {
+            return Err(bad_input(
+                "--cert and --client-key go together (mutual TLS)",
+            ))
+        }
     };
     Ok((ca, identity))
 }

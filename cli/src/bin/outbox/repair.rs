@@ -52,10 +52,12 @@ pub fn retry(outbox: &Outbox, args: RetryArgs) -> Outcome {
         let refs: Vec<&str> = args.event_ids.iter().map(String::as_str).collect();
         outbox.retry(&refs)?
     };
-    println!("reset {reset} deliveries; they are due now");
     if !args.all_dead && reset == 0 {
-        return Err(failed("no pending or dead delivery has those ids"));
+        return Err(failed(
+            "no pending or dead delivery has those ids; nothing was reset",
+        ));
     }
+    println!("reset {reset} deliveries; they are due now");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -75,6 +77,23 @@ pub fn prune(outbox: &Outbox, args: PruneArgs) -> Outcome {
         report.deleted,
         humantime::format_duration(args.older_than),
         report.pages
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct DisableArgs {
+    destination: String,
+    /// Why, as `stats` and `health` will show it.
+    #[arg(long, default_value = "disabled by an operator")]
+    reason: String,
+}
+
+pub fn disable(outbox: &Outbox, args: DisableArgs) -> Outcome {
+    outbox.disable_destination(&args.destination, &args.reason)?;
+    println!(
+        "disabled {}; its events wait until: outbox enable {}",
+        args.destination, args.destination
     );
     Ok(ExitCode::SUCCESS)
 }
