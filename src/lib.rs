@@ -98,8 +98,8 @@
 //! [`Synchronous::Full`] it also survives a power loss. Either way no event is sent before
 //! its commit is on disk, so a receiver never holds an event the device lost
 //! ([`guide::durability`]). [`Outbox`] is `Send + Sync` and cheap to clone. A relay runs
-//! named threads (`outbox-relay`, the only one that writes; `outbox-checkpoint`; delivery
-//! workers `outbox-<destination>-<n>`), each joined by [`RelayHandle::shutdown`] or on drop
+//! named threads (`outbox-relay`, the only one that writes; `outbox-ckpt`; `outbox-account`;
+//! delivery workers `outbox-w<destination's number>-<n>`), each joined by [`RelayHandle::shutdown`] or on drop
 //! within a bounded time; every blocking call has a timeout ([`guide::relay`]).
 //!
 //! # Features
@@ -107,8 +107,8 @@
 //! - `bundled` (default): SQLite compiled in. Turn it off to link the system's SQLite or
 //!   SQLCipher through rusqlite's own features (Cargo unifies features: while it is on, no
 //!   other SQLite can be chosen).
-//! - `mqtt`: [`Destination::mqtt`], delivery to MQTT brokers through rumqttc.
-//! - `postgres`: [`receive::PgInbox`] and the tables `outbox ingest` stores in.
+//! - `mqtt`: `Destination::mqtt`, delivery to MQTT brokers through rumqttc.
+//! - `postgres`: `receive::PgInbox` and the tables `outbox ingest` stores in.
 //! - `metrics`: counters, gauges and a latency histogram through the `metrics` facade.
 //! - `opentelemetry`: `create` and `send` spans through the `opentelemetry` API crate.
 //! - `wal-watch`: a relay wakes the moment another process commits (a file-change
@@ -135,8 +135,8 @@
 //! | [`guide::platforms`] | Windows, macOS, iOS, Android, 32-bit gateways, proxies, where the file goes |
 //! | [`guide::async_apps`] | tokio and sqlx |
 //!
-//! An app that sends needs the crate root (16 names and the [`rusqlite`] it was built
-//! with: use it for the app's own connections, so both share one SQLite); a receiver
+//! An app that sends needs the crate root ([`Outbox`], [`Event`], [`Destination`],
+//! [`RelayConfig`] and their companions, and the [`rusqlite`] it was built with: use it for the app's own connections, so both share one SQLite); a receiver
 //! [`receive`]; an app that wants outcomes back [`notices`]; an operator [`admin`]; a
 //! receiver written without this crate [`wire`]; another protocol or a fake receiver
 //! [`transport`]; a test of backoff and leases [`clock`]. Builders never fail in a setter;

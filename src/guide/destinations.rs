@@ -106,11 +106,11 @@
 //!   *that* publish arrives, and only then. The payload follows the CloudEvents MQTT binding:
 //!   by default its structured mode, the same JSON envelope an HTTP receiver gets (under
 //!   MQTT 5 with the content type property `application/cloudevents+json; charset=utf-8`);
-//!   with [`MqttConfig::binary_mode`](crate::transport::MqttConfig::binary_mode) (MQTT 5 only) the
+//!   with `MqttConfig::binary_mode` (MQTT 5 only) the
 //!   binary mode: the event's data as the payload, content type `application/json`, and every
 //!   other attribute (`id`, `source`, `type`, `subject`, `time`, `partitionkey`, `sequence`) a
 //!   user property of that name.
-//! - MQTT 3.1.1 by default; [`MqttConfig::version`](crate::transport::MqttConfig::version)
+//! - MQTT 3.1.1 by default; `MqttConfig::version`
 //!   `(MqttVersion::V5)` for MQTT 5, where a PUBACK carries a reason code: 0x87 (not
 //!   authorized), 0x90 (topic name invalid) and 0x99 (payload format invalid) dead-letter the
 //!   event with the reason; other codes of 0x80 or more (quota exceeded, unspecified error)
@@ -124,8 +124,8 @@
 //!   its topic needs is dead-lettered with that reason, unless the placeholder opts in to an
 //!   empty level with `?` (`outbox/{type}/{subject?}`). Values lose their outer `/`.
 //! - TLS: an `mqtts://` URL (port 8883 by default) checks the broker's certificate against
-//!   Mozilla's roots (built in) or [`MqttConfig::ca_pem`](crate::transport::MqttConfig::ca_pem);
-//!   [`client_identity_pem`](crate::transport::MqttConfig::client_identity_pem) adds a client
+//!   Mozilla's roots (built in) or `MqttConfig::ca_pem`;
+//!   `client_identity_pem` adds a client
 //!   certificate for mutual TLS. Certificates and keys are checked at start; a broker whose
 //!   certificate does not check out, or that refuses the client's, is offline like an
 //!   unreachable one.
@@ -145,7 +145,7 @@
 //!   PUBACKs with Nagle's algorithm on unless `set_tcp_nodelay true` is in its config; a
 //!   publisher that awaits a batch's PUBACKs then stalls on TCP's delayed ACK (about 40 ms
 //!   per batch, measured), so set it.
-//! - An event whose PUBLISH would exceed [`MqttConfig::max_packet_bytes`](crate::transport::MqttConfig::max_packet_bytes) (256 KiB by
+//! - An event whose PUBLISH would exceed `MqttConfig::max_packet_bytes` (256 KiB by
 //!   default) or the broker's announced maximum is dead-lettered with its size.
 //!
 //! For AWS IoT Core: `mqtts://<prefix>-ats.iot.<region>.amazonaws.com:8883`, the CA

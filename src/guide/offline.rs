@@ -34,7 +34,7 @@
 //! A device back after a week has a backlog; the alarm raised an hour ago should not wait
 //! behind six days of telemetry. Each event has a priority from 0 (least urgent) to 9 (most
 //! urgent), 5 by default: [`Event::priority`](crate::Event::priority), or per type on the builder
-//! ([`OutboxBuilder::priority_for`](crate::OutboxBuilder::priority_for)`("alarm.*", 9)`, first matching pattern wins), or
+//! ([`OutboxBuilder::priority_for`](crate::OutboxBuilder::priority_for)`("alarm.*", 9)`, the most specific matching pattern wins: the exact type, then the longest prefix, then `*`), or
 //! `outbox enqueue --priority N` (a `"priority"` member per `--jsonl` line, the flag being
 //! the default). Among due events a relay claims the most urgent first, then the longest
 //! due, then in commit order; events that share a partition key still go in commit order

@@ -6,8 +6,8 @@
 //! inbox table inside the receiver's own transaction, so every event takes effect once. Its
 //! module docs show a complete handler; `examples/receiver.rs` is a complete receiver
 //! (`cargo run --example receiver -- --db received.db --secret whsec_…`). With the
-//! `postgres` feature, [`receive::PgInbox`](crate::receive::PgInbox) does the same in a PostgreSQL transaction, with
-//! its own versioned migrations ([`receive::pg_migrate`](crate::receive::pg_migrate)).
+//! `postgres` feature, `receive::PgInbox` does the same in a PostgreSQL transaction, with
+//! its own versioned migrations (`receive::pg_migrate`).
 //!
 //! # The fleet's receiving end: `outbox ingest` into PostgreSQL
 //!
@@ -101,7 +101,7 @@
 //! that its connection is dead, not after the system's 15 minutes; and a 20 s
 //! `statement_timeout` (a URL's own `options=-c statement_timeout=…` wins), below the 30 s a
 //! request waits, so PostgreSQL cancels a store nobody waits for any more;
-//! [`receive::pg_connect`](crate::receive::pg_connect) does the same for [`receive::PgInbox`](crate::receive::PgInbox) users.
+//! `receive::pg_connect` does the same for `receive::PgInbox` users.
 //!
 //! **The fleet at a glance.** `outbox_sources` holds a row per source stored: `first_seen`,
 //! `last_seen`, `events_stored`, `newest_event_time` and `refusals`; `SELECT source,

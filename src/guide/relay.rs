@@ -98,13 +98,17 @@
 //! # About threads
 //!
 //! [`Outbox`](crate::Outbox) is `Send + Sync` and cheap to clone. A relay runs one writer thread
-//! (`outbox-relay`, the only one that writes rows), one checkpointer (`outbox-checkpoint`,
-//! which only copies the WAL back into the file, on a connection outside the pool) and, per
-//! destination, a configurable number of delivery threads (`outbox-<destination>-<n>`) that
-//! only do HTTP; all are joined by [`RelayHandle::shutdown`](crate::RelayHandle::shutdown) or on drop, within a bounded
+//! (`outbox-relay`, the only one that writes rows), one checkpointer (`outbox-ckpt`, which
+//! only copies the WAL back into the file, on a connection outside the pool), one accountant
+//! (`outbox-account`, which tells destinations their streams' state) and, per destination, a
+//! configurable number of delivery threads (`outbox-w<i>-<n>`: the destination's place in
+//! the configuration, then the worker; every name fits the 15 bytes Linux keeps) that only
+//! do HTTP; all are joined by [`RelayHandle::shutdown`](crate::RelayHandle::shutdown) or on drop, within a bounded
 //! time (`tests/threads.rs`). An MQTT destination adds its connection thread
 //! (`outbox-mqtt-<destination>`); an `outbox_cli::ingest::IngestServer` runs two I/O threads
 //! (`outbox-ingest-io`) and its database threads (`outbox-ingest-db-<n>`), joined by its
-//! `shutdown`. Every blocking call has a
+//! `shutdown`. An open [`Outbox`](crate::Outbox)'s connection pool (r2d2) keeps its own
+//! maintenance threads (`r2d2-worker-<n>`, 3), which end about 30 s after the last clone of
+//! the `Outbox` is dropped. Every blocking call has a
 //! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
 //! timeout).

@@ -34,7 +34,9 @@
 //! A [`Verifier`] holding every device's key would take any device's signature for any
 //! source.
 //!
-//! [`migrate`] creates the inbox table in the receiver's own database; [`Inbox::prune`]
+//! [`migrate`] brings the receiver's own SQLite database to the outbox's schema (the inbox
+//! table `outbox_inbox` with the rest of the outbox's tables, so a receiver can relay on
+//! too); [`Inbox::prune`]
 //! deletes old rows in small pages. Verification errors have their own kinds
 //! ([`VerifyError`]); signatures are compared in constant time.
 //!

@@ -1,4 +1,4 @@
-//! The relay's checkpointer: a thread of its own (`outbox-checkpoint`) that copies the WAL
+//! The relay's checkpointer: a thread of its own (`outbox-ckpt`) that copies the WAL
 //! back into the database file while anything is being written, so neither the app's
 //! commits nor the relay's writer ever run a checkpoint themselves.
 //!

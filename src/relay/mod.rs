@@ -8,7 +8,7 @@
 //!
 //! Who owns which thread: [`RelayHandle`] owns every thread of a relay. The writer thread
 //! (`outbox-relay`, [`writer`]) owns the relay's one writing SQLite connection and every
-//! lane ([`lane`]); the checkpointer (`outbox-checkpoint`, [`checkpointer`]) owns a second
+//! lane ([`lane`]); the checkpointer (`outbox-ckpt`, [`checkpointer`]) owns a second
 //! connection that only checkpoints the WAL; each destination's workers (`outbox-<destination>-<n>`, [`worker`]) own
 //! nothing but their transport handle and a clone of their lane's gate ([`gate`]). Workers
 //! never touch SQLite and the writer never waits on the network, so a slow receiver cannot
@@ -163,7 +163,9 @@ impl Relay {
                     outbox.clock(),
                     &config,
                 );
-                let name = format!("outbox-{}-{n}", destination.name());
+                // Linux keeps 15 bytes of a thread's name: the lane's number, not the
+                // destination's name (cut, two destinations' workers looked alike).
+                let name = format!("outbox-w{index}-{n}");
                 workers.push(Watched::spawn(name, move || worker.run())?);
             }
             lanes.push(lane);
@@ -178,7 +180,7 @@ impl Relay {
                 accounting::Accountant::new(outbox.clone(), told, stop, config.accounting_interval);
             Some((
                 stop_tx,
-                Watched::spawn("outbox-accounting".to_string(), move || accountant.run())?,
+                Watched::spawn("outbox-account".to_string(), move || accountant.run())?,
             ))
         };
         // The writer tells the checkpointer when something was written, so that neither
@@ -203,8 +205,7 @@ impl Relay {
             checkpoint_stop,
             kick_rx,
         );
-        let checkpointer =
-            Watched::spawn("outbox-checkpoint".to_string(), move || checkpointer.run())?;
+        let checkpointer = Watched::spawn("outbox-ckpt".to_string(), move || checkpointer.run())?;
         log::info!("relay {relay_id}: started");
         Ok(RelayHandle {
             relay_id,

@@ -159,10 +159,10 @@ fn run(cli: Cli) -> Outcome {
                 )));
             }
         }
-        let outbox = builder.open(&db)?;
+        let _outbox = builder.open(&db)?;
         println!(
             "initialized {} (schema version {})",
-            outbox.path().display(),
+            db.display(),
             sqlite_outbox::admin::schema_version()
         );
         return Ok(ExitCode::SUCCESS);
