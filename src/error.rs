@@ -102,6 +102,15 @@ pub enum Error {
         /// The schema version this build reads.
         current: i64,
     },
+    /// `enqueue` was given a transaction on another database than the outbox's file: the
+    /// event would have gone into that file's outbox, which this outbox's relay never reads.
+    /// Nothing was written.
+    WrongDatabase {
+        /// The outbox's file.
+        outbox: String,
+        /// The file the transaction's connection has open.
+        connection: String,
+    },
     /// The file exists but is not a SQLite database; nothing was changed.
     NotADatabase {
         /// The path that was opened.
@@ -217,6 +226,12 @@ impl fmt::Display for Error {
                 f,
                 "the outbox's schema is at version {found}, this build reads version {current}: \
                  a migration (a read-write open, `outbox migrate`) brings it up to date"
+            ),
+            Error::WrongDatabase { outbox, connection } => write!(
+                f,
+                "enqueue was given a transaction on {connection}, not on the outbox's file \
+                 {outbox}; nothing was written (open the transaction on a connection to the \
+                 outbox's file: Outbox::transaction or Outbox::connection)"
             ),
             Error::NotADatabase { path } => write!(f, "{path} is not a SQLite database"),
             Error::NotFound { path } => write!(f, "{path} does not exist"),

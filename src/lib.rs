@@ -74,9 +74,11 @@
 //! - **Incremental auto-vacuum on a brand-new, empty file only** (it must be chosen before
 //!   the first table): pruning then hands pages back to the file system. A file that
 //!   already has tables keeps its setting.
-//! - **On its own connections only**: `synchronous` ([`Synchronous`]), `foreign_keys=ON`,
-//!   `wal_autocheckpoint` (8192 pages) and a busy handler (5 s). The app's connections keep
-//!   theirs. A running relay checkpoints the WAL from a thread of its own (PASSIVE, and past
+//! - **On its own connections only**: `synchronous` ([`Synchronous`]),
+//!   `wal_autocheckpoint` (8192 pages) and a busy handler (5 s), after the app's
+//!   [`on_connect`](OutboxBuilder::on_connect); every other PRAGMA (`foreign_keys`,
+//!   `cache_size`, …) is the app's to set there, and the outbox sets none of them. The app's
+//!   connections keep theirs. A running relay checkpoints the WAL from a thread of its own (PASSIVE, and past
 //!   16 MiB a RESTART that never waits on the app's readers), prunes delivered rows older
 //!   than its retention, a page per transaction, and hands the freed pages back.
 //! - **Never**: `PRAGMA user_version` and `application_id` (the app's), the app's tables,

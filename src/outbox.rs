@@ -52,6 +52,9 @@ pub struct Outbox {
 struct Inner {
     pool: Pool,
     path: PathBuf,
+    /// The file's name as SQLite reports it for the pool's connections (symlinks resolved),
+    /// what an app's own connection to the file reports too: `enqueue` compares with it.
+    sqlite_name: Option<String>,
     settings: ConnectionSettings,
     clock: Arc<dyn Clock>,
     /// Routes, limits, policies, defaults: kept in the file, followed as they change.
@@ -77,6 +80,17 @@ impl fmt::Debug for Outbox {
 }
 
 /// Settings for opening an [`Outbox`].
+///
+/// Two kinds. The connection's ([`pool_size`](Self::pool_size),
+/// [`synchronous`](Self::synchronous), [`busy_timeout`](Self::busy_timeout),
+/// [`on_connect`](Self::on_connect), …) last as long as this process's `Outbox`. The
+/// enqueue policy's ([`payload_limit`](Self::payload_limit),
+/// [`default_source`](Self::default_source), [`route`](Self::route),
+/// [`priority_for`](Self::priority_for), [`max_pending`](Self::max_pending),
+/// [`storage_policy`](Self::storage_policy), lifetimes) are **kept in the file** at
+/// [`open`](Self::open), so every writer of the file (the CLI, apps in other languages)
+/// follows them: they stay after the code stops setting them, until `outbox config unset`
+/// or [`settings`](crate::settings) removes them.
 #[must_use = "an OutboxBuilder does nothing until `.open(path)`"]
 pub struct OutboxBuilder {
     pool_size: u32,
@@ -181,6 +195,8 @@ impl OutboxBuilder {
     }
 
     /// Sets the CloudEvents `source` of events that set none. Defaults to `/sqlite-outbox`.
+    /// Kept in the file (setting `default_source`): it stays after the code stops setting
+    /// it.
     pub fn default_source(mut self, source: impl Into<String>) -> Self {
         self.default_source = Some(source.into());
         self
@@ -259,7 +275,10 @@ impl OutboxBuilder {
     /// relay's writer and checkpointer, the settings reader, the check of
     /// [`open_existing`](Self::open_existing)), before the outbox's own PRAGMAs and before
     /// anything is read: SQLCipher's `PRAGMA key`, which must come first, or the app's own
-    /// `PRAGMA cache_size` on a device with little memory. Defaults to nothing.
+    /// `PRAGMA cache_size` on a device with little memory. The outbox's own are only
+    /// `journal_mode=WAL`, `synchronous` (this builder's), `wal_autocheckpoint` and a busy
+    /// handler; whatever else `setup` sets (`foreign_keys=ON`, say) stays. Defaults to
+    /// nothing.
     ///
     /// ```
     /// # fn main() -> Result<(), sqlite_outbox::Error> {
@@ -366,10 +385,12 @@ impl OutboxBuilder {
             }
             rows
         };
+        let sqlite_name = sqlite_name(&pool)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 live: LiveSettings::new(rows, &path, &settings),
                 pool,
+                sqlite_name,
                 path,
                 settings,
                 clock: self.clock,
@@ -476,10 +497,12 @@ impl OutboxBuilder {
         let settings = self.connection_settings();
         let pool = database::open_read_only_pool(&path, &settings, self.pool_size)?;
         let rows = crate::store::settings::load_rows(&*pool.get()?)?;
+        let sqlite_name = sqlite_name(&pool)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 live: LiveSettings::fixed(rows, &path, &settings),
                 pool,
+                sqlite_name,
                 // No reserve: nothing is written, and no file is made.
                 disk_room: DiskRoom::new(&path, 0),
                 path,
@@ -549,7 +572,7 @@ impl Outbox {
     /// written: `tx` stays usable and can still commit the caller's other writes. A repeated
     /// idempotency key is not an error: it returns [`Enqueued::Duplicate`].
     pub fn enqueue(&self, tx: &Connection, mut event: Event) -> Result<Enqueued> {
-        require_transaction(tx)?;
+        self.require_own_transaction(tx)?;
         let settings = self.inner.live.get();
         let payload = event.validate(settings.payload_limit)?;
         let destinations = routed(&settings, &event.event_type)?;
@@ -598,7 +621,7 @@ impl Outbox {
     where
         I: IntoIterator<Item = Event>,
     {
-        require_transaction(tx)?;
+        self.require_own_transaction(tx)?;
         let settings = self.inner.live.get();
         let mut events: Vec<Event> = events.into_iter().collect();
         let spans: Vec<CreateSpan> = events
@@ -1040,14 +1063,44 @@ fn needs_savepoint(settings: &Settings, event: &Event, destinations: &[&str]) ->
     event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1
 }
 
-/// Refuses a connection with no transaction open: an event written there would commit by
-/// itself, and the promise (the event commits with the business change, or not at all)
-/// would silently not hold.
-fn require_transaction(conn: &Connection) -> Result<()> {
-    if conn.is_autocommit() {
-        return Err(Error::NotInTransaction);
+/// The name SQLite gives the pool's file.
+fn sqlite_name(pool: &Pool) -> Result<Option<String>> {
+    Ok(pool.get()?.path().map(str::to_owned))
+}
+
+impl Outbox {
+    /// Refuses a connection with no transaction open (an event written there would commit
+    /// by itself, and the promise, the event commits with the business change or not at
+    /// all, would silently not hold), and a connection to another database file (the event
+    /// would go into that file's outbox, which this outbox's relay never reads).
+    fn require_own_transaction(&self, conn: &Connection) -> Result<()> {
+        if conn.is_autocommit() {
+            return Err(Error::NotInTransaction);
+        }
+        let Some(file) = conn.path().filter(|file| !file.is_empty()) else {
+            // A temporary or in-memory database: never this outbox's file.
+            return Err(Error::WrongDatabase {
+                outbox: self.inner.path.display().to_string(),
+                connection: "a temporary or in-memory database".into(),
+            });
+        };
+        let own = &self.inner.path;
+        if self.inner.sqlite_name.as_deref() == Some(file) || Path::new(file) == own.as_path() {
+            return Ok(());
+        }
+        // The same file under another name (a symlink, `..`): looked at only on a mismatch.
+        let same = match (std::fs::canonicalize(file), std::fs::canonicalize(own)) {
+            (Ok(theirs), Ok(ours)) => theirs == ours,
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        Err(Error::WrongDatabase {
+            outbox: own.display().to_string(),
+            connection: file.to_owned(),
+        })
     }
-    Ok(())
 }
 
 /// The destinations `event_type` is routed to; an event no route takes is an input error.

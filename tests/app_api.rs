@@ -226,3 +226,43 @@ fn notices_are_read_through_the_crates_own_type() {
     assert_eq!(notice.event_id, id);
     let _ = relay.shutdown();
 }
+
+#[test]
+fn enqueue_on_a_transaction_of_another_file_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Outbox::open(dir.path().join("a.db")).unwrap();
+    let b = Outbox::open(dir.path().join("b.db")).unwrap();
+    let mut conn = Connection::open(dir.path().join("b.db")).unwrap();
+    let tx = conn.transaction().unwrap();
+    let refused = a.enqueue(&tx, Event::new("order.placed", json!({"n": 1})));
+    match refused {
+        Err(Error::WrongDatabase { outbox, connection }) => {
+            assert!(outbox.ends_with("a.db"), "{outbox}");
+            assert!(connection.ends_with("b.db"), "{connection}");
+        }
+        other => panic!("expected WrongDatabase, got {other:?}"),
+    }
+    let refused_many = a.enqueue_many(&tx, vec![Event::new("x", json!({}))]);
+    assert!(matches!(refused_many, Err(Error::WrongDatabase { .. })));
+    tx.commit().unwrap();
+    assert_eq!(a.pending_count(None).unwrap(), 0);
+    assert_eq!(
+        b.pending_count(None).unwrap(),
+        0,
+        "nothing went into b.db's outbox"
+    );
+
+    // The same file through another name (a symlink) is the outbox's own.
+    #[cfg(unix)]
+    {
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(dir.path().join("a.db"), &link).unwrap();
+        let mut conn = Connection::open(&link).unwrap();
+        let tx = conn.transaction().unwrap();
+        let _ = a
+            .enqueue(&tx, Event::new("order.placed", json!({"n": 2})))
+            .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(a.pending_count(None).unwrap(), 1);
+    }
+}

@@ -282,31 +282,39 @@ fn a_file_that_is_not_sqlite_is_refused_untouched() {
 }
 
 #[test]
-fn every_pooled_connection_has_wal_sync_and_foreign_keys() {
+fn every_pooled_connection_has_wal_and_sync_and_the_apps_own_pragmas_stay() {
     let dir = tempfile::tempdir().unwrap();
-    let outbox = Outbox::builder()
-        .pool_size(3)
-        .synchronous(sqlite_outbox::Synchronous::Full)
-        .wal_autocheckpoint(777)
-        .open(dir.path().join("pragmas.db"))
-        .unwrap();
-    let conns: Vec<_> = (0..3).map(|_| outbox.connection().unwrap()).collect();
-    for c in &conns {
-        let get = |pragma: &str| -> String {
-            c.query_row(&format!("PRAGMA {pragma}"), [], |r| {
-                r.get::<_, sqlite_outbox::rusqlite::types::Value>(0)
-            })
-            .map(|v| match v {
-                sqlite_outbox::rusqlite::types::Value::Integer(i) => i.to_string(),
-                sqlite_outbox::rusqlite::types::Value::Text(t) => t,
-                other => format!("{other:?}"),
-            })
+    let open = |foreign_keys: &'static str| {
+        Outbox::builder()
+            .pool_size(3)
+            .synchronous(sqlite_outbox::Synchronous::Full)
+            .wal_autocheckpoint(777)
+            .on_connect(move |c| c.execute_batch(&format!("PRAGMA foreign_keys = {foreign_keys}")))
+            .open(dir.path().join("pragmas.db"))
             .unwrap()
-        };
-        assert_eq!(get("journal_mode"), "wal");
-        assert_eq!(get("foreign_keys"), "1");
-        assert_eq!(get("synchronous"), "2");
-        assert_eq!(get("wal_autocheckpoint"), "777");
+    };
+    // The app's on_connect has the last word on what the outbox does not need: its
+    // foreign_keys stays as it set it, either way.
+    for (foreign_keys, expected) in [("ON", "1"), ("OFF", "0")] {
+        let outbox = open(foreign_keys);
+        let conns: Vec<_> = (0..3).map(|_| outbox.connection().unwrap()).collect();
+        for c in &conns {
+            let get = |pragma: &str| -> String {
+                c.query_row(&format!("PRAGMA {pragma}"), [], |r| {
+                    r.get::<_, sqlite_outbox::rusqlite::types::Value>(0)
+                })
+                .map(|v| match v {
+                    sqlite_outbox::rusqlite::types::Value::Integer(i) => i.to_string(),
+                    sqlite_outbox::rusqlite::types::Value::Text(t) => t,
+                    other => format!("{other:?}"),
+                })
+                .unwrap()
+            };
+            assert_eq!(get("journal_mode"), "wal");
+            assert_eq!(get("foreign_keys"), expected);
+            assert_eq!(get("synchronous"), "2");
+            assert_eq!(get("wal_autocheckpoint"), "777");
+        }
     }
 }
 

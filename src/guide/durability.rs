@@ -1,8 +1,8 @@
 //! Durability: what survives a crash, a power loss and a full disk, and why no event is sent before its commit is on disk.
 //!
 //! [`OutboxBuilder::synchronous`](crate::OutboxBuilder::synchronous) sets [`Synchronous::Normal`](crate::Synchronous::Normal) (the default) or
-//! [`Synchronous::Full`](crate::Synchronous::Full) on every pooled connection, with `journal_mode=WAL`,
-//! `foreign_keys=ON` and a busy timeout (5 s); the CLI takes the same choice as
+//! [`Synchronous::Full`](crate::Synchronous::Full) on every pooled connection, with `journal_mode=WAL`
+//! and a busy timeout (5 s); the CLI takes the same choice as
 //! `--synchronous normal|full` (or `OUTBOX_SYNCHRONOUS`), so an operator's `outbox enqueue`
 //! and `outbox relay` can run with the app's setting.
 //!

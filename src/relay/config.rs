@@ -17,6 +17,8 @@ use crate::transport::{HttpConfig, Transport};
 #[must_use = "a RelayConfig does nothing until `Outbox::relay(config).start()`"]
 pub struct RelayConfig {
     pub(crate) destinations: Vec<Destination>,
+    /// [`http_config`](Self::http_config), for every HTTP destination without its own.
+    pub(crate) http_default: Option<HttpConfig>,
     pub(crate) name: Option<String>,
     pub(crate) workers: usize,
     pub(crate) claim_batch: usize,
@@ -84,6 +86,7 @@ impl RelayConfig {
     pub fn new() -> Self {
         RelayConfig {
             destinations: Vec::new(),
+            http_default: None,
             name: None,
             workers: 4,
             claim_batch: 100,
@@ -112,18 +115,24 @@ impl RelayConfig {
     /// Adds a destination. Each destination has its own workers, in-flight limit, backoff
     /// and pause state, so one that is down or slow never holds back another.
     pub fn destination(mut self, destination: Destination) -> Self {
+        let destination = match &self.http_default {
+            Some(http) => destination.with_relay_http_config(http),
+            None => destination,
+        };
         self.destinations.push(destination);
         self
     }
 
-    /// Sets the HTTP timeouts and extra headers of every HTTP destination added so far.
+    /// Sets the HTTP timeouts and extra headers of every HTTP destination that does not set
+    /// its own ([`Destination::http_config`]), added before this call or after it.
     /// Defaults to [`HttpConfig::default`].
     pub fn http_config(mut self, config: HttpConfig) -> Self {
         self.destinations = self
             .destinations
             .into_iter()
-            .map(|d| d.http_config(config.clone()))
+            .map(|d| d.with_relay_http_config(&config))
             .collect();
+        self.http_default = Some(config);
         self
     }
 
@@ -517,5 +526,31 @@ mod tests {
             msg.contains("request_timeout") || msg.contains("twice"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn the_relays_http_config_reaches_destinations_added_after_it_and_a_destinations_own_wins() {
+        let timeout_of = |config: &RelayConfig, name: &str| {
+            config
+                .destinations
+                .iter()
+                .find(|d| d.name() == name)
+                .and_then(Destination::request_timeout)
+        };
+        let relay_wide = HttpConfig::new().request_timeout(Duration::from_secs(7));
+        let own = HttpConfig::new().request_timeout(Duration::from_secs(3));
+        let config = RelayConfig::new()
+            .destination(Destination::http("before", "http://127.0.0.1:9/"))
+            .http_config(relay_wide)
+            .destination(Destination::http("after", "http://127.0.0.1:9/"))
+            .destination(Destination::http("own", "http://127.0.0.1:9/").http_config(own.clone()));
+        assert_eq!(timeout_of(&config, "before"), Some(Duration::from_secs(7)));
+        assert_eq!(timeout_of(&config, "after"), Some(Duration::from_secs(7)));
+        assert_eq!(timeout_of(&config, "own"), Some(Duration::from_secs(3)));
+        // Its own wins even when the relay's comes after it.
+        let config = RelayConfig::new()
+            .destination(Destination::http("own", "http://127.0.0.1:9/").http_config(own))
+            .http_config(HttpConfig::new().request_timeout(Duration::from_secs(9)));
+        assert_eq!(timeout_of(&config, "own"), Some(Duration::from_secs(3)));
     }
 }

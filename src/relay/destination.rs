@@ -66,6 +66,9 @@ pub struct Destination {
     accounting: Option<bool>,
     /// The `whpk_…` public key of the receiver's receipts, parsed at `start()`.
     receipt_key: Option<String>,
+    /// Whether [`http_config`](Self::http_config) was called on it: the relay's
+    /// [`RelayConfig::http_config`](crate::RelayConfig::http_config) then leaves it be.
+    own_http_config: bool,
 }
 
 impl fmt::Debug for Destination {
@@ -151,6 +154,7 @@ impl Destination {
             linger: None,
             accounting: None,
             receipt_key: None,
+            own_http_config: false,
         }
     }
 
@@ -193,8 +197,24 @@ impl Destination {
         self
     }
 
-    /// Sets timeouts and extra headers. Defaults to [`HttpConfig::default`].
+    /// Sets timeouts and extra headers. Defaults to [`HttpConfig::default`], or to the
+    /// relay's [`RelayConfig::http_config`](crate::RelayConfig::http_config) when that is
+    /// set; this one wins over the relay's, whatever the order of the calls.
     pub fn http_config(mut self, http: HttpConfig) -> Destination {
+        self.own_http_config = true;
+        self.with_http_config(http)
+    }
+
+    /// The relay's [`RelayConfig::http_config`](crate::RelayConfig::http_config), unless
+    /// the destination set its own.
+    pub(crate) fn with_relay_http_config(self, http: &HttpConfig) -> Destination {
+        if self.own_http_config {
+            return self;
+        }
+        self.with_http_config(http.clone())
+    }
+
+    fn with_http_config(mut self, http: HttpConfig) -> Destination {
         if let Target::Http { config, .. } = &mut self.target {
             **config = http;
         }

@@ -186,7 +186,7 @@ impl ConnectionSettings {
         // journal_mode returns the resulting mode as a row; read it so the statement runs.
         let _mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.execute_batch(&format!(
-            "PRAGMA synchronous={}; PRAGMA foreign_keys=ON; PRAGMA wal_autocheckpoint={}; {}",
+            "PRAGMA synchronous={}; PRAGMA wal_autocheckpoint={}; {}",
             self.synchronous.pragma_value(),
             self.wal_autocheckpoint,
             crate::platform::durability_pragmas(
