@@ -138,7 +138,10 @@ impl Checkpointer {
     pub fn run(mut self) {
         // Nothing here may wait for a lock: a checkpoint that cannot go ahead is skipped
         // and tried again on the next turn.
-        if let Err(e) = self.conn.busy_handler(None) {
+        if let Err(e) = self
+            .conn
+            .busy_handler(crate::store::database::NO_BUSY_HANDLER)
+        {
             log::warn!("relay {}: checkpointer not started: {e}", self.relay_id);
             return;
         }
@@ -388,7 +391,8 @@ mod tests {
             .unwrap();
         let (_stop, stop) = crossbeam_channel::bounded::<()>(0);
         let conn = outbox.unpooled_connection().unwrap();
-        conn.busy_handler(None).unwrap();
+        conn.busy_handler(crate::store::database::NO_BUSY_HANDLER)
+            .unwrap();
         let checkpointer = Checkpointer::new(
             conn,
             outbox.clone(),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use r2d2_sqlite::SqliteConnectionManager;
+use crate::store::connection_manager::SqliteManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use crate::error::{Error, Result};
@@ -17,11 +17,11 @@ use crate::error::{Error, Result};
 const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// A pool of connections to one outbox database file.
-pub(crate) type Pool = r2d2::Pool<SqliteConnectionManager>;
+pub(crate) type Pool = r2d2::Pool<SqliteManager>;
 
 /// A connection borrowed from an outbox's pool, with the outbox's PRAGMAs applied. It
 /// dereferences to a [`rusqlite::Connection`] and goes back to the pool when dropped.
-pub struct PooledConnection(r2d2::PooledConnection<SqliteConnectionManager>);
+pub struct PooledConnection(r2d2::PooledConnection<SqliteManager>);
 
 impl PooledConnection {
     /// Borrows a connection from `pool`, waiting up to the pool's timeout.
@@ -86,6 +86,13 @@ static BUSY_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
 /// Waits for SQLite's write lock in fine steps: 25 µs at first, so a lock held for a few
 /// hundred microseconds (a relay's ack) costs about that, not SQLite's default first sleep
 /// of a whole millisecond; then 100 µs, then 1 ms steps, until the busy timeout.
+/// A busy handler as both rusqlite 0.40 (a function pointer, on `&Connection`) and 0.43 (any
+/// `FnMut + Send`, on `&mut Connection`) take it.
+type BusyHandler = fn(i32) -> bool;
+
+/// No busy handler, typed for both.
+pub(crate) const NO_BUSY_HANDLER: Option<BusyHandler> = None;
+
 fn busy_handler(attempt: i32) -> bool {
     let attempt = attempt.max(0) as u64;
     // Time already waited before this attempt, following the same schedule.
@@ -115,7 +122,7 @@ pub(crate) struct NotWaiting<'c> {
 impl<'c> NotWaiting<'c> {
     /// Takes `conn`'s busy handler away until the result is dropped.
     pub fn new(conn: &'c mut Connection) -> rusqlite::Result<NotWaiting<'c>> {
-        conn.busy_handler(None)?;
+        conn.busy_handler(NO_BUSY_HANDLER)?;
         Ok(NotWaiting { conn })
     }
 }
@@ -136,7 +143,7 @@ impl DerefMut for NotWaiting<'_> {
 impl Drop for NotWaiting<'_> {
     fn drop(&mut self) {
         // SQLite's busy_handler only fails on a misused handle; the connection is open.
-        if let Err(e) = self.conn.busy_handler(Some(busy_handler)) {
+        if let Err(e) = self.conn.busy_handler(Some(busy_handler as BusyHandler)) {
             log::error!("the busy handler could not be put back on a connection: {e}");
         }
     }
@@ -181,8 +188,8 @@ impl ConnectionSettings {
     }
 
     /// Applies the outbox's PRAGMAs to `conn`.
-    pub fn apply(&self, conn: &Connection) -> rusqlite::Result<()> {
-        conn.busy_handler(Some(busy_handler))?;
+    pub fn apply(&self, conn: &mut Connection) -> rusqlite::Result<()> {
+        conn.busy_handler(Some(busy_handler as BusyHandler))?;
         // journal_mode returns the resulting mode as a row; read it so the statement runs.
         let _mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.execute_batch(&format!(
@@ -478,7 +485,7 @@ pub(crate) fn open_pool(
         if pages == 0 {
             conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
         }
-        settings.apply(&conn)?;
+        settings.apply(&mut conn)?;
         migrate(&mut conn, path)?;
         // Opened and migrated: closing checkpoints again, as any connection does, so that
         // the schema just written reaches the file even under synchronous=NORMAL (which
@@ -489,14 +496,16 @@ pub(crate) fn open_pool(
         )?;
     }
     let init_settings = settings.clone();
-    let manager = SqliteConnectionManager::file(path)
-        .with_flags(OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .with_init(move |c| {
+    let manager = SqliteManager::new(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        move |c| {
             if let Some(setup) = &init_settings.on_connect {
                 setup(c)?;
             }
             init_settings.apply(c)
-        });
+        },
+    );
     let pool = r2d2::Pool::builder()
         .max_size(pool_size)
         .min_idle(Some(1))
@@ -557,18 +566,16 @@ pub(crate) fn open_read_only_pool(
         }
     }
     let init_settings = settings.clone();
-    let manager = SqliteConnectionManager::file(&target)
-        .with_flags(flags)
-        .with_init(move |c| {
-            if let Some(setup) = &init_settings.on_connect {
-                setup(c)?;
-            }
-            c.set_db_config(
-                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-                true,
-            )?;
-            c.busy_handler(Some(busy_handler))
-        });
+    let manager = SqliteManager::new(&target, flags, move |c| {
+        if let Some(setup) = &init_settings.on_connect {
+            setup(c)?;
+        }
+        c.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        c.busy_handler(Some(busy_handler as BusyHandler))
+    });
     Ok(r2d2::Pool::builder()
         .max_size(pool_size)
         .min_idle(Some(1))
@@ -591,11 +598,11 @@ fn immutable_uri(path: &Path) -> PathBuf {
 /// Opens a connection to an outbox file that [`open_pool`] already opened (and migrated),
 /// outside the pool, with the same settings.
 pub(crate) fn open_unpooled(path: &Path, settings: &ConnectionSettings) -> Result<Connection> {
-    let conn = settings.open(
+    let mut conn = settings.open(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    settings.apply(&conn)?;
+    settings.apply(&mut conn)?;
     Ok(conn)
 }
 
