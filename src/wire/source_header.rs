@@ -14,37 +14,38 @@ pub fn encode_source_header(source: &str) -> String {
     percent_encode_header(source)
 }
 
+/// What a header value cannot hold as it is: controls, space, `"` and `%` (bytes outside
+/// ASCII are always encoded).
+const NOT_IN_HEADER: &percent_encoding::AsciiSet =
+    &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
+
 /// Any text as a header value: what the CloudEvents HTTP binding asks of a `ce-` header
 /// (space, `"`, `%` and anything outside printable ASCII as `%XX` of its UTF-8 bytes).
 pub(crate) fn percent_encode_header(text: &str) -> String {
-    let mut encoded = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_graphic() && byte != b'%' && byte != b'"' {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
+    percent_encoding::utf8_percent_encode(text, NOT_IN_HEADER).to_string()
 }
 
 /// The source a header value names, or `None` if it is not a well-formed encoding of UTF-8
 /// text.
 pub fn decode_source_header(value: &[u8]) -> Option<String> {
-    let mut decoded = Vec::with_capacity(value.len());
-    let mut bytes = value.iter();
-    while let Some(&byte) = bytes.next() {
-        match byte {
-            b'%' => {
-                let high = char::from(*bytes.next()?).to_digit(16)?;
-                let low = char::from(*bytes.next()?).to_digit(16)?;
-                decoded.push((high * 16 + low) as u8);
-            }
-            b if b.is_ascii_graphic() => decoded.push(b),
-            _ => return None,
-        }
+    if !is_well_formed(value) {
+        return None;
     }
-    String::from_utf8(decoded).ok()
+    percent_encoding::percent_decode(value)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
+}
+
+/// Whether `value` holds only visible ASCII and every `%` starts an `%XX` escape: the
+/// decoder passes a malformed escape through as it is, where a header must be refused.
+fn is_well_formed(value: &[u8]) -> bool {
+    value.iter().enumerate().all(|(at, &byte)| {
+        byte.is_ascii_graphic()
+            && (byte != b'%'
+                || (value.get(at + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && value.get(at + 2).is_some_and(u8::is_ascii_hexdigit)))
+    })
 }
 
 #[cfg(test)]

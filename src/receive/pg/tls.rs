@@ -232,21 +232,20 @@ fn key_values(text: &str) -> std::result::Result<Vec<(String, String)>, String> 
 }
 
 fn percent_decode(text: &str) -> std::result::Result<String, String> {
-    let mut bytes = Vec::with_capacity(text.len());
-    let mut rest = text.bytes();
-    while let Some(b) = rest.next() {
-        if b == b'%' {
-            let hex = [rest.next(), rest.next()];
-            let digit = |h: Option<u8>| h.and_then(|h| char::from(h).to_digit(16));
-            match (digit(hex[0]), digit(hex[1])) {
-                (Some(hi), Some(lo)) => bytes.push((hi * 16 + lo) as u8),
-                _ => return Err(format!("{text:?} is not percent-encoded correctly")),
-            }
-        } else {
-            bytes.push(b);
-        }
+    // The decoder passes a malformed escape through as it is: refused here first.
+    let bytes = text.as_bytes();
+    let malformed = bytes.iter().enumerate().any(|(at, &byte)| {
+        byte == b'%'
+            && !(bytes.get(at + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(at + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return Err(format!("{text:?} is not percent-encoded correctly"));
     }
-    String::from_utf8(bytes).map_err(|_| format!("{text:?} is not UTF-8"))
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| format!("{text:?} is not UTF-8"))
 }
 
 fn mozilla_roots() -> RootCertStore {
