@@ -10,7 +10,9 @@ mod closed_pipe;
 mod config;
 mod enqueue;
 mod failure;
+#[cfg(feature = "ingest")]
 mod fleet;
+#[cfg(feature = "ingest")]
 mod ingest;
 mod inspect;
 mod keygen;
@@ -52,6 +54,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the largest variant (the relay's flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Create the database (or bring an existing one's schema up to date).
@@ -66,6 +70,7 @@ enum Command {
     /// Deliver pending events to a URL until SIGINT/SIGTERM (or until none is pending).
     Relay(relay::RelayArgs),
     /// Receive signed events from devices and store each once in PostgreSQL (no --db).
+    #[cfg(feature = "ingest")]
     Ingest(ingest::IngestArgs),
     /// Counts by state and destination, ages, sizes.
     Stats(inspect::StatsArgs),
@@ -93,6 +98,7 @@ enum Command {
     Import(bundle::ImportArgs),
     /// What the fleet holds of each device's streams, from the ingest's PostgreSQL (no
     /// --db): exit 0 if nothing is missing or reused, 1 if a stream is incomplete.
+    #[cfg(feature = "ingest")]
     Fleet(fleet::FleetArgs),
     /// Make a device's Ed25519 signing key: the private key to --out (mode 0600), the
     /// public key (whpk_…) printed for the ingest's key registry (no --db).
@@ -136,9 +142,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Outcome {
     let command = match cli.command {
+        #[cfg(feature = "ingest")]
         Command::Ingest(args) => return ingest::run(args),
         Command::Import(args) => return bundle::run_import(args),
         Command::Keygen(args) => return keygen::run(args),
+        #[cfg(feature = "ingest")]
         Command::Fleet(args) => return fleet::run(args),
         other => other,
     };
@@ -181,14 +189,11 @@ fn run(cli: Cli) -> Outcome {
         open_existing(builder, &db)?
     };
     match command {
-        Command::Init
-        | Command::Migrate
-        | Command::Ingest(_)
-        | Command::Import(_)
-        | Command::Keygen(_)
-        | Command::Fleet(_) => {
+        Command::Init | Command::Migrate | Command::Import(_) | Command::Keygen(_) => {
             unreachable!("handled above")
         }
+        #[cfg(feature = "ingest")]
+        Command::Ingest(_) | Command::Fleet(_) => unreachable!("handled above"),
         Command::Enqueue(args) => enqueue::run(&outbox, args),
         Command::Config(args) => config::run(&outbox, args),
         Command::Relay(args) => relay::run(&outbox, args),

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use sqlite_outbox::transport::{HttpConfig, MqttConfig, MqttVersion};
+use sqlite_outbox::transport::HttpConfig;
+#[cfg(feature = "mqtt")]
+use sqlite_outbox::transport::{MqttConfig, MqttVersion};
 use sqlite_outbox::{Compression, Destination, Outbox, RelayConfig};
 
 use crate::failure::{bad_input, failed, Failure, Outcome};
@@ -25,7 +27,7 @@ pub struct RelayArgs {
     topic: String,
     /// MQTT only: the protocol version, 3 (3.1.1) or 5.
     #[arg(long, value_parser = parse_mqtt_version)]
-    mqtt_version: Option<MqttVersion>,
+    mqtt_version: Option<MqttProtocol>,
     /// MQTT 5 only: binary content mode (the data as payload, the attributes as user
     /// properties) instead of the JSON envelope.
     #[arg(long)]
@@ -336,8 +338,18 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     Ok(destination)
 }
 
+/// Without the `mqtt` feature (a device build that relays over HTTP only).
+#[cfg(not(feature = "mqtt"))]
+fn mqtt_destination(args: &RelayArgs, _: Duration) -> Result<Destination, Failure> {
+    Err(bad_input(format!(
+        "{}: this outbox was built without MQTT (the cli's `mqtt` feature)",
+        args.url
+    )))
+}
+
 /// The destination for an mqtt:// URL. Signing secrets are refused: an MQTT message carries
 /// no signature header.
+#[cfg(feature = "mqtt")]
 fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Failure> {
     if !args.secret.is_empty() || args.secret_file.is_some() || args.signing_key.is_some() {
         return Err(bad_input(
@@ -375,7 +387,10 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
         }
         (None, None) => {}
     }
-    let version = args.mqtt_version.unwrap_or_default();
+    let version = match args.mqtt_version {
+        Some(MqttProtocol::V5) => MqttVersion::V5,
+        Some(MqttProtocol::V311) | None => MqttVersion::V311,
+    };
     if args.mqtt_binary && version != MqttVersion::V5 {
         return Err(bad_input(
             "--mqtt-binary needs --mqtt-version 5 (MQTT 3.1.1 has no properties for the \
@@ -424,6 +439,7 @@ fn tls_files(args: &RelayArgs) -> Result<TlsFiles, Failure> {
 }
 
 /// `--ca`, `--cert` and `--key` for an mqtts:// broker.
+#[cfg(feature = "mqtt")]
 fn tls_settings(args: &RelayArgs, mut config: MqttConfig) -> Result<MqttConfig, Failure> {
     let (ca, identity) = tls_files(args)?;
     if let Some(pem) = ca {
@@ -435,11 +451,18 @@ fn tls_settings(args: &RelayArgs, mut config: MqttConfig) -> Result<MqttConfig, 
     Ok(config)
 }
 
+/// `--mqtt-version`, parsed whether or not MQTT is built in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MqttProtocol {
+    V311,
+    V5,
+}
+
 /// `3`, `3.1.1` or `5`.
-fn parse_mqtt_version(text: &str) -> Result<MqttVersion, String> {
+fn parse_mqtt_version(text: &str) -> Result<MqttProtocol, String> {
     match text {
-        "3" | "3.1.1" | "4" => Ok(MqttVersion::V311),
-        "5" => Ok(MqttVersion::V5),
+        "3" | "3.1.1" | "4" => Ok(MqttProtocol::V311),
+        "5" => Ok(MqttProtocol::V5),
         other => Err(format!(
             "{other:?} is not an MQTT version: use 3 (3.1.1) or 5"
         )),
