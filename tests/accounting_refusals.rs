@@ -86,7 +86,7 @@ fn a_refused_accounting_is_warned_once_until_one_is_taken_again() {
     let relay = outbox
         .relay(
             RelayConfig::new()
-                .destination(Destination::http("default", &url))
+                .destination(Destination::http("default", &url).accounting(true))
                 .accounting_interval(Duration::from_secs(1)),
         )
         .start()

@@ -273,7 +273,8 @@ fn the_relay_tells_the_destination_each_streams_accounting_and_a_last_time_as_it
         .unwrap();
     let config = common::fast(
         sqlite_outbox::RelayConfig::new()
-            .destination(sqlite_outbox::Destination::http("fleet", receiver.url()))
+            // A generic receiver: told only when the destination says it takes accountings.
+            .destination(sqlite_outbox::Destination::http("fleet", receiver.url()).accounting(true))
             .destination(sqlite_outbox::Destination::http("quiet", quiet.url()).accounting(false)),
     )
     .max_attempts(1)
@@ -514,11 +515,11 @@ fn synced_through_never_passes_a_number_deleted_by_hand() {
         .unwrap(),
         1
     );
-    let config = common::fast(
-        sqlite_outbox::RelayConfig::new()
-            .destination(sqlite_outbox::Destination::http("default", receiver.url())),
-    )
-    .accounting_interval(Duration::from_secs(1));
+    let config =
+        common::fast(sqlite_outbox::RelayConfig::new().destination(
+            sqlite_outbox::Destination::http("default", receiver.url()).accounting(true),
+        ))
+        .accounting_interval(Duration::from_secs(1));
     let relay = outbox.relay(config).start().unwrap();
     assert!(common::all_delivered_within(
         &outbox,

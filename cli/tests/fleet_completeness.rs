@@ -426,8 +426,14 @@ fn a_hundred_thousand_scattered_fates_are_told_once_in_bounded_reports_and_forgo
     let relay = outbox
         .relay(
             common::fast(
-                RelayConfig::new()
-                    .destination(Destination::http("fleet", ingest.url()).secret(SECRET)),
+                // Told from the start: this device delivers nothing in the run (its whole
+                // history is fates), so the ingest never answers a 2xx that says it takes
+                // accountings, and no earlier relay told it one.
+                RelayConfig::new().destination(
+                    Destination::http("fleet", ingest.url())
+                        .secret(SECRET)
+                        .accounting(true),
+                ),
             )
             .accounting_interval(Duration::from_secs(1)),
         )

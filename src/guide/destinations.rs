@@ -225,10 +225,12 @@
 //!   [Nothing silently missing](crate::guide::fleet).
 //! - Now and then the relay sends a stream's accounting: a CloudEvent of type
 //!   `dev.sqlite-outbox.accounting` ([`wire::ACCOUNTING_TYPE`](crate::wire::ACCOUNTING_TYPE),
-//!   data [`wire::StreamAccount`](crate::wire::StreamAccount)), signed like any event, on
-//!   HTTP destinations unless turned off ([`Destination::accounting`](crate::Destination::accounting),
-//!   `relay --no-accounting`). A receiver that is not `outbox ingest` answers it 2xx and
-//!   ignores it.
+//!   data [`wire::StreamAccount`](crate::wire::StreamAccount)), signed like any event, to an
+//!   HTTP destination whose receiver said it takes them (an `outbox-accounting: 1` header
+//!   on a 2xx answer, [`wire::ACCOUNTING_HEADER`](crate::wire::ACCOUNTING_HEADER), which
+//!   `outbox ingest` sends): a generic receiver gets only the app's events.
+//!   [`Destination::accounting`](crate::Destination::accounting)`(true)` (`relay
+//!   --accounting`) tells it from the start, `(false)` (`relay --no-accounting`) never.
 //! - With [`Destination::receipt_key`](crate::Destination::receipt_key) a 2xx counts only
 //!   with an `outbox-receipt` header signed by the receiver ([`wire::Receipt`](crate::wire::Receipt)).
 //! - The official CloudEvents Rust SDK parses every request the relay sends (a test checks

@@ -52,9 +52,16 @@
 //! every [accounting interval](crate::RelayConfig::accounting_interval) (2 minutes) while the
 //! destination is reachable, and once more as it stops, so a `relay --until-empty` run ends
 //! with the destination's view up to date. The accounting is computed from the file each
-//! time, never stored as an event: no storage limit drops it, it never expires. Turn it off
-//! per destination with [`Destination::accounting`](crate::Destination::accounting)`(false)`
-//! or `relay --no-accounting`; MQTT and custom destinations have it off unless turned on. A
+//! time, never stored as an event: no storage limit drops it, it never expires. An HTTP
+//! destination is told once its receiver said it takes accountings (`outbox ingest` answers
+//! every stored request with `outbox-accounting: 1`), so a generic webhook receiver never
+//! gets them; [`Destination::accounting`](crate::Destination::accounting)`(true)` (`relay
+//! --accounting`) tells it from the start, `(false)` (`relay --no-accounting`) never; MQTT
+//! and custom destinations have it off unless turned on. Once a relay has told a
+//! destination a report, the file remembers it: a later relay that only has fates to tell
+//! (nothing to deliver, so no answer to read the header from) still tells them. A brand-new
+//! device whose first run delivers nothing tells nothing until its first delivery, unless
+//! its destination has `accounting(true)`. A
 //! destination without accounting costs the relay's accountant nothing, and its streams
 //! keep no synced-through number.
 //! [`Outbox::stream_accounts`](crate::Outbox::stream_accounts) returns the file's view.

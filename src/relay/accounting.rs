@@ -25,13 +25,24 @@ use crate::wire::{Fates, Ranges, StreamAccount, ACCOUNTING_TYPE};
 /// The longest wait between two looks at the fates.
 const MOST_CHECK: Duration = Duration::from_secs(15);
 
+/// When a destination is told its streams' accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tells {
+    /// From the start ([`Destination::accounting`](crate::Destination::accounting)`(true)`).
+    Always,
+    /// Once its receiver said it takes them (an HTTP destination's default).
+    WhenAsked,
+    /// Never.
+    Never,
+}
+
 /// One destination the accountant keeps track of.
 pub(crate) struct Told {
     pub name: String,
-    /// Whether it takes accounting ([`Destination::accounting`](crate::Destination::accounting)):
+    /// When it takes accounting ([`Destination::accounting`](crate::Destination::accounting)):
     /// one that does not costs the accountant nothing, and its streams keep no
     /// synced-through number (no fate of theirs is ever acknowledged).
-    pub tells: bool,
+    pub tells: Tells,
     pub transport: Arc<dyn Transport>,
     pub gate: Arc<Gate>,
 }
@@ -78,6 +89,8 @@ pub(crate) struct Accountant {
     looked: HashMap<String, (stream_accounts::FatesFingerprint, Instant)>,
     /// Destinations whose fingerprint could not be read at the last look (warned once).
     fingerprint_failed: std::collections::HashSet<String>,
+    /// Destinations (by index) an earlier relay told reports: see `told_before`.
+    told_before: std::collections::HashSet<usize>,
 }
 
 impl Accountant {
@@ -101,6 +114,7 @@ impl Accountant {
             seen: None,
             looked: HashMap::new(),
             fingerprint_failed: Default::default(),
+            told_before: Default::default(),
         }
     }
 
@@ -150,10 +164,17 @@ impl Accountant {
         });
         self.seen = version.map(|v| (v, Instant::now()));
         for index in 0..self.destinations.len() {
-            let destination = &self.destinations[index];
             // A destination that takes no accounting costs nothing here (its streams keep
             // no synced-through number: no fate of theirs is ever acknowledged).
-            if !destination.tells || destination.gate.is_down() || destination.gate.is_closed() {
+            let tells = match self.destinations[index].tells {
+                Tells::Always => true,
+                Tells::WhenAsked => {
+                    self.destinations[index].transport.takes_accounting() || self.told_before(index)
+                }
+                Tells::Never => false,
+            };
+            let destination = &self.destinations[index];
+            if !tells || destination.gate.is_down() || destination.gate.is_closed() {
                 continue;
             }
             let name = destination.name.clone();
@@ -185,6 +206,26 @@ impl Accountant {
                 self.advance_synced(&key, &stream.account, &stream.lost);
             }
         }
+    }
+
+    /// Whether an earlier relay told destination number `index` a report (its streams'
+    /// report count, kept in the file, is above 0): its receiver asked for them then, so a
+    /// relay that delivers nothing this run (only fates to tell) still tells them. Once
+    /// true, not read again.
+    fn told_before(&mut self, index: usize) -> bool {
+        if self.told_before.contains(&index) {
+            return true;
+        }
+        let name = &self.destinations[index].name;
+        let told = self
+            .conn
+            .as_ref()
+            .and_then(|conn| stream_accounts::any_report_told(conn, name).ok())
+            .unwrap_or(false);
+        if told {
+            self.told_before.insert(index);
+        }
+        told
     }
 
     /// Whether `destination`'s streams are to be read in full this round (see `looked`);

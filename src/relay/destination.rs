@@ -261,9 +261,12 @@ impl Destination {
     /// Whether the relay tells this destination, now and then, what became of every number
     /// of its streams: events of type [`wire::ACCOUNTING_TYPE`](crate::wire::ACCOUNTING_TYPE)
     /// (see [`wire::StreamAccount`](crate::wire::StreamAccount)), which `outbox ingest`
-    /// stores for `outbox fleet` and other receivers can ignore. On by default for HTTP
-    /// destinations (the fleet's ingest takes HTTP); off by default for MQTT (subscribers
-    /// of a topic expect the app's events) and custom transports.
+    /// stores for `outbox fleet`. By default an HTTP destination is told once its receiver
+    /// said it takes them (the [`wire::ACCOUNTING_HEADER`](crate::wire::ACCOUNTING_HEADER)
+    /// on a 2xx answer, as `outbox ingest` sends), so a generic receiver gets only the app's
+    /// events; `true` tells it from the start whatever it answers, `false` never. MQTT
+    /// destinations (subscribers of a topic expect the app's events) and custom transports
+    /// are told only with `true`.
     pub fn accounting(mut self, on: bool) -> Destination {
         self.accounting = Some(on);
         self
@@ -297,9 +300,14 @@ impl Destination {
     }
 
     /// Whether the relay sends this destination its streams' accounting.
-    pub(crate) fn sends_accounting(&self) -> bool {
-        self.accounting
-            .unwrap_or(matches!(self.target, Target::Http { .. }))
+    pub(crate) fn sends_accounting(&self) -> crate::relay::accounting::Tells {
+        use crate::relay::accounting::Tells;
+        match self.accounting {
+            Some(true) => Tells::Always,
+            Some(false) => Tells::Never,
+            None if matches!(self.target, Target::Http { .. }) => Tells::WhenAsked,
+            None => Tells::Never,
+        }
     }
 
     pub(crate) fn linger_time(&self) -> Option<std::time::Duration> {

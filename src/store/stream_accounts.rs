@@ -115,6 +115,15 @@ pub(crate) struct FatesFingerprint {
     any_pending: bool,
 }
 
+/// Whether any stream of `destination` was ever told a report (`report_seq` above 0).
+pub(crate) fn any_report_told(conn: &Connection, destination: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM outbox_streams WHERE destination = ?1 AND report_seq > 0)",
+        )?
+        .query_row([destination], |r| r.get(0))?)
+}
+
 /// Reads `destination`'s [`FatesFingerprint`].
 pub(crate) fn fates_fingerprint(conn: &Connection, destination: &str) -> Result<FatesFingerprint> {
     let dead = conn

@@ -330,6 +330,9 @@ pub struct HttpTransport {
     binary: bool,
     compression: Compression,
     clock_offset: ClockOffset,
+    /// Whether a 2xx answer carried the accounting header (see
+    /// [`Transport::takes_accounting`]).
+    takes_accounting: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for HttpTransport {
@@ -468,6 +471,7 @@ impl HttpTransport {
             binary: config.binary,
             compression: Compression::None,
             clock_offset: ClockOffset::default(),
+            takes_accounting: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -692,6 +696,15 @@ impl Transport for HttpTransport {
             }
             _ => None,
         };
+        if (200..300).contains(&status)
+            && response
+                .headers()
+                .get(crate::wire::ACCOUNTING_HEADER)
+                .is_some_and(|v| v.as_bytes() == b"1")
+        {
+            self.takes_accounting
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let date = response
             .headers()
             .get("date")
@@ -755,6 +768,11 @@ impl Transport for HttpTransport {
 
     fn clock_offset_ms(&self) -> Option<i64> {
         self.clock_offset.estimate_ms()
+    }
+
+    fn takes_accounting(&self) -> bool {
+        self.takes_accounting
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -108,6 +108,13 @@ pub trait Transport: Send + Sync + 'static {
         Sending::done(self.send_each(events))
     }
 
+    /// Whether the receiver said it takes streams' accounting (the
+    /// [`ACCOUNTING_HEADER`](crate::wire::ACCOUNTING_HEADER) on a 2xx answer): a destination
+    /// left to its default is told its streams' state only then. None said so by default.
+    fn takes_accounting(&self) -> bool {
+        false
+    }
+
     /// How far the receiver's clock is from this machine's (receiver minus local, in
     /// milliseconds), if the transport can tell. Shown in
     /// [`RelayStats::clock_offset_ms`](crate::RelayStats::clock_offset_ms).

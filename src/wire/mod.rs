@@ -32,8 +32,8 @@ pub use crate::wire::retry_after::parse_retry_after;
 pub use crate::wire::signature::signature_header;
 pub use crate::wire::source_header::{decode_source_header, encode_source_header, SOURCE_HEADER};
 pub use crate::wire::stream_account::{
-    count_of, ranges_of, subtract, union, Fates, Ranges, StreamAccount, ACCOUNTING_TYPE,
-    MAX_ACCOUNT_RANGES, MAX_STREAM_NUMBER,
+    count_of, ranges_of, subtract, union, Fates, Ranges, StreamAccount, ACCOUNTING_HEADER,
+    ACCOUNTING_TYPE, MAX_ACCOUNT_RANGES, MAX_STREAM_NUMBER,
 };
 pub use crate::wire::trace_context::{
     check_tracestate, TraceContextError, TraceParent, MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS,

@@ -33,6 +33,12 @@ use serde::{Deserialize, Serialize};
 /// The CloudEvents `type` reserved for a stream's accounting.
 pub const ACCOUNTING_TYPE: &str = "dev.sqlite-outbox.accounting";
 
+/// The answer header by which a receiver says it takes streams' accounting
+/// (`outbox-accounting: 1`, on its 2xx answers; `outbox ingest` sends it). A relay tells an
+/// HTTP destination its streams' state only once it has seen it (or when the destination
+/// is configured to take it), so a generic receiver gets only the app's events.
+pub const ACCOUNTING_HEADER: &str = "outbox-accounting";
+
 /// The most ranges one accounting may hold in all (a receiver refuses more).
 pub const MAX_ACCOUNT_RANGES: usize = 100_000;
 

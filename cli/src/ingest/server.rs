@@ -66,7 +66,9 @@ use super::workers::{Job, Outcome, Work, Workers};
 use super::write_deadline::WriteDeadline;
 use super::{lock, loggable};
 use sqlite_outbox::receive::{check_encoding, ReceiveError, Verifier, VerifyError};
-use sqlite_outbox::wire::{decode_source_header, Receipt, RECEIPT_HEADER, SOURCE_HEADER};
+use sqlite_outbox::wire::{
+    decode_source_header, Receipt, ACCOUNTING_HEADER, RECEIPT_HEADER, SOURCE_HEADER,
+};
 
 /// How long a request waits for its database job before it is answered 503.
 const JOB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -625,6 +627,11 @@ async fn receive_events(
             state.metrics.stored(new);
             // How many of the request's events were new; repeats are answered 204 too.
             let mut response = empty(StatusCode::NO_CONTENT);
+            // This receiver takes streams' accounting: a relay left to its default starts
+            // telling it (a generic receiver never says so, and never gets them).
+            response
+                .headers_mut()
+                .insert(ACCOUNTING_HEADER, HeaderValue::from_static("1"));
             response.headers_mut().insert(
                 "outbox-stored",
                 HeaderValue::from_str(&new.to_string()).unwrap_or(HeaderValue::from_static("0")),

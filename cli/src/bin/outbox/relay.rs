@@ -80,11 +80,16 @@ pub struct RelayArgs {
     /// the destination for this run.
     #[arg(long, value_name = "WHPK")]
     receipt_public_key: Option<String>,
-    /// http(s):// only: do not tell the receiver what became of every event (the streams'
+    /// http(s):// only: never tell the receiver what became of every event (the streams'
     /// accounting, events of type dev.sqlite-outbox.accounting, which `outbox ingest`
-    /// stores for `outbox fleet`; other receivers can ignore them).
-    #[arg(long)]
+    /// stores for `outbox fleet`). By default they go once the receiver says it takes
+    /// them (`outbox ingest` does), so a generic receiver never gets them.
+    #[arg(long, conflicts_with = "accounting")]
     no_accounting: bool,
+    /// http(s):// only: tell the receiver the streams' accounting from the start, whether
+    /// or not it says it takes them.
+    #[arg(long)]
+    accounting: bool,
     /// Send batches of up to N events per request (MQTT: publish N messages back to back
     /// per worker, then await their PUBACKs).
     #[arg(long)]
@@ -298,9 +303,10 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     if let Some((cert, key)) = identity {
         http = http.client_identity_pem(cert, key);
     }
-    let mut destination = Destination::http(&args.destination, &args.url)
-        .http_config(http)
-        .accounting(!args.no_accounting);
+    let mut destination = Destination::http(&args.destination, &args.url).http_config(http);
+    if args.no_accounting || args.accounting {
+        destination = destination.accounting(args.accounting);
+    }
     for s in &args.secret {
         destination = destination.secret(s);
     }
