@@ -385,24 +385,9 @@ impl OutboxBuilder {
             }
             rows
         };
-        let sqlite_name = sqlite_name(&pool)?;
-        Ok(Outbox {
-            inner: Arc::new(Inner {
-                live: LiveSettings::new(rows, &path, &settings),
-                pool,
-                sqlite_name,
-                path,
-                settings,
-                clock: self.clock,
-                wakers: Wakers::default(),
-                right_of_way: RightOfWay::default(),
-                subscribers: Default::default(),
-                disk_room: {
-                    disk_room.take();
-                    disk_room
-                },
-            }),
-        })
+        disk_room.take();
+        let live = LiveSettings::new(rows, &path, &settings);
+        Outbox::assemble(pool, path, settings, live, disk_room, self.clock)
     }
 
     /// What every connection gets.
@@ -497,22 +482,10 @@ impl OutboxBuilder {
         let settings = self.connection_settings();
         let pool = database::open_read_only_pool(&path, &settings, self.pool_size)?;
         let rows = crate::store::settings::load_rows(&*pool.get()?)?;
-        let sqlite_name = sqlite_name(&pool)?;
-        Ok(Outbox {
-            inner: Arc::new(Inner {
-                live: LiveSettings::fixed(rows, &path, &settings),
-                pool,
-                sqlite_name,
-                // No reserve: nothing is written, and no file is made.
-                disk_room: DiskRoom::new(&path, 0),
-                path,
-                settings,
-                clock: self.clock,
-                wakers: Wakers::default(),
-                right_of_way: RightOfWay::default(),
-                subscribers: Default::default(),
-            }),
-        })
+        let live = LiveSettings::fixed(rows, &path, &settings);
+        // No reserve: nothing is written, and no file is made.
+        let disk_room = DiskRoom::new(&path, 0);
+        Outbox::assemble(pool, path, settings, live, disk_room, self.clock)
     }
 }
 
@@ -1061,6 +1034,34 @@ struct Checked {
 /// itself.
 fn needs_savepoint(settings: &Settings, event: &Event, destinations: &[&str]) -> bool {
     event.coalesce_key.is_some() || settings.limits.is_set() || destinations.len() > 1
+}
+
+impl Outbox {
+    /// The outbox over an opened pool.
+    fn assemble(
+        pool: Pool,
+        path: PathBuf,
+        settings: ConnectionSettings,
+        live: LiveSettings,
+        disk_room: DiskRoom,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Outbox> {
+        let sqlite_name = sqlite_name(&pool)?;
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                live,
+                pool,
+                sqlite_name,
+                path,
+                settings,
+                clock,
+                wakers: Wakers::default(),
+                right_of_way: RightOfWay::default(),
+                subscribers: Default::default(),
+                disk_room,
+            }),
+        })
+    }
 }
 
 /// The name SQLite gives the pool's file.

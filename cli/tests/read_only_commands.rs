@@ -3,18 +3,14 @@
 //! file of an older release they exit 2 naming the command that migrates. Migrating is
 //! explicit: `outbox migrate` (or `init`); no other command, the relay included, migrates.
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn outbox(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOX_DB")
-        .env_remove("OUTBOX_SECRET")
-        .output()
-        .unwrap()
+    common::outbox_cli(db, args)
 }
 
 /// The files in `dir`, by name, with their bytes (but for SQLite's `-shm` index, whose read

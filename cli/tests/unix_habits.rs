@@ -4,20 +4,16 @@
 //! are written `30s` everywhere; `disable` beside `enable`; a `retry` that reset nothing
 //! prints no success.
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
 fn outbox(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOX_DB")
-        .env_remove("OUTBOX_SECRET")
-        .output()
-        .unwrap()
+    common::outbox_cli(db, args)
 }
 
 fn text(bytes: &[u8]) -> String {
