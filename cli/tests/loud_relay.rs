@@ -176,8 +176,9 @@ fn a_destination_no_route_sends_events_to_is_named_at_once() {
             "--until-empty",
         ],
     );
-    assert_eq!(exit_code(&mut child), 0);
+    let code = exit_code(&mut child);
     std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(code, 0, "{:?}", lines.lock().unwrap());
     assert_eq!(
         warnings(&lines, "destination orders: no route sends events to it"),
         1,

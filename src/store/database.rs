@@ -93,6 +93,28 @@ type BusyHandler = fn(i32) -> bool;
 /// No busy handler, typed for both.
 pub(crate) const NO_BUSY_HANDLER: Option<BusyHandler> = None;
 
+/// Makes `settings`' busy timeout the busy handler's (the longest any outbox of the process
+/// asked for).
+fn keep_busy_timeout(settings: &ConnectionSettings) -> Result<()> {
+    let timeout_ms = u64::try_from(settings.busy_timeout.as_millis()).unwrap_or(u64::MAX);
+    if timeout_ms > i32::MAX as u64 {
+        return Err(Error::InvalidConfig(format!(
+            "busy timeout of {:?} is too long; the most is {} ms",
+            settings.busy_timeout,
+            i32::MAX
+        )));
+    }
+    BUSY_TIMEOUT_MS.fetch_max(timeout_ms, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Gives `conn` the outbox's busy handler: another process closing the file holds it a
+/// moment to copy its WAL back, which a connection that only checks the file waits for
+/// rather than fail.
+fn wait_when_busy(conn: &mut Connection) -> rusqlite::Result<()> {
+    conn.busy_handler(Some(busy_handler as BusyHandler))
+}
+
 fn busy_handler(attempt: i32) -> bool {
     let attempt = attempt.max(0) as u64;
     // Time already waited before this attempt, following the same schedule.
@@ -439,7 +461,9 @@ pub(crate) fn check_existing(path: &Path, settings: &ConnectionSettings) -> Resu
     if !path.exists() {
         return Err(Error::NotFound { path: shown() });
     }
-    let conn = settings.open(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    keep_busy_timeout(settings)?;
+    let mut conn = settings.open(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    wait_when_busy(&mut conn)?;
     if stored_version(&conn, path)?.version() < 1 {
         return Err(Error::NotAnOutbox { path: shown() });
     }
@@ -455,15 +479,7 @@ pub(crate) fn open_pool(
     settings: &ConnectionSettings,
     pool_size: u32,
 ) -> Result<(Pool, PathBuf)> {
-    let timeout_ms = u64::try_from(settings.busy_timeout.as_millis()).unwrap_or(u64::MAX);
-    if timeout_ms > i32::MAX as u64 {
-        return Err(Error::InvalidConfig(format!(
-            "busy timeout of {:?} is too long; the most is {} ms",
-            settings.busy_timeout,
-            i32::MAX
-        )));
-    }
-    BUSY_TIMEOUT_MS.fetch_max(timeout_ms, Ordering::Relaxed);
+    keep_busy_timeout(settings)?;
     {
         let mut conn = settings.open(
             path,
@@ -478,6 +494,7 @@ pub(crate) fn open_pool(
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
             true,
         )?;
+        wait_when_busy(&mut conn)?;
         check_not_too_new(stored_version(&conn, path)?)?;
         // A new file gets incremental auto-vacuum, so pruning can hand space back to the
         // file system; it must be chosen before the first table exists.
@@ -532,6 +549,7 @@ pub(crate) fn open_read_only_pool(
     if !path.exists() {
         return Err(Error::NotFound { path: shown() });
     }
+    keep_busy_timeout(settings)?;
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
     let (target, flags) = if Path::new(&wal).exists() {
@@ -548,11 +566,12 @@ pub(crate) fn open_read_only_pool(
         )
     };
     {
-        let conn = settings.open(&target, flags)?;
+        let mut conn = settings.open(&target, flags)?;
         conn.set_db_config(
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
             true,
         )?;
+        wait_when_busy(&mut conn)?;
         let found = stored_version(&conn, path)?;
         if found.version() < 1 {
             return Err(Error::NotAnOutbox { path: shown() });
