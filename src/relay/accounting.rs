@@ -87,7 +87,7 @@ pub(crate) struct Accountant {
     /// pending numbers are told every interval), or the relay stops: a draining relay's
     /// other rounds read no pending row.
     looked: HashMap<String, (stream_accounts::FatesFingerprint, Instant)>,
-    /// Destinations whose fingerprint could not be read at the last look (warned once).
+    /// Destinations whose fingerprint (or report count) could not be read (warned once).
     fingerprint_failed: std::collections::HashSet<String>,
     /// Destinations (by index) an earlier relay told reports: see `told_before`.
     told_before: std::collections::HashSet<usize>,
@@ -217,11 +217,27 @@ impl Accountant {
             return true;
         }
         let name = &self.destinations[index].name;
-        let told = self
+        let told = match self
             .conn
             .as_ref()
-            .and_then(|conn| stream_accounts::any_report_told(conn, name).ok())
-            .unwrap_or(false);
+            .map(|conn| stream_accounts::any_report_told(conn, name))
+        {
+            Some(Ok(told)) => told,
+            Some(Err(e)) => {
+                // Counted as not told: its accounting waits for the receiver's header.
+                if self
+                    .fingerprint_failed
+                    .insert(format!("{name} (reports told)"))
+                {
+                    log::warn!(
+                        "accounting for {name}: whether an earlier relay told it reports could \
+                         not be read ({e}); it is told once its receiver asks"
+                    );
+                }
+                false
+            }
+            None => false,
+        };
         if told {
             self.told_before.insert(index);
         }

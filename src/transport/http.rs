@@ -696,7 +696,11 @@ impl Transport for HttpTransport {
             }
             _ => None,
         };
+        // Read until seen once: after that, an answer costs no header lookup for it.
         if (200..300).contains(&status)
+            && !self
+                .takes_accounting
+                .load(std::sync::atomic::Ordering::Relaxed)
             && response
                 .headers()
                 .get(crate::wire::ACCOUNTING_HEADER)
