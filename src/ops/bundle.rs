@@ -29,8 +29,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ring::digest::{Context as Sha256, SHA256};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::store::queue;
@@ -203,7 +203,7 @@ impl Outbox {
             .create_new(true)
             .open(partial)?;
         let mut out = std::io::BufWriter::new(file);
-        let mut hasher = Sha256::new();
+        let mut hasher = Sha256::new(&SHA256);
         let default_source = self.default_source();
         let (mut first, mut last) = (None, None);
         // Every event is numbered before the pages, in transactions no larger than a page:
@@ -238,7 +238,7 @@ impl Outbox {
                 last = Some(event.id);
             }
         }
-        let sha256 = hex(&hasher.finalize());
+        let sha256 = hex(hasher.finish().as_ref());
         let sequence = |id: i64| format!("{id:020}");
         let manifest = serde_json::to_vec(&Manifest {
             bundle: FORMAT.into(),
@@ -344,12 +344,12 @@ pub fn read_bundle(path: &Path, key: impl Into<BundleKey>) -> Result<Bundle> {
             manifest.count
         )));
     }
-    let mut hash = Sha256::new();
+    let mut hash = Sha256::new(&SHA256);
     for line in &lines {
         hash.update(line);
         hash.update(b"\n");
     }
-    let sha256 = hex(&hash.finalize());
+    let sha256 = hex(hash.finish().as_ref());
     if sha256 != manifest.sha256 {
         return Err(bad(
             "the event lines do not match the manifest's SHA-256: the file was changed".into(),

@@ -206,14 +206,16 @@ pub fn batch_body(events: &[OutboundEvent]) -> Result<Vec<u8>, serde_json::Error
 
 /// A stable id for a batch (its `webhook-id`): the same events give the same id.
 pub fn batch_id(events: &[OutboundEvent]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
     for e in events {
         hash.update(e.event_id.as_bytes());
         hash.update(b",");
     }
-    let digest = hash.finalize();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let digest = hash.finish();
+    let hex: String = digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("batch_{hex}")
 }
 
