@@ -174,8 +174,52 @@ pub enum Error {
     },
 }
 
+/// `{}` says what failed; the error it wraps, if any, is its [`source`](std::error::Error::source)
+/// (a report that walks the chain, as anyhow's, eyre's or Sentry's do, shows it once). `{:#}`
+/// adds the wrapped error's message on one line, as the crate's own logs and the `outbox`
+/// command print errors: "SQLite error: database is locked".
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.say_what_failed(f)?;
+        if f.alternate() {
+            if let Some(wrapped) = self.wrapped_message() {
+                write!(f, ": {wrapped}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    /// The wrapped error, when this error is one from SQLite, the pool, the file system,
+    /// JSON or PostgreSQL.
+    fn wrapped(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidData(e) => Some(e),
+            Error::OnConnect(e) | Error::DiskFull(e) | Error::ReadOnly(e) | Error::Sqlite(e) => {
+                Some(e)
+            }
+            Error::Pool(e) => Some(&**e),
+            Error::Io(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// What `{:#}` adds: the wrapped error's message, unless `{}` already said it (a
+    /// PostgreSQL server's own words).
+    fn wrapped_message(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        #[cfg(feature = "postgres")]
+        if let Error::Postgres(e) = self {
+            if e.as_db_error().is_some() {
+                return None;
+            }
+        }
+        self.wrapped()
+    }
+
+    fn say_what_failed(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidBundle { reason } => {
                 write!(f, "the bundle is refused, nothing was sent: {reason}")
@@ -216,7 +260,7 @@ impl fmt::Display for Error {
                 "outbox full: {current} {limit} with a limit of {max}, and nothing droppable \
                  to make room"
             ),
-            Error::InvalidData(e) => write!(f, "event data cannot be serialized to JSON: {e}"),
+            Error::InvalidData(_) => f.write_str("event data cannot be serialized to JSON"),
             Error::SchemaTooNew { found, supported } => write!(
                 f,
                 "database schema version {found} is newer than this build of sqlite-outbox \
@@ -244,16 +288,14 @@ impl fmt::Display for Error {
             Error::InvalidPath { path, reason } => {
                 write!(f, "{path:?} cannot hold an outbox: {reason}")
             }
-            Error::OnConnect(e) => write!(f, "the app's on_connect setup failed: {e}"),
-            Error::DiskFull(e) => write!(
-                f,
-                "the database or disk is full ({e}); nothing was written, earlier commits are \
-                 intact"
+            Error::OnConnect(_) => f.write_str("the app's on_connect setup failed"),
+            Error::DiskFull(_) => f.write_str(
+                "the database or disk is full; nothing was written, earlier commits are intact",
             ),
-            Error::ReadOnly(e) => write!(f, "the database file cannot be written ({e})"),
-            Error::Sqlite(e) => write!(f, "SQLite error: {e}"),
-            Error::Pool(e) => write!(f, "no database connection available: {e}"),
-            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::ReadOnly(_) => f.write_str("the database file cannot be written"),
+            Error::Sqlite(_) => f.write_str("SQLite error"),
+            Error::Pool(_) => f.write_str("no database connection available"),
+            Error::Io(_) => f.write_str("I/O error"),
             #[cfg(feature = "postgres")]
             Error::MigrationInProgress { waited } => write!(
                 f,
@@ -271,20 +313,17 @@ impl fmt::Display for Error {
                     }
                     Ok(())
                 }
-                None => write!(f, "PostgreSQL error: {e}"),
+                None => f.write_str("PostgreSQL error"),
             },
         }
     }
 }
 
 impl std::error::Error for Error {
-    /// None: every variant that wraps another error already prints that error's message in
-    /// its own `Display` ("SQLite error: database is locked"), and a source would print it a
-    /// second time in a report that walks the chain (anyhow's `{:#}`: "SQLite error:
-    /// database is locked: database is locked"). The wrapped error is in the variant, to
-    /// match on.
+    /// The wrapped error (SQLite's, the pool's, the file system's, serde_json's,
+    /// PostgreSQL's), which `{}` does not repeat; it is also in the variant, to match on.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        None
+        self.wrapped()
     }
 }
 
@@ -368,23 +407,66 @@ mod tests {
         assert_bounds::<crate::RelayConfig>();
     }
 
+    /// What a report that walks the chain prints (anyhow's and eyre's `{:#}`).
+    fn report(err: &Error) -> String {
+        let mut report = err.to_string();
+        let mut source = std::error::Error::source(err);
+        while let Some(s) = source {
+            report.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        report
+    }
+
     #[test]
-    fn display_does_not_repeat_a_source() {
+    fn the_wrapped_error_is_the_source_and_said_once() {
         let locked = rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
             Some("database is locked".into()),
         );
         let err = Error::from(locked);
         assert!(err.is_busy());
-        // What a report that walks the chain prints (anyhow's `{:#}`).
-        let mut report = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            report.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        assert_eq!(report, "SQLite error: database is locked");
+        assert_eq!(err.to_string(), "SQLite error");
+        assert_eq!(format!("{err:#}"), "SQLite error: database is locked");
+        let source = std::error::Error::source(&err).expect("the SQLite error is the source");
+        let sqlite = source
+            .downcast_ref::<rusqlite::Error>()
+            .expect("a rusqlite::Error");
+        assert_eq!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy)
+        );
+        // The chain: what failed, then SQLite's message (rusqlite's own source, SQLite's
+        // code, comes below it).
+        let report = report(&err);
+        assert!(
+            report.starts_with("SQLite error: database is locked: "),
+            "{report}"
+        );
+        assert!(!err.to_string().contains(&sqlite.to_string()));
         assert!(!Error::NotInTransaction.is_busy());
+    }
+
+    #[test]
+    fn every_wrapping_variant_has_a_source_and_the_others_none() {
+        let io = Error::Io(std::io::Error::other("no random source"));
+        assert_eq!(io.to_string(), "I/O error");
+        assert_eq!(format!("{io:#}"), "I/O error: no random source");
+        assert_eq!(report(&io), "I/O error: no random source");
+        let json = Error::InvalidData(serde_json::from_str::<u8>("x").unwrap_err());
+        assert!(std::error::Error::source(&json).is_some());
+        let full = Error::DiskFull(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        ));
+        assert!(std::error::Error::source(&full).is_some());
+        assert!(!full.to_string().contains("Error code"), "{full}");
+        // Variants that wrap nothing say it all themselves.
+        let no_route = Error::NoRoute {
+            event_type: "a".into(),
+        };
+        assert!(std::error::Error::source(&no_route).is_none());
+        assert_eq!(format!("{no_route:#}"), no_route.to_string());
     }
 
     #[test]

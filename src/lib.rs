@@ -102,7 +102,8 @@
 //! ([`guide::durability`]). [`Outbox`] is `Send + Sync` and cheap to clone. A relay runs
 //! named threads (`outbox-relay`, the only one that writes; `outbox-ckpt`; `outbox-account`;
 //! delivery workers `outbox-w<destination's number>-<n>`), each joined by [`RelayHandle::shutdown`] or on drop
-//! within a bounded time; every blocking call has a timeout ([`guide::relay`]).
+//! within a bounded time; an open outbox's pool keeps one (`outbox-pool`), ended with its
+//! last clone; every blocking call has a timeout ([`guide::relay`]).
 //!
 //! # Features
 //!

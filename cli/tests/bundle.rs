@@ -208,7 +208,7 @@ fn an_export_that_cannot_be_written_changes_nothing() {
         let e = outbox
             .export(&small.join("b.bundle"), &secret(), "default", 100)
             .unwrap_err();
-        assert!(e.to_string().contains("No space left"), "{e}");
+        assert!(format!("{e:#}").contains("No space left"), "{e:#}");
         assert!(!small.join("b.bundle").exists());
         let _ = std::process::Command::new("umount").arg(&small).status();
     } else {

@@ -88,7 +88,8 @@
 //! ## The fleet's view: `outbox fleet`
 //!
 //! `outbox ingest` stores each event's number and each stream's latest accounting.
-//! `outbox fleet --pg URL [--source SOURCE] [--json]` answers, per source and stream:
+//! `outbox fleet --pg URL [--source SOURCE] [--json]` answers, per source and stream (with
+//! `--json`, one JSON object per line):
 //!
 //! | field | meaning |
 //! |---|---|

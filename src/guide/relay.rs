@@ -107,8 +107,8 @@
 //! time (`tests/threads.rs`). An MQTT destination adds its connection thread
 //! (`outbox-mqtt-<destination>`); an `outbox_cli::ingest::IngestServer` runs two I/O threads
 //! (`outbox-ingest-io`) and its database threads (`outbox-ingest-db-<n>`), joined by its
-//! `shutdown`. An open [`Outbox`](crate::Outbox)'s connection pool (r2d2) keeps its own
-//! maintenance threads (`r2d2-worker-<n>`, 3), which end about 30 s after the last clone of
-//! the `Outbox` is dropped. Every blocking call has a
+//! `shutdown`. An open [`Outbox`](crate::Outbox)'s connection pool (r2d2) keeps one
+//! maintenance thread (`outbox-pool`, which opens a connection when none is idle), ended as
+//! the last clone of the `Outbox` is dropped. Every blocking call has a
 //! timeout: HTTP (connect and whole request), SQLite (the busy timeout), joins (the shutdown
 //! timeout).

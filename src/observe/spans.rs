@@ -227,7 +227,7 @@ mod otel {
             Err(e) => {
                 span.set_attribute(KeyValue::new("error.type", error_type(e)));
                 span.set_status(Status::Error {
-                    description: Cow::Owned(e.to_string()),
+                    description: Cow::Owned(format!("{e:#}")),
                 });
             }
         }

@@ -320,7 +320,7 @@ pub fn read_bundle(path: &Path, key: impl Into<BundleKey>) -> Result<Bundle> {
     };
     let signature: Signature = serde_json::from_slice(signature_line).map_err(|e| {
         bad(format!(
-            "the last line is not a signature: {e} (cut short?)"
+            "the last line is not a signature: {e:#} (cut short?)"
         ))
     })?;
     let headers = [
@@ -331,9 +331,9 @@ pub fn read_bundle(path: &Path, key: impl Into<BundleKey>) -> Result<Bundle> {
     // A bundle may travel for weeks: its age is no reason to refuse it.
     key.verifier()
         .verify_ignoring_timestamp(headers, manifest_line)
-        .map_err(|e| bad(format!("the manifest's signature does not verify: {e}")))?;
+        .map_err(|e| bad(format!("the manifest's signature does not verify: {e:#}")))?;
     let manifest: Manifest = serde_json::from_slice(manifest_line)
-        .map_err(|e| bad(format!("the manifest is not valid: {e}")))?;
+        .map_err(|e| bad(format!("the manifest is not valid: {e:#}")))?;
     if manifest.bundle != FORMAT {
         return Err(bad(format!("unknown bundle format {:?}", manifest.bundle)));
     }
@@ -465,7 +465,7 @@ pub fn import(
         match send_with_retries(&agent, url, &sending, options) {
             Ok(()) => report.delivered += 1,
             Err(error) => {
-                log::warn!("event {id}: given up: {error}");
+                log::warn!("event {id}: given up: {error:#}");
                 report.failed.push((id, error));
             }
         }

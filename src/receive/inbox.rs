@@ -136,8 +136,8 @@ impl ReceiveError {
 impl fmt::Display for ReceiveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ReceiveError::Signature(e) => write!(f, "signature: {e}"),
-            ReceiveError::Body(e) => write!(f, "body: {e}"),
+            ReceiveError::Signature(e) => write!(f, "signature: {e:#}"),
+            ReceiveError::Body(e) => write!(f, "body: {e:#}"),
             ReceiveError::UnknownSource => write!(f, "no key may sign for the request's source"),
             ReceiveError::ForgedSource {
                 event_id,

@@ -192,7 +192,7 @@ impl Accountant {
                 Ok(accounts) => accounts,
                 Err(e) => {
                     log::warn!(
-                        "destination {name}: the streams' accounting could not be read: {e}"
+                        "destination {name}: the streams' accounting could not be read: {e:#}"
                     );
                     continue;
                 }
@@ -231,7 +231,7 @@ impl Accountant {
                 {
                     log::warn!(
                         "accounting for {name}: whether an earlier relay told it reports could \
-                         not be read ({e}); it is told once its receiver asks"
+                         not be read ({e:#}); it is told once its receiver asks"
                     );
                 }
                 false
@@ -260,7 +260,7 @@ impl Accountant {
                 // Every round then reads in full: said once, not every round.
                 if self.fingerprint_failed.insert(destination.to_string()) {
                     log::warn!(
-                        "accounting for {destination}: the fates could not be looked at ({e}); \
+                        "accounting for {destination}: the fates could not be looked at ({e:#}); \
                          each round reads every pending row until they can"
                     );
                 }
@@ -303,7 +303,7 @@ impl Accountant {
             }),
         };
         if let Err(e) = result {
-            log::warn!("destination {}: synced-through not kept: {e}", key.0);
+            log::warn!("destination {}: synced-through not kept: {e:#}", key.0);
         }
     }
 
@@ -337,7 +337,7 @@ impl Accountant {
             let seq = match self.next_seq(key) {
                 Ok(seq) => seq,
                 Err(e) => {
-                    log::warn!("destination {}: the accounting not numbered: {e}", key.0);
+                    log::warn!("destination {}: the accounting not numbered: {e:#}", key.0);
                     return;
                 }
             };
@@ -387,7 +387,7 @@ impl Accountant {
         };
         if let Err(e) = result {
             log::warn!(
-                "destination {}: fates taken by the destination not forgotten: {e}",
+                "destination {}: fates taken by the destination not forgotten: {e:#}",
                 key.0
             );
         }
@@ -400,7 +400,7 @@ impl Accountant {
             Ok(data) => data,
             Err(e) => {
                 log::error!(
-                    "destination {}: accounting not encoded: {e}",
+                    "destination {}: accounting not encoded: {e:#}",
                     destination.name
                 );
                 return false;

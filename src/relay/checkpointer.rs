@@ -142,7 +142,7 @@ impl Checkpointer {
             .conn
             .busy_handler(crate::store::database::NO_BUSY_HANDLER)
         {
-            log::warn!("relay {}: checkpointer not started: {e}", self.relay_id);
+            log::warn!("relay {}: checkpointer not started: {e:#}", self.relay_id);
             return;
         }
         loop {
@@ -216,7 +216,7 @@ impl Checkpointer {
             // while the file keeps the size a long reader let it grow to: cut it.
             Ok(_) if oversized(&self.conn) => self.reset_wal("TRUNCATE"),
             Ok(_) => self.reset_owed = false,
-            Err(e) => log::debug!("relay {}: checkpoint failed: {e}", self.relay_id),
+            Err(e) => log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id),
         }
     }
 
@@ -258,7 +258,7 @@ impl Checkpointer {
                 }
                 Ok((frames, copied)) => copied_all = (copied >= frames).then_some(frames),
                 Err(e) => {
-                    log::debug!("relay {}: checkpoint failed: {e}", self.relay_id);
+                    log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id);
                     return CaughtUp::No;
                 }
             }

@@ -147,7 +147,7 @@ pub(crate) fn decide(
         let attempts = attempts.saturating_add(1);
         if attempts >= policy.max_attempts {
             return WriteBack::Dead {
-                error: format!("{error} (gave up after {attempts} attempts)"),
+                error: format!("{error:#} (gave up after {attempts} attempts)"),
             };
         }
         let asked = retry_after.map(|d| d.min(policy.retry_after_cap));
@@ -299,7 +299,7 @@ pub(crate) fn decide(
         if let WriteBack::Dead { error } = &write_back {
             return Decision {
                 write_back: WriteBack::Release {
-                    error: Some(format!("{error} (to a batch: split and sent again)")),
+                    error: Some(format!("{error:#} (to a batch: split and sent again)")),
                     available_at: None,
                 },
                 gate,
@@ -554,7 +554,7 @@ mod tests {
                         error: Some(error),
                         available_at: Some(NOW),
                     } => {
-                        assert!(error.contains("credentials"), "{error}")
+                        assert!(error.contains("credentials"), "{error:#}")
                     }
                     other => panic!("{status}: {other:?}"),
                 }

@@ -409,7 +409,7 @@ impl Destination {
                 secrets,
                 signing_key,
             } => {
-                let invalid = |e| Error::InvalidConfig(format!("destination {}: {e}", self.name));
+                let invalid = |e| Error::InvalidConfig(format!("destination {}: {e:#}", self.name));
                 if config.is_binary() && self.batch.is_some() {
                     return Err(Error::InvalidConfig(format!(
                         "destination {}: binary content mode sends one event per request; \
@@ -459,7 +459,7 @@ mod tests {
             panic!("a malformed secret was accepted");
         };
         assert!(matches!(err, Error::InvalidConfig(_)));
-        assert!(err.to_string().contains("destination a"), "{err}");
-        assert!(!err.to_string().contains("not-base64"), "{err}");
+        assert!(err.to_string().contains("destination a"), "{err:#}");
+        assert!(!err.to_string().contains("not-base64"), "{err:#}");
     }
 }

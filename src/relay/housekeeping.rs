@@ -151,7 +151,7 @@ impl Housekeeping {
                 }
                 self.next_room_prune = Some(Instant::now() + ROOM_PRUNE_PAUSE);
                 log::warn!(
-                    "relay {}: making room failed, will retry: {e}",
+                    "relay {}: making room failed, will retry: {e:#}",
                     self.relay_id
                 );
                 false
@@ -176,7 +176,7 @@ impl Housekeeping {
             }
             Err(e) => {
                 self.reclaiming = false;
-                log::warn!("relay {}: reclaiming space failed: {e}", self.relay_id);
+                log::warn!("relay {}: reclaiming space failed: {e:#}", self.relay_id);
             }
         }
         if !self.reclaiming {
@@ -237,7 +237,7 @@ impl Housekeeping {
                 if e.is_disk_full() {
                     room.mark_full();
                 }
-                log::warn!("relay {}: pruning failed, will retry: {e}", self.relay_id);
+                log::warn!("relay {}: pruning failed, will retry: {e:#}", self.relay_id);
             }
         }
         true
@@ -252,7 +252,7 @@ impl Housekeeping {
         {
             self.last_gauges = Some(Instant::now());
             if let Err(e) = update_gauges(conn, now_ms) {
-                log::debug!("relay {}: gauges not updated: {e}", self.relay_id);
+                log::debug!("relay {}: gauges not updated: {e:#}", self.relay_id);
             }
             crate::observe::telemetry::disk_room(room.is_full(), room.held_bytes());
         }

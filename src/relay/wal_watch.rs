@@ -42,7 +42,7 @@ impl WalWatch {
         {
             use notify::Watcher;
             if let Err(e) = self.watcher.unwatch(&self.dir) {
-                log::debug!("pausing the watch of {}: {e}", self.dir.display());
+                log::debug!("pausing the watch of {}: {e:#}", self.dir.display());
             }
         }
         self.paused = true;
@@ -57,7 +57,7 @@ impl WalWatch {
             use notify::{RecursiveMode, Watcher};
             if let Err(e) = self.watcher.watch(&self.dir, RecursiveMode::NonRecursive) {
                 log::info!(
-                    "cannot watch {} for changes again ({e}); polling for other processes' commits",
+                    "cannot watch {} for changes again ({e:#}); polling for other processes' commits",
                     self.dir.display()
                 );
                 return false;
@@ -122,13 +122,15 @@ fn start(db_path: &Path, changed: crossbeam_channel::Sender<()>) -> Option<WalWa
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(w) => w,
         Err(e) => {
-            log::info!("no file-change notifications ({e}); polling for other processes' commits");
+            log::info!(
+                "no file-change notifications ({e:#}); polling for other processes' commits"
+            );
             return None;
         }
     };
     if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
         log::info!(
-            "cannot watch {} for changes ({e}); polling for other processes' commits",
+            "cannot watch {} for changes ({e:#}); polling for other processes' commits",
             dir.display()
         );
         return None;

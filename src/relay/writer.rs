@@ -273,7 +273,7 @@ impl Writer {
                 });
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
-                    log::warn!("relay {}: claim failed, will retry: {e}", self.relay_id);
+                    log::warn!("relay {}: claim failed, will retry: {e:#}", self.relay_id);
                     // Not at once: a broken disk would otherwise turn this into a hot loop.
                     // The idle claim at the next poll tries again; at once only if a full
                     // disk just got the reserve back.
@@ -450,7 +450,7 @@ impl Writer {
             }
             Ok(_) => false,
             Err(e) => {
-                log::warn!("relay {}: data_version poll failed: {e}", self.relay_id);
+                log::warn!("relay {}: data_version poll failed: {e:#}", self.relay_id);
                 false
             }
         }
@@ -518,7 +518,7 @@ impl Writer {
                     self.relay_id,
                     lane.name()
                 ),
-                Err(e) => log::warn!("relay {}: re-anchoring failed: {e}", self.relay_id),
+                Err(e) => log::warn!("relay {}: re-anchoring failed: {e:#}", self.relay_id),
             }
             lane.forget_retry_times();
             lane.wake();
@@ -544,7 +544,7 @@ impl Writer {
             Ok(recovered) => recovered,
             Err(e) => {
                 log::warn!(
-                    "relay {}: making room on the full disk failed: {e}",
+                    "relay {}: making room on the full disk failed: {e:#}",
                     self.relay_id
                 );
                 false
@@ -578,7 +578,7 @@ impl Writer {
             match &restarted {
                 Ok(true) => "started over".to_owned(),
                 Ok(false) => "busy".to_owned(),
-                Err(e) => format!("failed: {e}"),
+                Err(e) => format!("failed: {e:#}"),
             }
         );
         restarted
@@ -592,7 +592,7 @@ impl Writer {
                     lane.set_disabled(disabled.remove(lane.name()));
                 }
             }
-            Err(e) => log::warn!("relay {}: cannot read destinations: {e}", self.relay_id),
+            Err(e) => log::warn!("relay {}: cannot read destinations: {e:#}", self.relay_id),
         }
     }
 
@@ -703,7 +703,7 @@ impl Writer {
             match queue::next_due_after(&self.conn, lane.name(), since, &self.lease_prefix) {
                 Ok(at) => lane.set_due_later(at),
                 Err(e) => {
-                    log::warn!("relay {}: next due time unknown: {e}", self.relay_id);
+                    log::warn!("relay {}: next due time unknown: {e:#}", self.relay_id);
                     lane.skip_due_later_read();
                 }
             }
@@ -768,7 +768,7 @@ impl Writer {
                 // Kept and written again shortly: the leases are still ours, and dropping
                 // the outcomes would send delivered events again once they expire.
                 log::warn!(
-                    "relay {}: could not record {} outcomes, writing them again shortly: {e}",
+                    "relay {}: could not record {} outcomes, writing them again shortly: {e:#}",
                     self.relay_id,
                     outcomes.len()
                 );
@@ -824,7 +824,7 @@ impl Writer {
             }
             Err(e) => {
                 log::warn!(
-                    "relay {}: looking for expired events failed: {e}",
+                    "relay {}: looking for expired events failed: {e:#}",
                     self.relay_id
                 );
                 return;
@@ -863,7 +863,7 @@ impl Writer {
                 }
             }
             Err(e) => {
-                log::warn!("relay {}: expiring events failed: {e}", self.relay_id);
+                log::warn!("relay {}: expiring events failed: {e:#}", self.relay_id);
                 self.gave_room_for(&e);
             }
         }
@@ -898,7 +898,7 @@ impl Writer {
                 crate::observe::telemetry::retried(&event.event_type, &event.destination);
                 self.lanes[lane].retry_at(*available_at);
                 log::info!(
-                    "event {}: attempt {} failed ({error}), retrying in {} ms",
+                    "event {}: attempt {} failed ({error:#}), retrying in {} ms",
                     event.event_id,
                     event.attempts + 1,
                     available_at - now
@@ -906,14 +906,14 @@ impl Writer {
             }
             WriteBack::Dead { error } => {
                 crate::observe::telemetry::dead(&event.event_type, &event.destination);
-                log::warn!("event {}: dead-lettered: {error}", event.event_id);
+                log::warn!("event {}: dead-lettered: {error:#}", event.event_id);
                 let outcome = DeliveryOutcome::Dead {
                     error: error.clone(),
                 };
                 self.notify(event, outcome, now);
             }
             WriteBack::Release { error: Some(e), .. } => {
-                log::debug!("event {}: released ({e})", event.event_id)
+                log::debug!("event {}: released ({e:#})", event.event_id)
             }
             WriteBack::Release { error: None, .. } => {}
         }
@@ -927,7 +927,7 @@ impl Writer {
         }
         log::warn!("destination {}: {reason}", lane.name());
         if let Err(e) = disabled::disable(&self.conn, lane.name(), reason, now) {
-            log::error!("destination {}: cannot record 410: {e}", lane.name());
+            log::error!("destination {}: cannot record 410: {e:#}", lane.name());
         }
     }
 
@@ -1004,7 +1004,7 @@ fn shrink_page_cache(conn: &rusqlite::Connection, relay_id: &str) -> Option<i64>
     match shrink() {
         Ok(before) => Some(before),
         Err(e) => {
-            log::warn!("relay {relay_id}: could not shrink the writer's page cache: {e}");
+            log::warn!("relay {relay_id}: could not shrink the writer's page cache: {e:#}");
             None
         }
     }
@@ -1013,7 +1013,7 @@ fn shrink_page_cache(conn: &rusqlite::Connection, relay_id: &str) -> Option<i64>
 /// Gives the writer's connection back the page cache size it had in the pool.
 fn restore_page_cache(conn: &rusqlite::Connection, size: i64, relay_id: &str) {
     if let Err(e) = conn.execute_batch(&format!("PRAGMA cache_size = {size}")) {
-        log::warn!("relay {relay_id}: could not restore the connection's page cache: {e}");
+        log::warn!("relay {relay_id}: could not restore the connection's page cache: {e:#}");
     }
 }
 

@@ -166,7 +166,7 @@ impl Drop for NotWaiting<'_> {
     fn drop(&mut self) {
         // SQLite's busy_handler only fails on a misused handle; the connection is open.
         if let Err(e) = self.conn.busy_handler(Some(busy_handler as BusyHandler)) {
-            log::error!("the busy handler could not be put back on a connection: {e}");
+            log::error!("the busy handler could not be put back on a connection: {e:#}");
         }
     }
 }
@@ -523,11 +523,7 @@ pub(crate) fn open_pool(
             init_settings.apply(c)
         },
     );
-    let pool = r2d2::Pool::builder()
-        .max_size(pool_size)
-        .min_idle(Some(1))
-        .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
-        .build(manager)?;
+    let pool = pool_builder(pool_size, settings).build(manager)?;
     Ok((pool, path.to_path_buf()))
 }
 
@@ -595,11 +591,24 @@ pub(crate) fn open_read_only_pool(
         )?;
         c.busy_handler(Some(busy_handler as BusyHandler))
     });
-    Ok(r2d2::Pool::builder()
+    Ok(pool_builder(pool_size, settings).build(manager)?)
+}
+
+/// The pool's settings, read-write and read-only alike. Its maintenance (opening a
+/// connection to keep one idle) runs on one thread of its own, `outbox-pool`, which ends as
+/// the pool is dropped: r2d2's default is three unnamed-by-us `r2d2-worker` threads that
+/// wait out their next 30 s round after the last `Outbox` is gone.
+fn pool_builder(pool_size: u32, settings: &ConnectionSettings) -> r2d2::Builder<SqliteManager> {
+    let maintenance = scheduled_thread_pool::ScheduledThreadPool::builder()
+        .num_threads(1)
+        .thread_name_pattern("outbox-pool")
+        .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+        .build();
+    r2d2::Pool::builder()
         .max_size(pool_size)
         .min_idle(Some(1))
         .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
-        .build(manager)?)
+        .thread_pool(std::sync::Arc::new(maintenance))
 }
 
 /// `path` as a `file:` URI with `mode=ro&immutable=1`, its reserved characters escaped.

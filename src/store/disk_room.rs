@@ -93,7 +93,7 @@ impl DiskRoom {
             }
             Err(e) => {
                 let _ = std::fs::remove_file(&self.reserve);
-                log::debug!("disk reserve {} not taken: {e}", self.reserve.display());
+                log::debug!("disk reserve {} not taken: {e:#}", self.reserve.display());
                 false
             }
         }
@@ -123,7 +123,10 @@ impl DiskRoom {
         let want = self.bytes.min(held.saturating_add(free));
         if want > held {
             if let Err(e) = allocate(&self.reserve, want) {
-                log::debug!("disk reserve {} not refilled: {e}", self.reserve.display());
+                log::debug!(
+                    "disk reserve {} not refilled: {e:#}",
+                    self.reserve.display()
+                );
                 // A partial allocation may hold some: keep what it holds.
             }
         }

@@ -211,7 +211,7 @@ pub(crate) fn canonical_value(key: &str, value: &str) -> std::result::Result<Str
                 "route:" => {
                     let names: Vec<String> = if value.trim_start().starts_with('[') {
                         serde_json::from_str(value)
-                            .map_err(|e| format!("not a JSON array of destination names: {e}"))?
+                            .map_err(|e| format!("not a JSON array of destination names: {e:#}"))?
                     } else {
                         value.split(',').map(|s| s.trim().to_string()).collect()
                     };
@@ -246,7 +246,9 @@ pub(crate) fn canonical_value(key: &str, value: &str) -> std::result::Result<Str
                         Ok(ms) => ms,
                         Err(_) => humantime::parse_duration(value.trim())
                             .map_err(|e| {
-                                format!("{value:?} is not a lifetime like 600000 (ms) or 10m: {e}")
+                                format!(
+                                    "{value:?} is not a lifetime like 600000 (ms) or 10m: {e:#}"
+                                )
                             })?
                             .as_millis()
                             .try_into()
@@ -473,7 +475,7 @@ impl Refresh {
             match crate::store::database::open_unpooled(&self.path, &self.connection) {
                 Ok(conn) => self.conn = Some(conn),
                 Err(e) => {
-                    log::warn!("outbox settings not read again: {e}");
+                    log::warn!("outbox settings not read again: {e:#}");
                     return None;
                 }
             }
@@ -481,7 +483,7 @@ impl Refresh {
         let rows = match load_rows(self.conn.as_ref()?) {
             Ok(rows) => rows,
             Err(e) => {
-                log::warn!("outbox settings not read again: {e}");
+                log::warn!("outbox settings not read again: {e:#}");
                 return None;
             }
         };

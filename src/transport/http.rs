@@ -219,7 +219,7 @@ fn certificates(pem: &[u8], what: &str) -> Result<Vec<ureq::tls::Certificate<'st
             Ok(_) => {}
             Err(e) => {
                 return Err(Error::InvalidConfig(format!(
-                    "{what} is not valid PEM: {e}"
+                    "{what} is not valid PEM: {e:#}"
                 )))
             }
         }
@@ -381,7 +381,7 @@ impl HttpTransport {
             }
         }
         let uri = url.parse::<ureq::http::Uri>().map_err(|e| {
-            Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e}"))
+            Error::InvalidConfig(format!("destination URL {url:?} is malformed: {e:#}"))
         })?;
         for (setting, value) in [
             ("connect_timeout", config.connect_timeout),
@@ -629,7 +629,7 @@ impl Transport for HttpTransport {
             Ok(body) => body,
             Err(e) => {
                 return Attempt::Unsendable {
-                    reason: format!("stored data is not valid JSON: {e}"),
+                    reason: format!("stored data is not valid JSON: {e:#}"),
                 }
             }
         };

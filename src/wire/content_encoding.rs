@@ -107,7 +107,7 @@ impl fmt::Display for DecodeError {
                 f,
                 "the body decodes to more than {MAX_DECODE_RATIO} times its size ({limit} bytes)"
             ),
-            DecodeError::Corrupt(e) => write!(f, "the body is not valid gzip: {e}"),
+            DecodeError::Corrupt(e) => write!(f, "the body is not valid gzip: {e:#}"),
         }
     }
 }

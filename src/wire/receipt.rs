@@ -107,7 +107,7 @@ impl Receipt {
         if !key.verifies(&content, &signature) {
             return Err("not signed by the receiver's key".into());
         }
-        serde_json::from_slice(&json).map_err(|e| format!("not a receipt: {e}"))
+        serde_json::from_slice(&json).map_err(|e| format!("not a receipt: {e:#}"))
     }
 
     /// Whether this receipt is for request `webhook_id` of `source` and covers every one

@@ -305,7 +305,7 @@ mod tests {
                 let mut bytes = y;
                 bytes[31] |= sign;
                 let e = PublicKey::parse(&encoded(bytes)).unwrap_err();
-                assert!(e.to_string().contains("small order"), "{e}");
+                assert!(e.to_string().contains("small order"), "{e:#}");
             }
         }
         // y = p, p + 1, 2^255 - 1: spellings of points that are not canonical.
@@ -314,7 +314,7 @@ mod tests {
             bytes[0] = low;
             bytes[31] = 0x7f;
             let e = PublicKey::parse(&encoded(bytes)).unwrap_err();
-            assert!(e.to_string().contains("canonical"), "{e}");
+            assert!(e.to_string().contains("canonical"), "{e:#}");
         }
         // Real keys still parse, and the RFC 8032 one.
         for _ in 0..100 {
@@ -328,7 +328,7 @@ mod tests {
     fn malformed_keys_are_refused_without_repeating_them() {
         for text in ["whsec_AAAA", "whsk_!!!", "whsk_AAAA"] {
             let e = SigningKey::parse(text).unwrap_err();
-            assert!(!e.to_string().contains(text), "{e}");
+            assert!(!e.to_string().contains(text), "{e:#}");
         }
         assert!(PublicKey::parse("whpk_AAAA").is_err());
         assert!(PublicKey::parse("whsk_AAAA").is_err());

@@ -140,7 +140,7 @@ impl StreamAccount {
     /// What is wrong, in words (the data is not this shape, or a range breaks a rule).
     pub fn from_data(data: &serde_json::Value) -> Result<StreamAccount, String> {
         let account: StreamAccount = serde_json::from_value(data.clone())
-            .map_err(|e| format!("not a stream accounting: {e}"))?;
+            .map_err(|e| format!("not a stream accounting: {e:#}"))?;
         if !(0..=MAX_STREAM_NUMBER).contains(&account.high_water) {
             return Err(format!(
                 "high_water {} is out of range: 0 to {MAX_STREAM_NUMBER}",

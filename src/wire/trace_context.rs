@@ -258,7 +258,7 @@ mod tests {
         ];
         for (text, why) in cases {
             let err = TraceParent::parse(text).unwrap_err().to_string();
-            assert!(err.contains(why), "{text:?}: {err}");
+            assert!(err.contains(why), "{text:?}: {err:#}");
         }
     }
 
@@ -292,7 +292,7 @@ mod tests {
             (long.as_str(), "over the limit of 512 bytes"),
         ] {
             let err = check_tracestate(bad).unwrap_err().to_string();
-            assert!(err.contains(why), "{bad:?}: {err}");
+            assert!(err.contains(why), "{bad:?}: {err:#}");
         }
     }
 }

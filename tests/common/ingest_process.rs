@@ -162,8 +162,14 @@ pub fn fleet_json(postgres: &Postgres, args: &[&str]) -> (Vec<serde_json::Value>
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let streams: Vec<serde_json::Value> = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    // JSON Lines: an object per stream.
+    let streams: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)))
+        })
+        .collect();
     (streams, out.status.code().unwrap_or(-1))
 }
 

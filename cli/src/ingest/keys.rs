@@ -44,7 +44,7 @@ impl Entry {
         Ok(Entry {
             key_id: key_id.to_string(),
             pattern: pattern.to_string(),
-            key: VerifyingKey::parse(key).map_err(|e| format!("key {key_id}: {e}"))?,
+            key: VerifyingKey::parse(key).map_err(|e| format!("key {key_id}: {e:#}"))?,
         })
     }
 
@@ -62,7 +62,7 @@ impl Entry {
 /// lines are skipped. Any malformed line refuses the whole file (naming the line), so a
 /// typo never silently drops a device's key.
 pub(crate) fn read_file(path: &Path) -> Result<Vec<Entry>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e:#}", path.display()))?;
     let mut entries = Vec::new();
     let mut key_ids = std::collections::HashSet::new();
     for (number, line) in text.lines().enumerate() {
@@ -80,7 +80,7 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<Entry>, String> {
             ));
         };
         let entry = Entry::parse(key_id, pattern, key)
-            .map_err(|e| format!("{} line {}: {e}", path.display(), number + 1))?;
+            .map_err(|e| format!("{} line {}: {e:#}", path.display(), number + 1))?;
         if !key_ids.insert(entry.key_id.clone()) {
             return Err(format!(
                 "{} line {}: key id {key_id} is given twice",
@@ -187,7 +187,7 @@ mod tests {
         )
         .unwrap();
         let e = read_file(&path).unwrap_err();
-        assert!(e.contains("line 4") && e.contains("2 fields"), "{e}");
+        assert!(e.contains("line 4") && e.contains("2 fields"), "{e:#}");
         std::fs::write(&path, format!("d42 /dev*ces/42 {A}\n")).unwrap();
         assert!(read_file(&path).unwrap_err().contains("line 1"));
         std::fs::write(&path, "d42 /devices/42 whpk_AAAA\n").unwrap();

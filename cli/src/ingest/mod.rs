@@ -507,7 +507,7 @@ impl IngestServer {
         );
         if let Some(path) = &config.keys_file {
             let entries = keys::read_file(path)
-                .map_err(|e| Error::InvalidConfig(format!("ingest: keys file {e}")))?;
+                .map_err(|e| Error::InvalidConfig(format!("ingest: keys file {e:#}")))?;
             log::info!("ingest: {} keys from {}", entries.len(), path.display());
             keys.replace(Origin::File, entries);
         }
@@ -663,8 +663,8 @@ fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
     };
     let entries = keys::read_file(path).map_err(|e| {
         state.metrics.key_reload_failed();
-        log::error!("ingest: keys file not reloaded, the keys stay as they were: {e}");
-        Error::InvalidConfig(format!("ingest: keys file {e}"))
+        log::error!("ingest: keys file not reloaded, the keys stay as they were: {e:#}");
+        Error::InvalidConfig(format!("ingest: keys file {e:#}"))
     })?;
     state.metrics.key_reload_succeeded();
     let loaded = entries.len();
@@ -685,7 +685,7 @@ fn reload_file(path: Option<&std::path::Path>, state: &State) -> Result<usize> {
 pub fn check_keys_file(path: &std::path::Path) -> Result<usize> {
     keys::read_file(path)
         .map(|entries| entries.len())
-        .map_err(|e| Error::InvalidConfig(format!("keys file {e}")))
+        .map_err(|e| Error::InvalidConfig(format!("keys file {e:#}")))
 }
 
 /// A value from a request (or anything a client chose) as it may go into a log line:
@@ -764,7 +764,7 @@ mod tests {
                 panic!("accepted");
             };
             let e = e.to_string();
-            assert!(e.contains("out of range"), "{e}");
+            assert!(e.contains("out of range"), "{e:#}");
         }
     }
 }

@@ -112,12 +112,12 @@ impl Round {
         if self.client.as_ref().is_none_or(postgres::Client::is_closed) {
             let mut client = config
                 .connect(tls.clone())
-                .map_err(|e| format!("PostgreSQL is unreachable: {e}"))?;
+                .map_err(|e| format!("PostgreSQL is unreachable: {e:#}"))?;
             client
                 .batch_execute(&format!(
                     "SET statement_timeout = '{PROBE_STATEMENT_TIMEOUT}'"
                 ))
-                .map_err(|e| format!("PostgreSQL failed: {e}"))?;
+                .map_err(|e| format!("PostgreSQL failed: {e:#}"))?;
             self.client = Some(client);
         }
         let Some(client) = self.client.as_mut() else {
@@ -125,22 +125,22 @@ impl Round {
         };
         if !self.migrated {
             sqlite_outbox::receive::pg_migrate(client)
-                .map_err(|e| format!("PostgreSQL is not ready: {e}"))?;
+                .map_err(|e| format!("PostgreSQL is not ready: {e:#}"))?;
             self.migrated = true;
         }
         client
             .simple_query("SELECT 1")
-            .map_err(|e| format!("PostgreSQL failed: {e}"))?;
+            .map_err(|e| format!("PostgreSQL failed: {e:#}"))?;
         if state.keys_table {
             if let Err(e) = reload_keys_table(client, state, &mut self.keys_seen) {
                 state.metrics.key_reload_failed();
                 if !state.keys_table_loaded.load(Ordering::Acquire) {
                     return Err(format!(
-                        "the table of device keys has not been read yet: {e}"
+                        "the table of device keys has not been read yet: {e:#}"
                     ));
                 }
                 log::error!(
-                    "ingest: outbox_device_keys not re-read, the keys stay as they were: {e}"
+                    "ingest: outbox_device_keys not re-read, the keys stay as they were: {e:#}"
                 );
             }
         }
@@ -153,7 +153,7 @@ impl Round {
         {
             self.fleet_read = Some(Instant::now());
             if let Err(e) = crate::fleet::merge_log(client) {
-                log::warn!("ingest: the streams' log not merged: {e}");
+                log::warn!("ingest: the streams' log not merged: {e:#}");
             }
         }
         if let Some(fleet) = &state.fleet {
@@ -170,14 +170,14 @@ impl Round {
                             read_instant: Some(Instant::now()),
                         }
                     }
-                    Err(e) => log::warn!("ingest: the fleet's view not read: {e}"),
+                    Err(e) => log::warn!("ingest: the fleet's view not read: {e:#}"),
                 }
             }
         }
         let refusals = state.take_refusals();
         if !refusals.is_empty() {
             if let Err(e) = store::add_refusals(client, &refusals) {
-                log::warn!("ingest: refusals not added to outbox_sources: {e}");
+                log::warn!("ingest: refusals not added to outbox_sources: {e:#}");
             }
         }
         Ok(Health::Healthy)

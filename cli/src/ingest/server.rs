@@ -240,7 +240,7 @@ pub(crate) async fn serve(
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, say: pause rather than spin.
-                    log::warn!("ingest: accept failed: {e}");
+                    log::warn!("ingest: accept failed: {e:#}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -300,7 +300,7 @@ pub(crate) async fn serve(
                 }
             };
             if let Err(e) = result {
-                log::debug!("ingest: connection from {peer}: {e}");
+                log::debug!("ingest: connection from {peer}: {e:#}");
             }
             drop(peer_connection);
             drop(permit);
@@ -529,7 +529,7 @@ async fn receive_events(
         state.metrics.refusal(e.kind());
         return close(text(
             StatusCode::UNAUTHORIZED,
-            &format!("{}: {e}", e.kind()),
+            &format!("{}: {e:#}", e.kind()),
         ));
     }
     // Only the keys that may sign for this source are tried, from one snapshot of the
@@ -700,7 +700,10 @@ async fn read_body(
             Err(_) => continue,
             Ok(None) => return Ok(body),
             Ok(Some(Err(e))) => {
-                return Err(close(text(StatusCode::BAD_REQUEST, &format!("body: {e}"))))
+                return Err(close(text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("body: {e:#}"),
+                )))
             }
             Ok(Some(Ok(frame))) => frame,
         };
@@ -744,7 +747,7 @@ fn refused_by_registry(
     match error {
         ReceiveError::ForgedSource { .. } => {
             state.refuse(source, "forged_source", &error.to_string());
-            text(StatusCode::FORBIDDEN, &format!("forged_source: {error}"))
+            text(StatusCode::FORBIDDEN, &format!("forged_source: {error:#}"))
         }
         ReceiveError::Signature(VerifyError::InvalidSignature) | ReceiveError::UnknownSource => {
             state.refuse(source, "invalid_signature", "");
@@ -752,7 +755,7 @@ fn refused_by_registry(
         }
         ReceiveError::Signature(e) => {
             state.refuse(source, e.kind(), &e.to_string());
-            text(StatusCode::UNAUTHORIZED, &format!("{}: {e}", e.kind()))
+            text(StatusCode::UNAUTHORIZED, &format!("{}: {e:#}", e.kind()))
         }
         other => close(text(StatusCode::BAD_REQUEST, &other.to_string())),
     }

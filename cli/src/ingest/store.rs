@@ -112,7 +112,7 @@ impl Columns {
                     Data::Json(data) => StreamAccount::from_data(data),
                     _ => Err("its data is not JSON".to_string()),
                 }
-                .map_err(|e| format!("accounting {}: {e}", event.id))?;
+                .map_err(|e| format!("accounting {}: {e:#}", event.id))?;
                 columns.reports.push(event.source, account);
                 continue;
             }

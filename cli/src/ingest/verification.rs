@@ -61,7 +61,7 @@ pub(crate) fn check(request: Request) -> Checked {
     };
     let events = match verify_request_for(&request.registry, &request.headers, &body, request.now) {
         Ok(events) => events,
-        Err(ReceiveError::Body(e)) => return Checked::Malformed(format!("not CloudEvents: {e}")),
+        Err(ReceiveError::Body(e)) => return Checked::Malformed(format!("not CloudEvents: {e:#}")),
         Err(e) => return Checked::Refused(e),
     };
     let refused = unstorable(&events);

@@ -157,11 +157,11 @@ impl Drop for Workers {
 impl Shared {
     fn run(&self, work: Work) -> Outcome {
         if let Err(e) = self.ensure_tables() {
-            return Outcome::Unavailable(format!("PostgreSQL is not ready: {e}"));
+            return Outcome::Unavailable(format!("PostgreSQL is not ready: {e:#}"));
         }
         let mut client = match self.pool.get() {
             Ok(client) => client,
-            Err(e) => return Outcome::Unavailable(format!("PostgreSQL is unreachable: {e}")),
+            Err(e) => return Outcome::Unavailable(format!("PostgreSQL is unreachable: {e:#}")),
         };
         let result = match &work {
             Work::Store(columns) => store::store(

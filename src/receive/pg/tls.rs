@@ -97,7 +97,7 @@ pub fn pg_connect_config(url: &str) -> Result<(postgres::Config, PgTls)> {
     }
     let mut config: postgres::Config = rest
         .parse()
-        .map_err(|e| Error::InvalidConfig(format!("the PostgreSQL URL is not valid: {e}")))?;
+        .map_err(|e| Error::InvalidConfig(format!("the PostgreSQL URL is not valid: {e:#}")))?;
     config.ssl_mode(match mode {
         SslMode::Disable => postgres::config::SslMode::Disable,
         SslMode::Prefer => postgres::config::SslMode::Prefer,
@@ -118,7 +118,7 @@ pub fn pg_connect_config(url: &str) -> Result<(postgres::Config, PgTls)> {
             let webpki =
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
                     .build()
-                    .map_err(|e| bad(format!("sslrootcert: {e}")))?;
+                    .map_err(|e| bad(format!("sslrootcert: {e:#}")))?;
             if mode == SslMode::VerifyFull {
                 webpki
             } else {
@@ -128,7 +128,7 @@ pub fn pg_connect_config(url: &str) -> Result<(postgres::Config, PgTls)> {
     };
     let tls = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| bad(format!("TLS: {e}")))?
+        .map_err(|e| bad(format!("TLS: {e:#}")))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
@@ -255,13 +255,13 @@ fn mozilla_roots() -> RootCertStore {
 }
 
 fn roots_from_file(path: &str) -> std::result::Result<RootCertStore, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("sslrootcert {path}: {e}"))?;
+    let pem = std::fs::read(path).map_err(|e| format!("sslrootcert {path}: {e:#}"))?;
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| format!("sslrootcert {path}: {e}"))?;
+        let cert = cert.map_err(|e| format!("sslrootcert {path}: {e:#}"))?;
         roots
             .add(cert)
-            .map_err(|e| format!("sslrootcert {path}: {e}"))?;
+            .map_err(|e| format!("sslrootcert {path}: {e:#}"))?;
     }
     if roots.is_empty() {
         return Err(format!("sslrootcert {path} holds no certificate"));
@@ -425,7 +425,7 @@ mod tests {
                 panic!("{url} was accepted");
             };
             let e = e.to_string();
-            assert!(e.contains(named), "{url}: {e}");
+            assert!(e.contains(named), "{url}: {e:#}");
         }
         assert!(pg_connect_config("postgresql://u@h/db?sslmode=verify-full").is_ok());
         assert!(pg_connect_config("host=h user=u").is_ok());

@@ -315,7 +315,7 @@ fn claim_rows(
         let id: i64 = r.get(0)?;
         Ok(decode_event(r, lease).map_err(|e| Unreadable {
             id,
-            error: format!("unreadable row: {e}"),
+            error: format!("unreadable row: {e:#}"),
         }))
     })?;
     for row in rows {

@@ -671,7 +671,7 @@ mod tests {
                 )
                 .unwrap();
             assert_eq!(dead, Some(0));
-            assert!(error.starts_with("unreadable row: "), "{error}");
+            assert!(error.starts_with("unreadable row: "), "{error:#}");
         }
         // The dead row was its key's head: the next event of the key is due now.
         assert_eq!(

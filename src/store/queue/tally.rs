@@ -266,7 +266,7 @@ pub(crate) fn leased(
 pub(crate) fn fold(conn: &mut Connection) -> Result<()> {
     let mut not_waiting = NotWaiting::new(conn)?;
     if let Err(e) = fold_while_free(&mut not_waiting) {
-        log::debug!("pending totals not folded now: {e}");
+        log::debug!("pending totals not folded now: {e:#}");
     }
     Ok(())
 }

@@ -405,7 +405,7 @@ impl MqttTransport {
         topic: String,
     ) -> std::result::Result<Publication, Attempt> {
         let unsendable = |e: serde_json::Error| Attempt::Unsendable {
-            reason: format!("the stored data is not valid JSON: {e}"),
+            reason: format!("the stored data is not valid JSON: {e:#}"),
         };
         if self.binary {
             serde_json::from_str::<&serde_json::value::RawValue>(&event.payload)
@@ -533,7 +533,7 @@ mod tests {
             ("mqtt://x:1/path", "no path"),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
-            assert!(e.contains(why), "{url}: {e}");
+            assert!(e.contains(why), "{url}: {e:#}");
         }
     }
 

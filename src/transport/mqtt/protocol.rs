@@ -201,7 +201,7 @@ impl Connection {
                     Ok(Err(ConnectionError::ConnectionRefused(code))) => Happening::Failed(
                         format!("MQTT broker {broker} refused the connection: {code:?}"),
                     ),
-                    Ok(Err(e)) => Happening::Failed(format!("MQTT broker {broker}: {e}")),
+                    Ok(Err(e)) => Happening::Failed(format!("MQTT broker {broker}: {e:#}")),
                     Err(_) => Happening::Ended,
                 }
             }
@@ -229,7 +229,7 @@ impl Connection {
                     Ok(Err(ConnectionError::ConnectionRefused(code))) => Happening::Failed(
                         format!("MQTT broker {broker} refused the connection: {code:?}"),
                     ),
-                    Ok(Err(e)) => Happening::Failed(format!("MQTT broker {broker}: {e}")),
+                    Ok(Err(e)) => Happening::Failed(format!("MQTT broker {broker}: {e:#}")),
                     Err(_) => Happening::Ended,
                 }
             }

@@ -95,7 +95,7 @@ pub(crate) fn publish_all(
             Err(e) => outcomes.settle(
                 index,
                 Attempt::Unreachable {
-                    reason: format!("the MQTT client refused the publish: {e}"),
+                    reason: format!("the MQTT client refused the publish: {e:#}"),
                 },
             ),
         }

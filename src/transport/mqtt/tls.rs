@@ -39,7 +39,7 @@ impl TlsFiles {
                 for cert in certs {
                     roots
                         .add(cert)
-                        .map_err(|e| format!("the CA certificate is not usable: {e}"))?;
+                        .map_err(|e| format!("the CA certificate is not usable: {e:#}"))?;
                 }
             }
             None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -47,18 +47,20 @@ impl TlsFiles {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
+            .map_err(|e| format!("TLS setup: {e:#}"))?
             .with_root_certificates(roots);
         let mut config = match &self.client_identity_pem {
             None => builder.with_no_client_auth(),
             Some((cert_pem, key_pem)) => {
                 let chain = certificates(cert_pem, "client")?;
                 let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
-                    format!("the client key holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}")
+                    format!(
+                        "the client key holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e:#}"
+                    )
                 })?;
                 builder
                     .with_client_auth_cert(chain, key)
-                    .map_err(|e| format!("the client certificate and key do not fit: {e}"))?
+                    .map_err(|e| format!("the client certificate and key do not fit: {e:#}"))?
             }
         };
         config.alpn_protocols = self.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
@@ -70,7 +72,7 @@ impl TlsFiles {
 fn certificates(pem: &[u8], which: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("the {which} certificate file is not valid PEM: {e}"))?;
+        .map_err(|e| format!("the {which} certificate file is not valid PEM: {e:#}"))?;
     if certs.is_empty() {
         return Err(format!(
             "the {which} certificate file holds no PEM certificate (BEGIN CERTIFICATE)"
@@ -92,7 +94,7 @@ mod tests {
         let e = files.client_config().unwrap_err();
         assert!(
             e.contains("CA certificate file holds no PEM certificate"),
-            "{e}"
+            "{e:#}"
         );
         // Without a CA file the built-in roots serve.
         assert!(TlsFiles::default().client_config().is_ok());

@@ -185,7 +185,7 @@ mod tests {
             ("a/type}", "without its {"),
         ] {
             let e = TopicTemplate::parse(template).unwrap_err().to_string();
-            assert!(e.contains(why), "{template:?}: {e}");
+            assert!(e.contains(why), "{template:?}: {e:#}");
         }
     }
 
@@ -193,14 +193,14 @@ mod tests {
     fn an_event_without_a_value_the_topic_needs_cannot_be_published() {
         let t = TopicTemplate::parse("by-subject/{subject}").unwrap();
         let e = t.render(&event()).unwrap_err();
-        assert!(e.contains("{subject}"), "{e}");
+        assert!(e.contains("{subject}"), "{e:#}");
         let mut wild = event();
         wild.partition_key = Some("a+b".into());
         let e = TopicTemplate::parse("k/{key}")
             .unwrap()
             .render(&wild)
             .unwrap_err();
-        assert!(e.contains("+, #"), "{e}");
+        assert!(e.contains("+, #"), "{e:#}");
     }
 
     #[test]

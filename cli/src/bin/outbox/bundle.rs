@@ -31,15 +31,15 @@ impl SecretArgs {
     fn key(&self) -> Result<BundleKey, Failure> {
         if let Some(path) = &self.signing_key {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+                .map_err(|e| bad_input(format!("--signing-key {}: {e:#}", path.display())))?;
             let key = SigningKey::parse(text.lines().next().unwrap_or("").trim())
-                .map_err(|e| bad_input(format!("--signing-key {}: {e}", path.display())))?;
+                .map_err(|e| bad_input(format!("--signing-key {}: {e:#}", path.display())))?;
             return Ok(BundleKey::from(&key));
         }
         let text = match (&self.secret, &self.secret_file) {
             (Some(s), _) => s.clone(),
             (None, Some(path)) => std::fs::read_to_string(path)
-                .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?
+                .map_err(|e| bad_input(format!("--secret-file {}: {e:#}", path.display())))?
                 .lines()
                 .next()
                 .unwrap_or("")
@@ -54,7 +54,7 @@ impl SecretArgs {
         };
         Secret::parse(&text)
             .map(|secret| BundleKey::from(&secret))
-            .map_err(|e| bad_input(format!("the secret: {e}")))
+            .map_err(|e| bad_input(format!("the secret: {e:#}")))
     }
 }
 
@@ -124,7 +124,7 @@ pub fn run_import(args: ImportArgs) -> Outcome {
         report.failed.len()
     );
     for (id, error) in &report.failed {
-        eprintln!("event {id}: {error}");
+        eprintln!("event {id}: {error:#}");
     }
     Ok(if report.failed.is_empty() {
         ExitCode::SUCCESS

@@ -58,7 +58,7 @@ pub fn run(outbox: &Outbox, args: EnqueueArgs) -> Outcome {
         return enqueue_jsonl(outbox, args.priority, args.expires_in);
     }
     let data: Value = serde_json::from_str(&args.data)
-        .map_err(|e| bad_input(format!("--data is not valid JSON: {e}")))?;
+        .map_err(|e| bad_input(format!("--data is not valid JSON: {e:#}")))?;
     let fields = EventFields {
         event_type: args.event_type.unwrap_or_default(),
         data,
@@ -163,14 +163,14 @@ fn enqueue_jsonl(
     let mut stdout = std::io::stdout().lock();
     for (n, line) in stdin.split(b'\n').enumerate() {
         let line_no = n + 1;
-        let bytes = line.map_err(|e| failed(format!("reading stdin: {e}")))?;
+        let bytes = line.map_err(|e| failed(format!("reading stdin: {e:#}")))?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|_| bad_input(format!("line {line_no}: not valid UTF-8")))?;
         if text.trim().is_empty() {
             continue;
         }
         let v: Value = serde_json::from_str(text)
-            .map_err(|e| bad_input(format!("line {line_no}: not valid JSON: {e}")))?;
+            .map_err(|e| bad_input(format!("line {line_no}: not valid JSON: {e:#}")))?;
         if !v.is_object() {
             return Err(bad_input(format!("line {line_no}: expected a JSON object")));
         }
@@ -200,7 +200,8 @@ fn enqueue_jsonl(
             expires_in: match v.get("expires_in") {
                 None | Some(Value::Null) => default_lifetime,
                 Some(Value::String(text)) => Some(
-                    parse_lifetime(text).map_err(|e| bad_input(format!("line {line_no}: {e}")))?,
+                    parse_lifetime(text)
+                        .map_err(|e| bad_input(format!("line {line_no}: {e:#}")))?,
                 ),
                 Some(other) => {
                     return Err(bad_input(format!(
@@ -218,7 +219,7 @@ fn enqueue_jsonl(
         })?;
         writeln!(stdout, "{}", enqueued.event_id())
             .and_then(|_| stdout.flush())
-            .map_err(|e| failed(format!("writing stdout: {e}")))?;
+            .map_err(|e| failed(format!("writing stdout: {e:#}")))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -32,7 +32,7 @@ impl From<Error> for Failure {
         };
         Failure {
             code,
-            message: e.to_string(),
+            message: format!("{e:#}"),
         }
     }
 }

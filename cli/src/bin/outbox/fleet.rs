@@ -28,7 +28,7 @@ pub struct FleetArgs {
     /// Only this device's streams.
     #[arg(long)]
     source: Option<String>,
-    /// A JSON array, one object per stream.
+    /// JSON Lines: one object per stream.
     #[arg(long)]
     json: bool,
     /// How long a device may stay unheard of while numbers it reported pending are not
@@ -43,7 +43,7 @@ const PG_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(args: FleetArgs) -> Outcome {
     let (mut config, tls) = sqlite_outbox::receive::pg_connect_config(&args.pg)
-        .map_err(|e| bad_input(format!("--pg: {e}")))?;
+        .map_err(|e| bad_input(format!("--pg: {e:#}")))?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(PG_TIMEOUT);
     }
@@ -56,18 +56,17 @@ pub fn run(args: FleetArgs) -> Outcome {
     config.options(options.trim_end());
     let mut client = config
         .connect(tls)
-        .map_err(|e| failed(format!("cannot reach PostgreSQL: {e}")))?;
+        .map_err(|e| failed(format!("cannot reach PostgreSQL: {e:#}")))?;
     let views =
         fleet::read(&mut client, args.source.as_deref(), args.silent_after).map_err(|e| {
             failed(format!(
-            "cannot read the fleet's streams (has `outbox ingest` run against this database?): {e}"
+            "cannot read the fleet's streams (has `outbox ingest` run against this database?): {e:#}"
         ))
         })?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&views).unwrap_or_default()
-        );
+        for view in &views {
+            println!("{}", serde_json::to_string(view).unwrap_or_default());
+        }
     } else {
         print_table(&views);
     }

@@ -125,7 +125,7 @@ pub fn run(args: IngestArgs) -> Outcome {
         (Some(url), None) => url.clone(),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| bad_input(format!("--postgres-file {}: {e}", path.display())))?;
+                .map_err(|e| bad_input(format!("--postgres-file {}: {e:#}", path.display())))?;
             text.lines().next().unwrap_or("").trim().to_string()
         }
         (None, None) => {
@@ -137,7 +137,7 @@ pub fn run(args: IngestArgs) -> Outcome {
     let mut texts = args.secret.clone();
     if let Some(path) = &args.secret_file {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?;
+            .map_err(|e| bad_input(format!("--secret-file {}: {e:#}", path.display())))?;
         texts.extend(
             text.lines()
                 .map(str::trim)
@@ -184,7 +184,7 @@ pub fn run(args: IngestArgs) -> Outcome {
         config = config.max_connections_per_peer(connections);
     }
     for text in &texts {
-        let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e}")))?;
+        let secret = Secret::parse(text).map_err(|e| bad_input(format!("a secret: {e:#}")))?;
         config = config.secret(secret);
     }
     // The stop signals (and, on unix, SIGHUP) are taken before the server starts, so none
@@ -192,10 +192,10 @@ pub fn run(args: IngestArgs) -> Outcome {
     let signals = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|e| failed(format!("cannot start the signal runtime: {e}")))?;
+        .map_err(|e| failed(format!("cannot start the signal runtime: {e:#}")))?;
     let mut stop = {
         let _entered = signals.enter();
-        StopSignals::listen().map_err(|e| failed(format!("cannot listen for signals: {e}")))?
+        StopSignals::listen().map_err(|e| failed(format!("cannot listen for signals: {e:#}")))?
     };
     let server = IngestServer::start(config)?;
     // The one line a supervisor or a test reads to learn the port.

@@ -23,7 +23,7 @@ pub struct KeygenArgs {
 
 pub fn run(args: KeygenArgs) -> Outcome {
     let (key, text) =
-        SigningKey::generate().map_err(|e| failed(format!("no random source: {e}")))?;
+        SigningKey::generate().map_err(|e| failed(format!("no random source: {e:#}")))?;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -41,7 +41,7 @@ pub fn run(args: KeygenArgs) -> Outcome {
     })?;
     file.write_all(format!("{text}\n").as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|e| failed(format!("--out {}: {e}", args.out.display())))?;
+        .map_err(|e| failed(format!("--out {}: {e:#}", args.out.display())))?;
     println!("{}", key.public_key().to_text());
     Ok(ExitCode::SUCCESS)
 }
@@ -50,7 +50,7 @@ pub fn run(args: KeygenArgs) -> Outcome {
 /// it), as text and checked; `flag` names the option in the message of a bad file.
 pub fn read_key_file(path: &std::path::Path, flag: &str) -> Result<(String, SigningKey), Failure> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))?;
+        .map_err(|e| bad_input(format!("{flag} {}: {e:#}", path.display())))?;
     let key = text
         .lines()
         .map(str::trim)
@@ -58,6 +58,6 @@ pub fn read_key_file(path: &std::path::Path, flag: &str) -> Result<(String, Sign
         .unwrap_or("")
         .to_string();
     let parsed = SigningKey::parse(&key)
-        .map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))?;
+        .map_err(|e| bad_input(format!("{flag} {}: {e:#}", path.display())))?;
     Ok((key, parsed))
 }

@@ -124,7 +124,7 @@ impl From<SynchronousArg> for Synchronous {
 /// Parses durations like `30s`, `15m`, `7d` for any flag that takes one.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration like 30s, 15m, 7d: {e}"))
+        .map_err(|e| format!("{s:?} is not a duration like 30s, 15m, 7d: {e:#}"))
 }
 
 fn main() -> ExitCode {
@@ -260,7 +260,7 @@ fn open_failure(db: &std::path::Path, e: Error) -> Failure {
             "{} is not an outbox database (create one with: outbox --db PATH init)",
             db.display()
         )),
-        Error::Sqlite(e) => bad_input(format!("cannot open {}: {e}", db.display())),
+        Error::Sqlite(e) => bad_input(format!("cannot open {}: {e:#}", db.display())),
         other => Failure::from(other),
     }
 }

@@ -179,7 +179,7 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());
     })
-    .map_err(|e| failed(format!("cannot install the signal handler: {e}")))?;
+    .map_err(|e| failed(format!("cannot install the signal handler: {e:#}")))?;
     let handle = outbox
         .relay(
             RelayConfig::new()
@@ -312,7 +312,7 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     }
     if let Some(path) = &args.secret_file {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| bad_input(format!("--secret-file {}: {e}", path.display())))?;
+            .map_err(|e| bad_input(format!("--secret-file {}: {e:#}", path.display())))?;
         let secrets: Vec<&str> = text
             .lines()
             .map(str::trim)
@@ -335,7 +335,7 @@ fn http_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     }
     if let Some(key) = &args.receipt_public_key {
         sqlite_outbox::receive::PublicKey::parse(key)
-            .map_err(|e| bad_input(format!("--receipt-public-key: {e}")))?;
+            .map_err(|e| bad_input(format!("--receipt-public-key: {e:#}")))?;
         destination = destination.receipt_key(key);
     }
     if let Some(n) = args.batch {
@@ -383,7 +383,7 @@ fn mqtt_destination(args: &RelayArgs, lease: Duration) -> Result<Destination, Fa
     match (&args.username, &args.password_file) {
         (Some(user), Some(path)) => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| bad_input(format!("--password-file {}: {e}", path.display())))?;
+                .map_err(|e| bad_input(format!("--password-file {}: {e:#}", path.display())))?;
             let password = text.lines().next().unwrap_or("").trim_end();
             config = config.credentials(user, password);
         }
@@ -426,7 +426,7 @@ fn tls_files(args: &RelayArgs) -> Result<TlsFiles, Failure> {
         )));
     }
     let read = |flag: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| bad_input(format!("{flag} {}: {e}", path.display())))
+        std::fs::read(path).map_err(|e| bad_input(format!("{flag} {}: {e:#}", path.display())))
     };
     let ca = match &args.ca {
         Some(path) => Some(read("--ca", path)?),
