@@ -190,3 +190,34 @@ fn the_cli_ignores_proxy_variables_unless_told_and_never_shows_the_password() {
         "{stderr}"
     );
 }
+
+#[test]
+fn no_proxy_ranges_send_loopback_straight_to_the_receiver() {
+    // Issue 67, item 5: `no_proxy=localhost,127.0.0.0/8,::1` (curl matches ranges since
+    // 7.86) and a proxy that would refuse everything; every event goes straight to the
+    // receiver at 127.0.0.1, none to the proxy. Before, the range was read as a name, every
+    // request went to the proxy and nothing was delivered.
+    let receiver = TestReceiver::start(0, |_| Reply::Status(204));
+    let dead_proxy = format!("http://127.0.0.1:{}", common::closed_port());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ranges.db");
+    drop(common::outbox_with_events(&db, "doc.saved", 3));
+    let o = common::cli_command(
+        &db,
+        &[
+            "relay",
+            "--url",
+            &receiver.url(),
+            "--proxy-from-env",
+            "--until-empty",
+            "--timeout",
+            "15s",
+        ],
+    )
+    .env("http_proxy", &dead_proxy)
+    .env("no_proxy", "localhost,127.0.0.0/8,::1")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(receiver.count(), 3);
+}

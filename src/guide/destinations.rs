@@ -43,7 +43,9 @@
 //! `Proxy-Authorization: Basic` and never logged; [`HttpConfig::proxy_from_env`](crate::transport::HttpConfig::proxy_from_env)
 //! (`--proxy-from-env`) takes the environment's the way curl does (`https_proxy` or
 //! `HTTPS_PROXY` for https, `http_proxy` for http, then `all_proxy`; `no_proxy` exempts
-//! hosts and their subdomains). Without either, the environment is ignored: a variable an
+//! hosts and their subdomains, addresses, and address ranges such as `127.0.0.0/8` or
+//! `fd00::/8`, matched against a destination's address as curl 7.86 and later do, never
+//! against a name's). Without either, the environment is ignored: a variable an
 //! app did not expect never reroutes its events. A proxy that answers `407`, refuses the
 //! tunnel, or answers `502`/`504` for a receiver it cannot reach is the network being down
 //! for that destination: no attempt is spent, the destination waits as when unreachable,

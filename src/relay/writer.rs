@@ -51,10 +51,19 @@ const EXPIRY_INTERVAL: Duration = Duration::from_millis(100);
 /// kernel's queue overflowed) or a file system that accepts a watch and never reports.
 const WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// After a notification that the WAL changed, how many more times the writer reads
-/// `data_version`, this far apart: the commit's frames are written before the commit is
-/// published in the wal-index, which no notification reports (see [`crate::relay::wal_watch`]).
-const RECHECKS: u32 = 4;
+/// `data_version`, the first [`RECHECK_STEP`] later and each pause twice the one before
+/// (1, 2, 4 … 128 ms: 255 ms in all): the commit's frames are written before the commit is
+/// published in the wal-index, which no notification reports (see
+/// [`crate::relay::wal_watch`]). Most commits show within a millisecond, but a committing
+/// process the scheduler sets aside between the two (two busy cores) can take tens; a
+/// commit still unseen after the last look waits for the poll. A look costs microseconds.
+const RECHECKS: u32 = 8;
 const RECHECK_STEP: Duration = Duration::from_millis(1);
+
+/// The pause before the look that leaves `left` looks after it.
+fn recheck_pause(left: u32) -> Duration {
+    RECHECK_STEP * 2u32.pow(RECHECKS.saturating_sub(left).min(RECHECKS))
+}
 
 /// How long no request must have been out before the paused WAL watch resumes: past an
 /// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
@@ -456,12 +465,12 @@ impl Writer {
         }
     }
 
-    /// Reads `data_version` now and, if no commit shows yet, [`RECHECKS`] more times
-    /// [`RECHECK_STEP`] apart: after a WAL notification, or after the watch was paused, a
-    /// commit may be written and not yet published.
+    /// Reads `data_version` now and, if no commit shows yet, [`RECHECKS`] more times, further
+    /// apart each time: after a WAL notification, or after the watch was paused, a commit
+    /// may be written and not yet published.
     fn look_for_commits_and_recheck(&mut self) {
         if !self.look_for_commits() {
-            self.rechecks = Some((Instant::now() + RECHECK_STEP, RECHECKS));
+            self.rechecks = Some((Instant::now() + recheck_pause(RECHECKS), RECHECKS));
         }
     }
 
@@ -476,7 +485,8 @@ impl Writer {
         }
         if let Some((at, left)) = self.rechecks {
             if Instant::now() >= at && !self.look_for_commits() {
-                self.rechecks = (left > 1).then(|| (Instant::now() + RECHECK_STEP, left - 1));
+                self.rechecks =
+                    (left > 1).then(|| (Instant::now() + recheck_pause(left - 1), left - 1));
             }
         }
         self.housekeeping
@@ -1034,6 +1044,17 @@ mod tests {
     fn cache_size(conn: &rusqlite::Connection) -> i64 {
         conn.query_row("PRAGMA cache_size", [], |r| r.get(0))
             .unwrap()
+    }
+
+    #[test]
+    fn looks_after_a_notification_double_their_pause_and_span_a_quarter_second() {
+        // The first look after the immediate one leaves RECHECKS - 1 after it … the last none.
+        let pauses: Vec<u128> = (0..RECHECKS)
+            .rev()
+            .map(|left| recheck_pause(left + 1).as_millis())
+            .collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 64, 128]);
+        assert_eq!(pauses.iter().sum::<u128>(), 255);
     }
 
     #[test]

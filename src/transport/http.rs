@@ -130,7 +130,8 @@ impl HttpConfig {
 
     /// Uses the proxy the environment names, read at start the way curl reads it:
     /// `https_proxy` (or `HTTPS_PROXY`) for https destinations, `http_proxy` for http ones,
-    /// then `all_proxy` (or `ALL_PROXY`); none for a host `no_proxy` (or `NO_PROXY`) lists.
+    /// then `all_proxy` (or `ALL_PROXY`); none for a host `no_proxy` (or `NO_PROXY`) lists,
+    /// a name under one it lists, or an address in a range it lists (`127.0.0.0/8`).
     /// Opt-in: without it the environment is ignored.
     pub fn proxy_from_env(mut self) -> HttpConfig {
         self.proxy = ProxySetting::FromEnv;

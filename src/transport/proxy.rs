@@ -2,6 +2,8 @@
 //! environment's read the way curl reads it (`HttpConfig::proxy_from_env`), and the
 //! destination hosts `NO_PROXY` exempts.
 
+use std::net::IpAddr;
+
 /// Where a destination's proxy comes from.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub(crate) enum ProxySetting {
@@ -41,17 +43,26 @@ pub(crate) fn from_env(
     first(by_scheme).or_else(|| first(&["all_proxy", "ALL_PROXY"]))
 }
 
-/// Whether `host` is in a `NO_PROXY` list: `*` exempts every host; an entry exempts the
-/// host itself and every name under it (`example.com` and `.example.com` both exempt
-/// `api.example.com`); a port on an entry is ignored; IP addresses match exactly.
+/// Whether `host` is in a `NO_PROXY` list, as curl (7.86 and later) reads it: `*` exempts
+/// every host; an entry exempts the host itself and every name under it (`example.com` and
+/// `.example.com` both exempt `api.example.com`); a port on an entry is ignored; an IP
+/// address matches the same address however it is written, and a range (`127.0.0.0/8`,
+/// `fd00::/8`) every address in it. Ranges match addresses only: a name is not resolved to
+/// be matched against them, as curl does not.
 pub(crate) fn exempt(no_proxy: &str, host: &str) -> bool {
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_ascii_lowercase();
+    let address = host.parse::<IpAddr>().ok();
     no_proxy.split(',').map(str::trim).any(|entry| {
         if entry == "*" {
             return true;
+        }
+        if let Some(address) = address {
+            if let Some(hit) = address_entry_matches(entry, address) {
+                return hit;
+            }
         }
         let entry = entry.trim_start_matches('[');
         let entry = match entry.rsplit_once(']') {
@@ -62,6 +73,59 @@ pub(crate) fn exempt(no_proxy: &str, host: &str) -> bool {
         let entry = entry.trim_start_matches('.').to_ascii_lowercase();
         !entry.is_empty() && (host == entry || host.ends_with(&format!(".{entry}")))
     })
+}
+
+/// Whether an entry that is an address (`10.1.2.3`, `::1`, `[::1]`) or a range
+/// (`127.0.0.0/8`, `fd00::/8`) holds `address`; None when the entry is a name.
+fn address_entry_matches(entry: &str, address: IpAddr) -> Option<bool> {
+    let (network, bits) = match entry.split_once('/') {
+        Some((network, bits)) => (network, Some(bits)),
+        None => (entry, None),
+    };
+    let network = network
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok()?;
+    let width = match network {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    };
+    let bits = match bits {
+        None => width,
+        // A malformed or too wide prefix matches nothing (curl's reading too).
+        Some(bits) => match bits.parse::<u32>() {
+            Ok(bits) if bits <= width => bits,
+            _ => return Some(false),
+        },
+    };
+    // An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is the IPv4 one.
+    let address = match address {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+        v4 => v4,
+    };
+    Some(match (network, address) {
+        (IpAddr::V4(network), IpAddr::V4(address)) => {
+            same_prefix(&network.octets(), &address.octets(), bits)
+        }
+        (IpAddr::V6(network), IpAddr::V6(address)) => {
+            same_prefix(&network.octets(), &address.octets(), bits)
+        }
+        _ => false,
+    })
+}
+
+/// Whether the first `bits` bits of `a` and `b` are the same.
+fn same_prefix(a: &[u8], b: &[u8], bits: u32) -> bool {
+    let whole = (bits / 8) as usize;
+    let rest = bits % 8;
+    if a[..whole] != b[..whole] {
+        return false;
+    }
+    rest == 0 || {
+        let mask = 0xffu8 << (8 - rest);
+        a[whole] & mask == b[whole] & mask
+    }
 }
 
 /// A proxy URL as it may be shown: without its password.
@@ -146,6 +210,26 @@ mod tests {
             ("[::1]:80", "[::1]", true),
             (" a.com , B.com ", "b.com", true),
             ("", "x", false),
+            // Ranges, as curl 7.86 and later read them.
+            ("localhost,127.0.0.0/8,::1", "127.0.0.1", true),
+            ("127.0.0.0/8", "127.255.1.2", true),
+            ("127.0.0.0/8", "128.0.0.1", false),
+            ("10.1.0.0/16", "10.1.255.255", true),
+            ("10.1.0.0/16", "10.2.0.1", false),
+            ("192.168.1.128/25", "192.168.1.200", true),
+            ("192.168.1.128/25", "192.168.1.100", false),
+            ("0.0.0.0/0", "8.8.8.8", true),
+            ("10.0.0.0/33", "10.0.0.1", false),
+            ("10.0.0.0/x", "10.0.0.1", false),
+            ("::1", "[::1]", true),
+            ("::1", "[0:0:0:0:0:0:0:1]", true),
+            ("fd00::/8", "[fd12:3456::1]", true),
+            ("fd00::/8", "[fe80::1]", false),
+            ("[fd00::]/8", "[fdff::1]", true),
+            ("127.0.0.0/8", "[::ffff:127.0.0.1]", true),
+            ("127.0.0.0/8", "[::1]", false),
+            // A range holds addresses, not names (curl does not resolve to match either).
+            ("127.0.0.0/8", "localhost", false),
         ] {
             assert_eq!(exempt(list, host), expected, "{list:?} {host:?}");
         }
