@@ -56,7 +56,7 @@ fn fill(path: &Path, rows: usize) {
         outbox
             .transaction(|tx| {
                 for i in done..end {
-                    outbox.enqueue(
+                    let _ = outbox.enqueue(
                         tx,
                         Event::new("order.created", serde_json::json!({"order_id": i})),
                     )?;
