@@ -312,3 +312,109 @@ fn a_coalescing_enqueue_after_a_clock_step_does_not_replace_the_event_in_flight(
         .collect();
     assert_eq!(steps, [1, 2], "in commit order, each once");
 }
+
+#[test]
+fn a_clock_stepped_forward_a_week_expires_no_event_before_its_deadline() {
+    // Issue 67, item 3: a device without a real-time clock boots a week behind, queues
+    // events that expire in an hour, and NTP steps its clock forward a week. Before, the
+    // relay noticed the jump, moved due times and expired all of them (0 of 5 received):
+    // their deadlines were written on the clock of before.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::ahead_by(-7 * DAY_MS);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("behind.db"))
+        .unwrap();
+    let port = closed_port();
+    let relay = outbox
+        .relay(quick(RelayConfig::http(format!(
+            "http://127.0.0.1:{port}/events"
+        ))))
+        .start()
+        .unwrap();
+    for i in 0..5 {
+        let _ = outbox
+            .transaction(|tx| {
+                outbox.enqueue(
+                    tx,
+                    Event::new("reading", serde_json::json!(i))
+                        .expires_in(Duration::from_secs(3600)),
+                )
+            })
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    clock.set_right();
+    // Time for the relay to notice the step (and, before, to expire everything).
+    std::thread::sleep(Duration::from_secs(2));
+    let receiver = TestReceiver::start(port, |_| Reply::Status(204));
+    let delivered = wait_until(PATIENCE, || receiver.count() == 5);
+    let _ = relay.shutdown();
+    assert!(
+        delivered,
+        "{} received: {:?}",
+        receiver.count(),
+        rows(&outbox)
+    );
+    assert_eq!(outbox.stats().unwrap().expired, 0);
+}
+
+#[test]
+fn a_clock_set_back_while_the_app_holds_the_write_lock_is_followed_once_the_lock_is_free() {
+    // Issue 67, item 2: the clock is set back a day while the app holds the write lock past
+    // the busy timeout (a migration at boot); the relay's re-anchoring fails. Before, the
+    // jump was spent all the same and never followed: a retry scheduled on the clock of
+    // before stayed a day away (0 of 5 delivered 30 s later). Now it is tried again.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::ahead_by(DAY_MS);
+    let path = dir.path().join("locked.db");
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .busy_timeout(Duration::from_millis(300))
+        .open(&path)
+        .unwrap();
+    for i in 0..5 {
+        let _ = outbox
+            .transaction(|tx| {
+                outbox.enqueue(tx, Event::new("t", serde_json::json!(i)).partition_key("k"))
+            })
+            .unwrap();
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let relay = outbox
+        .relay(quick(RelayConfig::transport(
+            move |_: &[OutboundEvent]| {
+                // The head of the key is answered 503 once (a retry 2 s later on the clock of
+                // then, a day ahead); everything after goes through.
+                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+                let (status, retry_after) = if first {
+                    (503, Some(Duration::from_secs(2)))
+                } else {
+                    (204, None)
+                };
+                Attempt::Answered {
+                    status,
+                    retry_after,
+                    detail: format!("HTTP {status}"),
+                }
+            },
+        )))
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
+    // The app takes the write lock and holds it while NTP sets the clock back a day.
+    let mut app = sqlite_outbox::rusqlite::Connection::open(&path).unwrap();
+    let hold = app
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    clock.set_right();
+    std::thread::sleep(Duration::from_secs(3));
+    hold.rollback().unwrap();
+    let delivered = wait_until(Duration::from_secs(15), || {
+        rows(&outbox).iter().all(|r| r.delivered)
+    });
+    let _ = relay.shutdown();
+    assert!(delivered, "{:?}", rows(&outbox));
+}

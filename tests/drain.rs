@@ -89,3 +89,33 @@ fn a_receiver_too_slow_for_the_time_given_keeps_its_events_for_the_next_drain() 
     assert_eq!(report.pending, 0);
     assert!(rows(&outbox).iter().all(|r| r.delivered && !r.dead));
 }
+
+#[test]
+fn a_receiver_that_hangs_on_the_last_accounting_does_not_hold_the_drain_past_its_deadline() {
+    // Issue 67, item 4: the accountant's last round had 5 s of its own after the stop
+    // budget, so a drain given 2 s returned after 5 (8.0 s for 4 s in the field). Here the
+    // receiver takes the events at once and holds every accounting 10 s.
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = outbox_with(dir.path(), 5);
+    let receiver = TestReceiver::start(0, |request| {
+        if request.body["type"] == sqlite_outbox::wire::ACCOUNTING_TYPE {
+            Reply::Hang(Duration::from_secs(10))
+        } else {
+            Reply::Status(204)
+        }
+    });
+    let config = fast(
+        RelayConfig::new()
+            .destination(Destination::http("default", receiver.url()).accounting(true)),
+    )
+    .lease(Duration::from_secs(10));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(2);
+    let report = outbox.deliver_pending(config, deadline).unwrap();
+    let late = Instant::now().saturating_duration_since(deadline);
+    assert_eq!((report.delivered, report.pending), (5, 0), "{report:?}");
+    assert!(
+        late < Duration::from_millis(300),
+        "{late:?} past the deadline"
+    );
+}

@@ -56,14 +56,16 @@
 //! sets its size, 0 keeps none), its blocks allocated (`fallocate`), taken when the outbox
 //! opens or a relay starts if the file system has room for it twice over. It is the only
 //! file the outbox adds beside SQLite's own `-wal` and `-shm`. When SQLite reports the disk
-//! full to a relay:
+//! full to a relay, or a running relay finds the file system full (less free than the
+//! reserve, read at most once a second), whatever is pending, even nothing:
 //!
 //! 1. it gives the reserve back and at once checkpoints the WAL with `RESTART` on a
 //!    connection of its own (the commits that filled the disk may need the database file to
 //!    grow when copied into it: the reserve's room is for that), which starts the WAL over;
-//!    its claims and acknowledgements are from then on written into the room the WAL file
-//!    already has, which needs no free byte. It takes back whatever is still free, up to
-//!    the reserve's size, so the room it did not need stays the outbox's;
+//!    its claims and acknowledgements, and the app's commits, are from then on written into
+//!    the room the WAL file already has, which needs no free byte. What the checkpoint
+//!    leaves free stays free for the app's commits (a relay that kept up used to take it
+//!    back at once, and every commit of the app's failed while nothing was pending);
 //! 2. it keeps claiming, sending and acknowledging, and deletes delivered history (then
 //!    expired and exported events) oldest first, a page at a time, **whatever the
 //!    retention**: logged once, counted in [`Stats::pruned_for_room`](crate::admin::Stats::pruned_for_room)
@@ -75,7 +77,9 @@
 //!
 //! The app's [`Outbox::enqueue`](crate::Outbox::enqueue) (and an `INSERT` through the SQL
 //! contract) gets [`Error::DiskFull`](crate::Error::DiskFull) ([`Error::is_disk_full`](crate::Error::is_disk_full))
-//! only while pending events alone fill the room; its transaction rolls back whole. A relay
+//! until a relay has made that room (within about a second of the disk filling, when one is
+//! running), and afterwards only while pending events alone fill the room; its transaction
+//! rolls back whole. A relay
 //! started on a disk that is already full (a device that rebooted full) does the same at
 //! its first write; [`Outbox::open`](crate::Outbox::open) gives the reserve back too if the
 //! file cannot be opened for lack of room. `outbox stats` and

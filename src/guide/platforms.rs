@@ -46,7 +46,8 @@
 //! slot of seconds to sync. [`Outbox::deliver_pending`](crate::Outbox::deliver_pending)
 //! delivers what is pending and returns by the deadline given, with what went, what is left
 //! and why ([`DrainReport`](crate::DrainReport)); it keeps a quarter of the slot for
-//! stopping. The system may end the task at any moment: events are taken by leases, never
+//! stopping, and the last word to a receiver that takes accounting (the streams' final
+//! state) is cut at the deadline, skipped when under 250 ms are left. The system may end the task at any moment: events are taken by leases, never
 //! locks, so a killed drain leaves them to the next one once the lease runs out (choose a
 //! lease a little over twice the request timeout for a phone). Call it from the task the
 //! system gives, not a thread of your own that outlives it.

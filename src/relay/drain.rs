@@ -91,7 +91,7 @@ impl Outbox {
             std::thread::sleep(LOOK_EVERY.min(stop_at - now));
         };
         // Requests still out finish (or are handed back) within the stop budget.
-        let _ = handle.shutdown();
+        let _ = handle.shutdown_by(Some(deadline));
         let stats = handle.stats();
         let pending = self.pending_count(None)?;
         Ok(DrainReport {

@@ -65,6 +65,8 @@ use writer::Writer;
 
 /// The longest a stopping relay waits for the accountant's last round.
 const ACCOUNTING_AT_STOP: Duration = Duration::from_secs(5);
+/// The least time before a drain's deadline for which the accountant's last round is tried.
+const ACCOUNTING_AT_STOP_LEAST: Duration = Duration::from_millis(250);
 
 /// A relay, configured but not yet running. Made by [`Outbox::relay`].
 #[derive(Debug)]
@@ -348,6 +350,14 @@ impl RelayHandle {
     /// relay and reports, later calls (and the drop) find it stopped and return an empty
     /// report.
     pub fn shutdown(&self) -> ShutdownReport {
+        self.shutdown_by(None)
+    }
+
+    /// [`shutdown`](Self::shutdown), returning by `deadline` if one is given (a drain's, whose
+    /// caller's time is up then): the waits for the writer and the accountant's last round
+    /// end there at the latest, and that last round is skipped when too little is left.
+    pub(crate) fn shutdown_by(&self, deadline: Option<Instant>) -> ShutdownReport {
+        let by = |wanted: Instant| deadline.map_or(wanted, |d| wanted.min(d));
         let mut threads = self.threads();
         let Some(stop_tx) = threads.stop_tx.take() else {
             return ShutdownReport::default();
@@ -356,8 +366,8 @@ impl RelayHandle {
         drop(stop_tx);
         // The writer spends at most the shutdown timeout waiting for in-flight work, plus one
         // SQLite write; give it that and a margin.
-        let deadline = Instant::now() + self.shutdown_timeout + Duration::from_secs(2);
-        let mut report = match threads.writer.take().map(|w| w.join_by(deadline)) {
+        let writer_deadline = by(Instant::now() + self.shutdown_timeout + Duration::from_secs(2));
+        let mut report = match threads.writer.take().map(|w| w.join_by(writer_deadline)) {
             Some(Some(Ok(report))) => report,
             Some(Some(Err(_))) => {
                 log::error!("relay {}: writer thread panicked", self.relay_id);
@@ -366,7 +376,7 @@ impl RelayHandle {
             _ => ShutdownReport::writer_lost(true),
         };
         // Workers stuck in a request get until the same deadline, then are left to time out.
-        let worker_deadline = Instant::now().min(deadline) + Duration::from_millis(200);
+        let worker_deadline = by(Instant::now().min(writer_deadline) + Duration::from_millis(200));
         for worker in threads.workers.drain(..) {
             if worker.join_by(worker_deadline).is_none() {
                 report.detached_threads += 1;
@@ -384,11 +394,16 @@ impl RelayHandle {
         // streams' final state (one request per stream that changed), within a bound; not
         // when a request was left hanging, which the last word would only join.
         if let Some((stop, accountant)) = threads.accountant.take() {
-            let tell_last = report.abandoned == 0 && report.detached_threads == 0;
+            let time_left = deadline.map_or(ACCOUNTING_AT_STOP, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            let tell_last = report.abandoned == 0
+                && report.detached_threads == 0
+                && time_left >= ACCOUNTING_AT_STOP_LEAST;
             let _ = stop.try_send(tell_last);
             drop(stop);
             let bound = if tell_last {
-                Instant::now() + ACCOUNTING_AT_STOP
+                by(Instant::now() + ACCOUNTING_AT_STOP)
             } else {
                 worker_deadline
             };

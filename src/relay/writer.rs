@@ -65,6 +65,22 @@ fn recheck_pause(left: u32) -> Duration {
     RECHECK_STEP * 2u32.pow(RECHECKS.saturating_sub(left).min(RECHECKS))
 }
 
+/// The wall clock and the monotonic clock read together, and the highest row id then.
+#[derive(Debug, Clone, Copy)]
+struct ClockAnchor {
+    at: Instant,
+    clock_ms: i64,
+    top_id: i64,
+}
+
+/// A jump of the wall clock to follow: by how much, and the highest row id before it (the
+/// rows whose times the old clock wrote).
+#[derive(Debug, Clone, Copy)]
+struct ClockJump {
+    by_ms: i64,
+    top_id: i64,
+}
+
 /// How long no request must have been out before the paused WAL watch resumes: past an
 /// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
 /// commits at 20 a second, so another process's next commit finds the watch on.
@@ -135,12 +151,20 @@ pub(crate) struct Writer {
     last_claim: Instant,
     /// When the writer last made room on a full disk.
     last_room_recovery: Option<Instant>,
+    /// When the writer last looked whether a full disk with nothing pending needs room
+    /// given to the app.
+    last_room_look: Option<Instant>,
     /// When the expiry sweep last ran, and when it is next due (`None`: no pending event
     /// has a deadline, as far as the writer knows).
     last_expiry: Instant,
     next_expiry: Option<Instant>,
-    /// The wall clock at `last_poll`, to notice jumps.
-    last_poll_clock_ms: i64,
+    /// The wall clock and the monotonic one read together, to notice the wall clock jump
+    /// (a step of NTP's or a user's); and the highest row id then, the rows whose times
+    /// were written on the clock of before a jump noticed next.
+    clock_anchor: ClockAnchor,
+    /// A jump noticed whose moves are not written yet (the app held the write lock): tried
+    /// again at each turn that looks at the clock; no event expires meanwhile.
+    clock_jump_owed: Option<ClockJump>,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
     /// and written again while their leases hold, so delivered events are not sent again.
     unrecorded: Vec<Report>,
@@ -199,9 +223,15 @@ impl Writer {
             last_poll: Instant::now(),
             last_claim: Instant::now(),
             last_room_recovery: None,
+            last_room_look: None,
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
-            last_poll_clock_ms: outbox.now_ms(),
+            clock_anchor: ClockAnchor {
+                at: Instant::now(),
+                clock_ms: outbox.now_ms(),
+                top_id: 0,
+            },
+            clock_jump_owed: None,
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
             outbox,
@@ -258,8 +288,16 @@ impl Writer {
     fn run_loop(&mut self, reports: &mut Vec<Report>) {
         self.data_version = self.data_version().unwrap_or(0);
         self.load_disabled();
-        // Rows may carry due times from a boot whose clock was ahead.
-        self.reanchor();
+        // Rows may carry due times from a boot whose clock was ahead; re-anchored now, or
+        // as soon as the write lock is free (an app migrating at boot may hold it).
+        self.clock_anchor.top_id = queue::top_id(&self.conn).unwrap_or(0);
+        let at_start = ClockJump {
+            by_ms: 0,
+            top_id: self.clock_anchor.top_id,
+        };
+        if !self.reanchor(at_start) {
+            self.clock_jump_owed = Some(at_start);
+        }
         while !self.stopping {
             self.drain_reports(reports);
             if !reports.is_empty() {
@@ -280,6 +318,7 @@ impl Writer {
                 .tick(&mut self.conn, outbox.now_ms(), room, || {
                     outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
                 });
+            self.give_room_to_the_app();
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
                     log::warn!("relay {}: claim failed, will retry: {e:#}", self.relay_id);
@@ -496,18 +535,7 @@ impl Writer {
             return;
         }
         self.last_poll = Instant::now();
-        let clock_ms = self.outbox.now_ms();
-        let jump = clock_ms - self.last_poll_clock_ms - millis(elapsed);
-        self.last_poll_clock_ms = clock_ms;
-        if jump.unsigned_abs() > CLOCK_JUMP.as_millis() as u64 {
-            log::warn!(
-                "relay {}: the wall clock jumped by about {} s; re-anchoring due times",
-                self.relay_id,
-                jump / 1000
-            );
-            self.reanchor();
-            self.next_expiry = Some(Instant::now());
-        }
+        self.follow_the_clock();
         self.look_for_commits();
         if self.last_claim.elapsed() >= IDLE_CLAIM_INTERVAL {
             self.last_claim = Instant::now();
@@ -515,10 +543,82 @@ impl Writer {
         }
     }
 
-    /// Re-anchors due times written while the clock was ahead, and forgets retry times this
-    /// relay scheduled under the old clock (the idle claim finds them again).
-    fn reanchor(&mut self) {
+    /// Notices a jump of the wall clock since the last look (beyond [`CLOCK_JUMP`] of what
+    /// the monotonic clock counted) and moves what the old clock wrote with it; a move that
+    /// could not be written (the app held the write lock past the busy timeout, as a
+    /// migration at boot does) is tried again at the next look, and no event expires until
+    /// it is written. Returns whether every jump noticed is followed.
+    fn follow_the_clock(&mut self) -> bool {
+        let clock_ms = self.outbox.now_ms();
+        let jump = clock_ms - self.clock_anchor.clock_ms - millis(self.clock_anchor.at.elapsed());
+        if jump.unsigned_abs() > CLOCK_JUMP.as_millis() as u64 {
+            log::warn!(
+                "relay {}: the wall clock jumped by about {} s; moving due times and deadlines \
+                 with it",
+                self.relay_id,
+                jump / 1000
+            );
+            let owed = self.clock_jump_owed.get_or_insert(ClockJump {
+                by_ms: 0,
+                top_id: self.clock_anchor.top_id,
+            });
+            owed.by_ms += jump;
+        }
+        let top_id = match queue::top_id(&self.conn) {
+            Ok(top) => top,
+            Err(_) => self.clock_anchor.top_id,
+        };
+        self.clock_anchor = ClockAnchor {
+            at: Instant::now(),
+            clock_ms,
+            top_id,
+        };
+        let Some(owed) = self.clock_jump_owed else {
+            return true;
+        };
+        if self.reanchor(owed) {
+            self.clock_jump_owed = None;
+            self.next_expiry = Some(Instant::now());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Moves what the clock of before a jump of `jump.by_ms` wrote: the deadlines of the
+    /// pending events committed then (so a step forward expires none early and a step back
+    /// keeps none late), and, for a step forward, their due times not yet due (a retry set
+    /// 5 minutes away stays 5 minutes away); due times written while the clock was ahead
+    /// are re-anchored on now (a step back). Forgets retry times this relay scheduled under
+    /// the old clock (the idle claim finds them again). Returns whether all was written.
+    fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();
+        let moved = (|| -> Result<usize> {
+            let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id, now)?;
+            tx.commit()?;
+            Ok(moved)
+        })();
+        let mut written = match moved {
+            Ok(0) => true,
+            Ok(n) => {
+                log::info!(
+                    "relay {}: moved the deadlines and due times of {n} events with the clock",
+                    self.relay_id
+                );
+                true
+            }
+            Err(e) => {
+                log::warn!(
+                    "relay {}: moving deadlines with the clock failed, trying again: {e:#}",
+                    self.relay_id
+                );
+                false
+            }
+        };
         for lane in &mut self.lanes {
             match queue::reanchor_future(&self.conn, lane.name(), now) {
                 Ok(0) => {}
@@ -528,10 +628,60 @@ impl Writer {
                     self.relay_id,
                     lane.name()
                 ),
-                Err(e) => log::warn!("relay {}: re-anchoring failed: {e:#}", self.relay_id),
+                Err(e) => {
+                    written = false;
+                    log::warn!(
+                        "relay {}: re-anchoring failed, trying again: {e:#}",
+                        self.relay_id
+                    );
+                }
             }
             lane.forget_retry_times();
             lane.wake();
+        }
+        written
+    }
+
+    /// The disk is full, the reserve still held and nothing pending: gives the reserve back
+    /// and starts the WAL over (see [`Writer::recover_room`]), at most every
+    /// [`ROOM_RECOVERY_PAUSE`], and leaves the room free for the app. With nothing pending
+    /// the relay's own writes may never fail (it keeps up), while every commit of the app's,
+    /// in its process or another, does: the WAL cannot be copied back into a file that
+    /// cannot grow, so it cannot start over, and a commit needs it to grow. The reserve is
+    /// taken again only once the disk has room for it twice over (`DiskRoom::take`). While
+    /// events are pending it stays the relay's, given back when one of its own writes
+    /// fails ([`Writer::gave_room_for`]): given back sooner, another program filling the
+    /// disk takes it, and nothing pending goes out.
+    fn give_room_to_the_app(&mut self) {
+        let room = self.outbox.disk_room();
+        if !room.under_pressure() || room.held_bytes() == 0 || !room.is_full() {
+            return;
+        }
+        // Its own pause: sharing `gave_room_for`'s, a look that found events pending would
+        // turn away the recovery the relay's own failing claim asks for right after.
+        if self
+            .last_room_look
+            .is_some_and(|t| t.elapsed() < ROOM_RECOVERY_PAUSE)
+        {
+            return;
+        }
+        self.last_room_look = Some(Instant::now());
+        match queue::any_pending(&self.conn) {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                log::warn!(
+                    "relay {}: cannot read what is pending: {e:#}",
+                    self.relay_id
+                );
+                return;
+            }
+        }
+        if let Err(e) = self.recover_room(false) {
+            log::warn!(
+                "relay {}: making room on the full disk failed: {e:#}",
+                self.relay_id
+            );
         }
     }
 
@@ -550,7 +700,7 @@ impl Writer {
             return false;
         }
         self.last_room_recovery = Some(Instant::now());
-        match self.recover_room() {
+        match self.recover_room(true) {
             Ok(recovered) => recovered,
             Err(e) => {
                 log::warn!(
@@ -563,14 +713,16 @@ impl Writer {
     }
 
     /// The disk is full: gives the reserve back to the file system and at once checkpoints
-    /// the WAL with RESTART on a connection of its own, then takes back whatever is still
-    /// free, up to the reserve's size. The commits that filled the disk may need the file to
-    /// grow when they are copied into it (the reserve's room is for that); RESTART then
-    /// waits out the readers and starts the WAL over, so the relay's claims and
-    /// acknowledgements are written into the room the WAL file already has, which needs no
-    /// free byte. It holds the write lock while it copies, so no other writer of the file
-    /// takes the room meanwhile. Returns whether the WAL started over.
-    fn recover_room(&mut self) -> Result<bool> {
+    /// the WAL with RESTART on a connection of its own. The commits that filled the disk may
+    /// need the file to grow when they are copied into it (the reserve's room is for that);
+    /// RESTART then waits out the readers and starts the WAL over, so the relay's claims and
+    /// acknowledgements, and the app's commits, are written into the room the WAL file
+    /// already has, which needs no free byte. It holds the write lock while it copies, so no
+    /// other writer of the file takes the room meanwhile. With `keep`, for events pending,
+    /// it then takes back whatever is still free, up to the reserve's size, so the room it
+    /// did not need stays the outbox's; without, the room stays free for the app's commits
+    /// until the disk has room again. Returns whether the WAL started over.
+    fn recover_room(&mut self, keep: bool) -> Result<bool> {
         let room = self.outbox.disk_room();
         let given = room.disk_full();
         let restarted: std::result::Result<bool, crate::Error> = (|| {
@@ -579,10 +731,15 @@ impl Writer {
             let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0))?;
             Ok(busy == 0)
         })();
-        let held = room.refill();
+        let kept = if keep {
+            format!("kept {} bytes back; delivering on", room.refill())
+        } else {
+            "nothing pending: the room is left to the app's commits until the disk has room"
+                .to_owned()
+        };
         log::warn!(
             "relay {}: the disk is full: gave back the outbox's reserve ({given} bytes, {}); \
-             WAL checkpoint: {}; kept {held} bytes back; delivering on",
+             WAL checkpoint: {}; {kept}",
             self.relay_id,
             room.reserve_path().display(),
             match &restarted {
@@ -816,6 +973,12 @@ impl Writer {
     /// [`EXPIRY_INTERVAL`]: a seek in the expiring index when there is nothing to do.
     fn expire_due(&mut self) {
         if self.next_expiry.is_none_or(|t| Instant::now() < t) {
+            return;
+        }
+        // A jump of the clock since the last look is followed first: deadlines written on
+        // the clock of before move with it, and none expires while that move is owed.
+        if !self.follow_the_clock() {
+            self.next_expiry = Some(Instant::now() + EXPIRY_INTERVAL);
             return;
         }
         self.last_expiry = Instant::now();

@@ -230,6 +230,7 @@ pub(crate) const LEASE_CLOCK_SKEW_MS: i64 = 5_000;
 
 mod ack;
 mod claim;
+mod clock_step;
 mod insert;
 pub(crate) mod numbering;
 mod retention;
@@ -237,8 +238,20 @@ pub(crate) mod tally;
 
 pub(crate) use ack::*;
 pub(crate) use claim::*;
+pub(crate) use clock_step::*;
 pub(crate) use insert::*;
 pub(crate) use retention::*;
+
+/// Whether any event is pending, for any destination: one step into the pending index.
+pub(crate) fn any_pending(conn: &Connection) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "SELECT EXISTS (SELECT 1 FROM outbox_events INDEXED BY outbox_events_pending WHERE ",
+            pending!(""),
+            ")"
+        ))?
+        .query_row([], |r| r.get(0))?)
+}
 
 // The transitions every group of them shares.
 
