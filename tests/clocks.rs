@@ -48,6 +48,27 @@ fn enqueue_n(outbox: &Outbox, n: usize) {
     }
 }
 
+/// A transport whose first attempt fails and asks for 2 s (a jittered backoff could be near
+/// zero, and the retry could then come before a test jumps the clock), retried 2 s later on
+/// the clock of then; every later one is delivered. `calls` counts them.
+fn fails_once_then_delivers(
+    calls: Arc<AtomicUsize>,
+) -> impl Fn(&[OutboundEvent]) -> Attempt + Send + Sync + 'static {
+    move |_: &[OutboundEvent]| {
+        let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+        let (status, retry_after) = if first {
+            (503, Some(Duration::from_secs(2)))
+        } else {
+            (204, None)
+        };
+        Attempt::Answered {
+            status,
+            retry_after,
+            detail: format!("HTTP {status}"),
+        }
+    }
+}
+
 fn quick(config: RelayConfig) -> RelayConfig {
     config
         .poll_interval(Duration::from_millis(10))
@@ -86,26 +107,10 @@ fn a_retry_scheduled_before_the_clock_jumped_back_a_day_comes_after_its_backoff_
         .unwrap();
     enqueue_n(&outbox, 1);
     let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
     let relay = outbox
-        .relay(quick(RelayConfig::transport(
-            move |_: &[OutboundEvent]| {
-                // The first attempt fails and asks for 2 s (a jittered backoff could be near
-                // zero, and the retry could then come before the test jumps the clock); it is
-                // retried 2 s later on the clock of then.
-                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
-                let (status, retry_after) = if first {
-                    (503, Some(Duration::from_secs(2)))
-                } else {
-                    (204, None)
-                };
-                Attempt::Answered {
-                    status,
-                    retry_after,
-                    detail: format!("HTTP {status}"),
-                }
-            },
-        )))
+        .relay(quick(RelayConfig::transport(fails_once_then_delivers(
+            calls.clone(),
+        ))))
         .start()
         .unwrap();
     assert!(
@@ -380,26 +385,12 @@ fn a_clock_set_back_while_the_app_holds_the_write_lock_is_followed_once_the_lock
             })
             .unwrap();
     }
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
+    // The head of the key is answered 503 once (a retry 2 s later on the clock of then, a
+    // day ahead); everything after goes through.
     let relay = outbox
-        .relay(quick(RelayConfig::transport(
-            move |_: &[OutboundEvent]| {
-                // The head of the key is answered 503 once (a retry 2 s later on the clock of
-                // then, a day ahead); everything after goes through.
-                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
-                let (status, retry_after) = if first {
-                    (503, Some(Duration::from_secs(2)))
-                } else {
-                    (204, None)
-                };
-                Attempt::Answered {
-                    status,
-                    retry_after,
-                    detail: format!("HTTP {status}"),
-                }
-            },
-        )))
+        .relay(quick(RelayConfig::transport(fails_once_then_delivers(
+            Arc::new(AtomicUsize::new(0)),
+        ))))
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || rows(&outbox)[0].attempts == 1));
