@@ -317,8 +317,9 @@ impl OutboxBuilder {
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     ///
     /// A relative `path` is made absolute once, here, against the working directory of the
-    /// moment ([`Outbox::path`] returns it): connections opened later, after the app changed
-    /// its working directory, open the same file.
+    /// moment, and on Unix its symbolic links are resolved ([`Outbox::path`] returns it):
+    /// connections opened later, after the app changed its working directory, open the same
+    /// file, and the outbox's own files and looks are beside the file SQLite opens.
     ///
     /// The settings given to this builder are written into the file's `outbox_settings`
     /// table: a kind of setting the builder sets (any route, say) replaces that kind in the
@@ -524,7 +525,8 @@ impl Outbox {
         OutboxBuilder::default()
     }
 
-    /// The database file's path: absolute, as [`OutboxBuilder::open`] resolved it.
+    /// The database file's path: absolute, as [`OutboxBuilder::open`] resolved it (on Unix
+    /// with its symbolic links resolved, see [`guide::platforms`](crate::guide::platforms)).
     pub fn path(&self) -> &Path {
         &self.inner.path
     }

@@ -319,52 +319,6 @@ fn a_coalescing_enqueue_after_a_clock_step_does_not_replace_the_event_in_flight(
 }
 
 #[test]
-fn a_clock_stepped_forward_a_week_expires_no_event_before_its_deadline() {
-    // Issue 67, item 3: a device without a real-time clock boots a week behind, queues
-    // events that expire in an hour, and NTP steps its clock forward a week. Before, the
-    // relay noticed the jump, moved due times and expired all of them (0 of 5 received):
-    // their deadlines were written on the clock of before.
-    let dir = tempfile::tempdir().unwrap();
-    let clock = JumpingClock::ahead_by(-7 * DAY_MS);
-    let outbox = Outbox::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("behind.db"))
-        .unwrap();
-    let port = closed_port();
-    let relay = outbox
-        .relay(quick(RelayConfig::http(format!(
-            "http://127.0.0.1:{port}/events"
-        ))))
-        .start()
-        .unwrap();
-    for i in 0..5 {
-        let _ = outbox
-            .transaction(|tx| {
-                outbox.enqueue(
-                    tx,
-                    Event::new("reading", serde_json::json!(i))
-                        .expires_in(Duration::from_secs(3600)),
-                )
-            })
-            .unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    clock.set_right();
-    // Time for the relay to notice the step (and, before, to expire everything).
-    std::thread::sleep(Duration::from_secs(2));
-    let receiver = TestReceiver::start(port, |_| Reply::Status(204));
-    let delivered = wait_until(PATIENCE, || receiver.count() == 5);
-    let _ = relay.shutdown();
-    assert!(
-        delivered,
-        "{} received: {:?}",
-        receiver.count(),
-        rows(&outbox)
-    );
-    assert_eq!(outbox.stats().unwrap().expired, 0);
-}
-
-#[test]
 fn a_clock_set_back_while_the_app_holds_the_write_lock_is_followed_once_the_lock_is_free() {
     // Issue 67, item 2: the clock is set back a day while the app holds the write lock past
     // the busy timeout (a migration at boot); the relay's re-anchoring fails. Before, the

@@ -177,3 +177,46 @@ fn two_starts_under_one_relay_name_never_share_a_lease_owner() {
         "a restart with the same name must not reuse owners"
     );
 }
+
+#[test]
+fn outcomes_the_app_keeps_from_being_written_at_shutdown_are_written_once_it_lets_go() {
+    // Issue 67, item 9: answers come back while the app holds the write lock past the busy
+    // timeout, and the relay is shut down meanwhile. Before, the outcomes whose write failed
+    // were dropped at shutdown (the summary said nothing was left) and every event went out
+    // again on the next run; now they are written again until the shutdown's deadline.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.db");
+    let outbox = sqlite_outbox::Outbox::builder()
+        .busy_timeout(std::time::Duration::from_millis(200))
+        .open(&path)
+        .unwrap();
+    for i in 0..5 {
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("t", json!(i))))
+            .unwrap();
+    }
+    let receiver = common::TestReceiver::start(0, |_| {
+        common::Reply::Hang(std::time::Duration::from_millis(1500))
+    });
+    let relay = outbox
+        .relay(
+            common::fast(sqlite_outbox::RelayConfig::http(receiver.url()))
+                .workers(5)
+                .shutdown_timeout(std::time::Duration::from_secs(5)),
+        )
+        .start()
+        .unwrap();
+    assert!(common::wait_until(common::PATIENCE, || receiver.count() == 5));
+    let mut app = sqlite_outbox::rusqlite::Connection::open(&path).unwrap();
+    let hold = app
+        .transaction_with_behavior(sqlite_outbox::rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let stopping = std::thread::spawn(move || relay.shutdown());
+    // The answers come while the lock is held; it is let go well before the deadline.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    hold.rollback().unwrap();
+    let report = stopping.join().unwrap();
+    assert_eq!(report.unrecorded, 0, "{report:?}");
+    let rows = common::rows(&outbox);
+    assert!(rows.iter().all(|r| r.delivered), "{rows:?}");
+}

@@ -71,6 +71,13 @@
 //! copy, which SQLite cannot make whole. Not on a network share (SMB, NFS): WAL needs shared
 //! memory that only one machine's processes can map, and locks there are not reliable.
 //!
+//! A path through a symbolic link (the app's folder linking to a file on a data disk) is
+//! resolved once, at open, on Unix: SQLite puts the `-wal` and `-shm` files beside the file
+//! the link points to, and so does the outbox with its reserve, its free-space reads (a full
+//! data disk is seen full) and its watch for other processes' commits; two paths to one
+//! file share one reserve, and [`Outbox::path`](crate::Outbox::path) returns the resolved
+//! path (`tests/symlinked_path.rs`).
+//!
 //! # Networks
 //!
 //! Proxies, private CAs, client certificates and the operating system's certificate store

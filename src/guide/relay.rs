@@ -91,14 +91,16 @@
 //!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
 //!   sees the wall clock move more than 2 s away from `Instant` between two looks (each poll,
-//!   and before every expiry sweep). With a step either way it also moves the deadlines
-//!   (`expires_in`) of the events committed before the step by as much, and with a step
-//!   forward their due times not yet due: a device that booted a week behind and queued
-//!   events expiring in an hour keeps them an hour after NTP sets its clock. (Events
-//!   committed between the relay's last look and the step, at most a poll apart, keep the
-//!   times the old clock wrote.) If that write fails (the app holds the write lock past the
-//!   busy timeout, as a migration at boot does), it is tried again at every look, and no
-//!   event expires until it is written.
+//!   and before every expiry sweep). After a step back it also moves the deadlines
+//!   (`expires_in`) of the events committed before the step back by as much, so none lives
+//!   longer than it was given. (Events committed between the relay's last look and the
+//!   step, at most a poll apart, keep the times the old clock wrote.) If that write fails
+//!   (the app holds the write lock past the busy timeout, as a migration at boot does), it
+//!   is tried again at every look, and no event expires until it is written. A step
+//!   forward moves nothing: `Instant` stops while a device sleeps, so a step forward cannot
+//!   be told from a suspend whose hours really passed, and a deadline that passed in them
+//!   expires its event (a device that boots a week behind and queues events expiring in an
+//!   hour loses them when NTP steps its clock forward: a known limit).
 //!
 //! `tests/clocks.rs` covers these with an injected clock; `cli/tests/clocks_cli.rs` runs the
 //! `outbox relay` CLI under `faketime` 10 minutes behind, 10 minutes ahead and a day ahead.

@@ -97,6 +97,10 @@ pub struct ShutdownReport {
     pub detached_threads: usize,
     /// Times the writer panicked and was started again while the relay ran.
     pub writer_restarts: u64,
+    /// Outcomes (delivered, to retry, dead) that could not be written by the deadline (the
+    /// app held the write lock, the disk was full): their events go out again once their
+    /// leases end.
+    pub unrecorded: usize,
 }
 
 impl ShutdownReport {
@@ -113,7 +117,13 @@ impl ShutdownReport {
             abandoned,
             detached_threads: 0,
             writer_restarts,
+            unrecorded: 0,
         }
+    }
+
+    /// The same report, with `unrecorded` outcomes left unwritten at the deadline.
+    pub(crate) fn with_unrecorded(self, unrecorded: usize) -> ShutdownReport {
+        ShutdownReport { unrecorded, ..self }
     }
 
     /// A report of a writer that could not be joined (it panicked, or is still running).

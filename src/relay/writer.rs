@@ -553,8 +553,7 @@ impl Writer {
         let jump = clock_ms - self.clock_anchor.clock_ms - millis(self.clock_anchor.at.elapsed());
         if jump.unsigned_abs() > CLOCK_JUMP.as_millis() as u64 {
             log::warn!(
-                "relay {}: the wall clock jumped by about {} s; moving due times and deadlines \
-                 with it",
+                "relay {}: the wall clock jumped by about {} s; following it",
                 self.relay_id,
                 jump / 1000
             );
@@ -585,12 +584,13 @@ impl Writer {
         }
     }
 
-    /// Moves what the clock of before a jump of `jump.by_ms` wrote: the deadlines of the
-    /// pending events committed then (so a step forward expires none early and a step back
-    /// keeps none late), and, for a step forward, their due times not yet due (a retry set
-    /// 5 minutes away stays 5 minutes away); due times written while the clock was ahead
-    /// are re-anchored on now (a step back). Forgets retry times this relay scheduled under
-    /// the old clock (the idle claim finds them again). Returns whether all was written.
+    /// Follows a jump of `jump.by_ms`: after a step back, the deadlines of the pending
+    /// events committed before it move back by as much (so none lives longer than it was
+    /// given) and due times written while the clock was ahead are re-anchored on now.
+    /// Forgets retry times this relay scheduled under the old clock (the idle claim finds
+    /// them again). A step forward moves no deadline or due time: `Instant` stops while a
+    /// device sleeps, so it cannot be told from a suspend whose hours really passed.
+    /// Returns whether all was written.
     fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();
         let moved = (|| -> Result<usize> {
@@ -598,7 +598,7 @@ impl Writer {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id, now)?;
+            let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id)?;
             tx.commit()?;
             Ok(moved)
         })();
@@ -1150,6 +1150,23 @@ impl Writer {
                 Err(_) => break,
             }
         }
+        // Outcomes whose write failed (the app held the write lock, the disk was full) are
+        // written again until the deadline: dropped, as they were while the summary said
+        // nothing was left, their events went out again once their leases ended.
+        while !self.unrecorded.is_empty() && Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            std::thread::sleep(RECORD_RETRY_PAUSE.min(left));
+            let mut again = std::mem::take(&mut self.unrecorded);
+            self.record(&mut again);
+        }
+        let unrecorded: usize = self.unrecorded.iter().map(Report::len).sum();
+        if unrecorded > 0 {
+            log::warn!(
+                "relay {}: {unrecorded} outcomes could not be written by the shutdown \
+                 deadline; their events go out again once their leases end",
+                self.relay_id
+            );
+        }
         let abandoned = self.in_flight();
         if abandoned > 0 {
             log::warn!(
@@ -1162,7 +1179,7 @@ impl Writer {
         if let Some(size) = self.pool_cache_size {
             restore_page_cache(&self.conn, size, &self.relay_id);
         }
-        ShutdownReport::new(released, finished, abandoned, restarts)
+        ShutdownReport::new(released, finished, abandoned, restarts).with_unrecorded(unrecorded)
     }
 }
 

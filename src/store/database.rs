@@ -236,7 +236,8 @@ impl ConnectionSettings {
 /// Refuses a path every connection would see a database of its own at, and makes a relative
 /// path absolute once, against the working directory at open: SQLite resolves a relative
 /// path each time a connection opens, so after the app changed its working directory the
-/// pool's renewed connections and a relay's would open another, empty file.
+/// pool's renewed connections and a relay's would open another, empty file. On Unix it then
+/// resolves symbolic links ([`through_links`]).
 ///
 /// # Errors
 ///
@@ -267,7 +268,30 @@ pub(crate) fn resolve_path(path: &Path) -> Result<PathBuf> {
              connection); give a file's path",
         );
     }
-    Ok(std::path::absolute(path)?)
+    let absolute = std::path::absolute(path)?;
+    #[cfg(unix)]
+    let absolute = through_links(&absolute);
+    Ok(absolute)
+}
+
+/// `path` with its symbolic links resolved, the file's or, for a file not created yet, its
+/// folder's. SQLite puts the `-wal` and `-shm` files beside the file a link points to, so
+/// the reserve, the free-space reads and the WAL watch must look there too: through a link
+/// on another file system they read that one's free space (a full data disk said 73 GiB
+/// free), two paths to one file made two reserves, and the watch of the link's folder never
+/// saw a commit. Unix only: Windows' resolved paths are verbatim (`\\?\C:\…`), and its
+/// links are rare. As given when nothing resolves (a folder that does not exist: the open
+/// then fails naming it).
+#[cfg(unix)]
+fn through_links(path: &Path) -> PathBuf {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(folder), Some(name)) => std::fs::canonicalize(folder)
+            .map_or_else(|_| path.to_path_buf(), |folder| folder.join(name)),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// The migrations in `schema.sql`, as `(version, sql)` in ascending order.

@@ -261,8 +261,16 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
     }
     let stats = handle.stats();
     let report = handle.shutdown();
+    let unwritten = if report.unrecorded > 0 {
+        format!(
+            ", {} outcomes not written (those events go out again)",
+            report.unrecorded
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "delivered {}, retried {}, dead {} in {:.1?}; {} left in flight",
+        "delivered {}, retried {}, dead {} in {:.1?}; {} left in flight{unwritten}",
         stats.delivered,
         stats.retried,
         stats.dead,
