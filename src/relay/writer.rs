@@ -165,6 +165,8 @@ pub(crate) struct Writer {
     /// A jump noticed whose moves are not written yet (the app held the write lock): tried
     /// again at each turn that looks at the clock; no event expires meanwhile.
     clock_jump_owed: Option<ClockJump>,
+    /// The last try to follow a jump failed: its retries log at `debug`, not again at `warn`.
+    clock_follow_failed: bool,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
     /// and written again while their leases hold, so delivered events are not sent again.
     unrecorded: Vec<Report>,
@@ -232,6 +234,7 @@ impl Writer {
                 top_id: 0,
             },
             clock_jump_owed: None,
+            clock_follow_failed: false,
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
             outbox,
@@ -593,29 +596,44 @@ impl Writer {
     /// Returns whether all was written.
     fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();
-        let moved = (|| -> Result<usize> {
-            let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id)?;
-            tx.commit()?;
-            Ok(moved)
-        })();
+        // Said once per jump at `warn`; the retries at each look, at `debug`.
+        let retrying = self.clock_follow_failed;
+        let say = |text: String| {
+            if retrying {
+                log::debug!("{text}");
+            } else {
+                log::warn!("{text}");
+            }
+        };
+        // Only a step back moves deadlines: no write transaction otherwise.
+        let moved = if jump.by_ms < 0 {
+            (|| -> Result<usize> {
+                let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+                let tx = self
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id)?;
+                tx.commit()?;
+                Ok(moved)
+            })()
+        } else {
+            Ok(0)
+        };
         let mut written = match moved {
             Ok(0) => true,
             Ok(n) => {
                 log::info!(
-                    "relay {}: moved the deadlines and due times of {n} events with the clock",
+                    "relay {}: moved the deadlines of {n} events back with the clock",
                     self.relay_id
                 );
                 true
             }
             Err(e) => {
-                log::warn!(
-                    "relay {}: moving deadlines with the clock failed, trying again: {e:#}",
+                say(format!(
+                    "relay {}: moving deadlines back with the clock failed, trying again at \
+                     each poll (nothing expires meanwhile): {e:#}",
                     self.relay_id
-                );
+                ));
                 false
             }
         };
@@ -630,15 +648,20 @@ impl Writer {
                 ),
                 Err(e) => {
                     written = false;
-                    log::warn!(
-                        "relay {}: re-anchoring failed, trying again: {e:#}",
+                    say(format!(
+                        "relay {}: re-anchoring due times failed, trying again at each poll: \
+                         {e:#}",
                         self.relay_id
-                    );
+                    ));
                 }
             }
             lane.forget_retry_times();
             lane.wake();
         }
+        if written && retrying {
+            log::warn!("relay {}: the clock's step is followed now", self.relay_id);
+        }
+        self.clock_follow_failed = !written;
         written
     }
 
@@ -654,18 +677,20 @@ impl Writer {
     /// disk takes it, and nothing pending goes out.
     fn give_room_to_the_app(&mut self) {
         let room = self.outbox.disk_room();
-        if !room.under_pressure() || room.held_bytes() == 0 || !room.is_full() {
-            return;
-        }
-        // Its own pause: sharing `gave_room_for`'s, a look that found events pending would
-        // turn away the recovery the relay's own failing claim asks for right after.
-        if self
-            .last_room_look
-            .is_some_and(|t| t.elapsed() < ROOM_RECOVERY_PAUSE)
+        // Its own pause (sharing `gave_room_for`'s, a look that found events pending would
+        // turn away the recovery the relay's own failing claim asks for right after), looked
+        // at first: the reserve's size and the free space are system calls.
+        if !room.under_pressure()
+            || self
+                .last_room_look
+                .is_some_and(|t| t.elapsed() < ROOM_RECOVERY_PAUSE)
         {
             return;
         }
         self.last_room_look = Some(Instant::now());
+        if room.held_bytes() == 0 || !room.is_full() {
+            return;
+        }
         match queue::any_pending(&self.conn) {
             Ok(false) => {}
             Ok(true) => return,

@@ -179,9 +179,7 @@ pub(crate) fn synced(
 /// beside a relay never writes the rows its relay is about to claim (and number).
 pub(crate) fn read(conn: &mut Connection, destination: &str) -> Result<Vec<StreamState>> {
     let tx = conn.transaction()?;
-    let newest: i64 = tx
-        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
-        .query_row([], |r| r.get(0))?;
+    let newest = crate::store::queue::top_id(&tx)?;
     let plan = numbering::plan(&tx, newest)?;
     let number_of = |id: i64, seq: Option<i64>| -> Option<i64> {
         seq.or_else(|| plan.as_ref().and_then(|p| p.number_of(id)))

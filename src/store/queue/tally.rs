@@ -316,9 +316,7 @@ fn fold_while_free(conn: &mut Connection) -> Result<()> {
         let range_started = Instant::now();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let through = tallied_through(&tx)?;
-        let top: i64 = tx
-            .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
-            .query_row([], |r| r.get(0))?;
+        let top = crate::store::queue::top_id(&tx)?;
         if top <= through {
             return Ok(());
         }
@@ -397,9 +395,7 @@ pub(crate) fn read(conn: &Connection, now: i64) -> Result<BTreeMap<String, Pendi
     // above are most of a backlog, and sorting them for the groups made the first `stats`
     // beside 1M pending take 1.4 s.
     let mut above: HashMap<String, HashMap<i64, (i64, i64, i64)>> = HashMap::new();
-    let top: i64 = conn
-        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM outbox_events")?
-        .query_row([], |r| r.get(0))?;
+    let top = crate::store::queue::top_id(conn)?;
     let mut counted = conn.prepare_cached(&counted_above_sql(through, top))?;
     let mut rows = counted.query(params![through, now])?;
     while let Some(row) = rows.next()? {
