@@ -164,6 +164,7 @@
 // - `relay/`, `ops/`, `receive/`: the relay's threads, what operators run on the file, the
 //   receiving side; none uses another;
 // - `internal` (for the benches) and the `guide` (docs only).
+mod boot_time;
 pub mod clock;
 mod error;
 mod event;

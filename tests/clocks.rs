@@ -363,3 +363,58 @@ fn a_clock_set_back_while_the_app_holds_the_write_lock_is_followed_once_the_lock
     let _ = relay.shutdown();
     assert!(delivered, "{:?}", rows(&outbox));
 }
+
+#[test]
+fn events_queued_a_week_behind_survive_ntp_stepping_the_clock_forward() {
+    // Issue 67, item 3: a device without a real-time clock boots a week behind and queues
+    // events that expire in an hour; the receiver is down; NTP steps the clock forward a
+    // week. Before, the relay saw the step and expired all 5 (0 received): the deadlines
+    // were an hour after a time a week ago. Now they move with the step (measured against
+    // the time since boot, which a suspend moves and a step does not).
+    let dir = tempfile::tempdir().unwrap();
+    let clock = JumpingClock::ahead_by(-7 * DAY_MS);
+    let outbox = Outbox::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("behind.db"))
+        .unwrap();
+    for i in 0..5 {
+        let _ = outbox
+            .transaction(|tx| {
+                let event =
+                    Event::new("t", serde_json::json!(i)).expires_in(Duration::from_secs(3600));
+                outbox.enqueue(tx, event)
+            })
+            .unwrap();
+    }
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let receiver = {
+        let up = up.clone();
+        TestReceiver::start(0, move |_| {
+            Reply::Status(if up.load(Ordering::SeqCst) { 200 } else { 503 })
+        })
+    };
+    let relay = outbox
+        .relay(quick(RelayConfig::http(receiver.url())))
+        .start()
+        .unwrap();
+    let tried = |n| {
+        wait_until(PATIENCE, || {
+            receiver
+                .event_ids()
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                == n
+        })
+    };
+    assert!(tried(5), "each tried once while the receiver is down");
+    clock.set_right();
+    // Several polls and expiry sweeps on the new clock before the receiver comes back.
+    std::thread::sleep(Duration::from_secs(2));
+    up.store(true, Ordering::SeqCst);
+    let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 5);
+    let _ = relay.shutdown();
+    let expired: Vec<_> = rows(&outbox).into_iter().filter(|r| r.dead).collect();
+    assert!(expired.is_empty(), "expired by the step: {expired:?}");
+    assert!(delivered, "{:?}", rows(&outbox));
+}

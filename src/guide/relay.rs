@@ -90,17 +90,25 @@
 //!   past its end: across processes the wall clock is the only one shared). A due time written while
 //!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
-//!   sees the wall clock move more than 2 s away from `Instant` between two looks (each poll,
-//!   and before every expiry sweep). After a step back it also moves the deadlines
-//!   (`expires_in`) of the events committed before the step back by as much, so none lives
-//!   longer than it was given. (Events committed between the relay's last look and the
-//!   step, at most a poll apart, keep the times the old clock wrote.) If that write fails
-//!   (the app holds the write lock past the busy timeout, as a migration at boot does), it
-//!   is tried again at every look, and no event expires until it is written. A step
-//!   forward moves nothing: `Instant` stops while a device sleeps, so a step forward cannot
-//!   be told from a suspend whose hours really passed, and a deadline that passed in them
-//!   expires its event (a device that boots a week behind and queues events expiring in an
-//!   hour loses them when NTP steps its clock forward: a known limit).
+//!   sees the wall clock step: move more than 2 s further than the time since boot between
+//!   two looks (each poll, and before every expiry sweep). The time since boot counts the
+//!   hours a device sleeps and no step, so a suspend is not a step: `CLOCK_BOOTTIME` on
+//!   Linux and Android, `CLOCK_MONOTONIC` on macOS and iOS (which counts sleep there),
+//!   `Instant` on Windows (QueryPerformanceCounter counts standby and hibernation); an
+//!   injected [`Clock`](crate::clock::Clock) gives its own through `elapsed_ms`. At a step
+//!   it moves the deadlines (`expires_in`) of the events committed before it by as much:
+//!   after a step back none lives longer than it was given, after a step forward none
+//!   expires early (a device that boots a week behind and queues events expiring in an
+//!   hour keeps them when NTP steps its clock forward a week); after a step forward it also
+//!   moves their due times still ahead, so a retry keeps its wait. (Events committed
+//!   between the relay's last look and the step, at most a poll apart, keep the times the
+//!   old clock wrote.) If that write fails (the app holds the write lock past the busy
+//!   timeout, as a migration at boot does), it is tried again at every look, and no event
+//!   expires until it is written. On a system without a clock that counts sleep (the BSDs
+//!   among others) a step forward cannot be told from a suspend whose hours really passed:
+//!   there only steps back move deadlines, and a deadline that passed in a step forward
+//!   expires its event. A step while no relay runs is not seen: deadlines are wall-clock
+//!   times.
 //!
 //! `tests/clocks.rs` covers these with an injected clock; `cli/tests/clocks_cli.rs` runs the
 //! `outbox relay` CLI under `faketime` 10 minutes behind, 10 minutes ahead and a day ahead.

@@ -29,6 +29,7 @@ pub(crate) mod backlog;
 pub(crate) mod backoff;
 mod barrier;
 mod checkpointer;
+mod clock_watch;
 pub(crate) mod config;
 pub(crate) mod decide;
 pub(crate) mod destination;

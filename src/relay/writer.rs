@@ -17,6 +17,7 @@ use crate::observe::notices::{DeliveryNotice, DeliveryOutcome};
 use crate::outbound::OutboundEvent;
 use crate::outbox::Outbox;
 use crate::relay::barrier::Barrier;
+use crate::relay::clock_watch::{ClockJump, ClockWatch};
 use crate::relay::config::RelayConfig;
 use crate::relay::decide::{GateChange, Policy};
 use crate::relay::housekeeping::Housekeeping;
@@ -65,22 +66,6 @@ fn recheck_pause(left: u32) -> Duration {
     RECHECK_STEP * 2u32.pow(RECHECKS.saturating_sub(left).min(RECHECKS))
 }
 
-/// The wall clock and the monotonic clock read together, and the highest row id then.
-#[derive(Debug, Clone, Copy)]
-struct ClockAnchor {
-    at: Instant,
-    clock_ms: i64,
-    top_id: i64,
-}
-
-/// A jump of the wall clock to follow: by how much, and the highest row id before it (the
-/// rows whose times the old clock wrote).
-#[derive(Debug, Clone, Copy)]
-struct ClockJump {
-    by_ms: i64,
-    top_id: i64,
-}
-
 /// How long no request must have been out before the paused WAL watch resumes: past an
 /// app's burst of commits (each woke the relay in-process), short beside the 50 ms between
 /// commits at 20 a second, so another process's next commit finds the watch on.
@@ -106,9 +91,6 @@ const ROOM_RECOVERY_PAUSE: Duration = Duration::from_millis(500);
 /// 1.3–2 MiB of a relay's peak RSS (draining 1M events: 15.3–15.6 MiB at the default,
 /// 13.4–14.2 MiB at 512 KiB, batched throughput the same within the bench's spread).
 const WRITER_CACHE_KIB: i64 = 512;
-/// How far the wall clock may drift from `Instant` between two polls before the writer calls
-/// it a jump and re-anchors due times written under the old clock.
-const CLOCK_JUMP: Duration = Duration::from_secs(2);
 
 /// The writer: every lane, the one connection, and the loop's own state.
 pub(crate) struct Writer {
@@ -158,13 +140,10 @@ pub(crate) struct Writer {
     /// has a deadline, as far as the writer knows).
     last_expiry: Instant,
     next_expiry: Option<Instant>,
-    /// The wall clock and the monotonic one read together, to notice the wall clock jump
-    /// (a step of NTP's or a user's); and the highest row id then, the rows whose times
-    /// were written on the clock of before a jump noticed next.
-    clock_anchor: ClockAnchor,
-    /// A jump noticed whose moves are not written yet (the app held the write lock): tried
-    /// again at each turn that looks at the clock; no event expires meanwhile.
-    clock_jump_owed: Option<ClockJump>,
+    /// Steps of the wall clock (NTP's, a user's): a step noticed whose moves are not
+    /// written yet (the app held the write lock) is tried again at each turn that looks at
+    /// the clock; no event expires meanwhile.
+    clock_watch: ClockWatch,
     /// The last try to follow a jump failed: its retries log at `debug`, not again at `warn`.
     clock_follow_failed: bool,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
@@ -228,12 +207,7 @@ impl Writer {
             last_room_look: None,
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
-            clock_anchor: ClockAnchor {
-                at: Instant::now(),
-                clock_ms: outbox.now_ms(),
-                top_id: 0,
-            },
-            clock_jump_owed: None,
+            clock_watch: ClockWatch::new(outbox.now_ms(), outbox.clock().elapsed_ms(), 0),
             clock_follow_failed: false,
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
@@ -293,14 +267,12 @@ impl Writer {
         self.load_disabled();
         // Rows may carry due times from a boot whose clock was ahead; re-anchored now, or
         // as soon as the write lock is free (an app migrating at boot may hold it).
-        self.clock_anchor.top_id = queue::top_id(&self.conn).unwrap_or(0);
-        let at_start = ClockJump {
-            by_ms: 0,
-            top_id: self.clock_anchor.top_id,
-        };
-        if !self.reanchor(at_start) {
-            self.clock_jump_owed = Some(at_start);
-        }
+        self.clock_watch = ClockWatch::new(
+            self.outbox.now_ms(),
+            self.outbox.clock().elapsed_ms(),
+            queue::top_id(&self.conn).unwrap_or(0),
+        );
+        self.follow_the_clock();
         while !self.stopping {
             self.drain_reports(reports);
             if !reports.is_empty() {
@@ -546,40 +518,30 @@ impl Writer {
         }
     }
 
-    /// Notices a jump of the wall clock since the last look (beyond [`CLOCK_JUMP`] of what
-    /// the monotonic clock counted) and moves what the old clock wrote with it; a move that
-    /// could not be written (the app held the write lock past the busy timeout, as a
-    /// migration at boot does) is tried again at the next look, and no event expires until
-    /// it is written. Returns whether every jump noticed is followed.
+    /// Notices a step of the wall clock since the last look (see [`ClockWatch`]) and moves
+    /// what the old clock wrote with it; a move that could not be written (the app held the
+    /// write lock past the busy timeout, as a migration at boot does) is tried again at the
+    /// next look, and no event expires until it is written. Returns whether every step
+    /// noticed is followed.
     fn follow_the_clock(&mut self) -> bool {
-        let clock_ms = self.outbox.now_ms();
-        let jump = clock_ms - self.clock_anchor.clock_ms - millis(self.clock_anchor.at.elapsed());
-        if jump.unsigned_abs() > CLOCK_JUMP.as_millis() as u64 {
+        let clock = self.outbox.clock();
+        let top_id = queue::top_id(&self.conn).ok();
+        if let Some(jump) = self
+            .clock_watch
+            .look(clock.now_ms(), clock.elapsed_ms(), top_id)
+        {
             log::warn!(
-                "relay {}: the wall clock jumped by about {} s; following it",
+                "relay {}: the wall clock stepped {} by about {} s; following it",
                 self.relay_id,
-                jump / 1000
+                if jump < 0 { "back" } else { "forward" },
+                jump.unsigned_abs() / 1000
             );
-            let owed = self.clock_jump_owed.get_or_insert(ClockJump {
-                by_ms: 0,
-                top_id: self.clock_anchor.top_id,
-            });
-            owed.by_ms += jump;
         }
-        let top_id = match queue::top_id(&self.conn) {
-            Ok(top) => top,
-            Err(_) => self.clock_anchor.top_id,
-        };
-        self.clock_anchor = ClockAnchor {
-            at: Instant::now(),
-            clock_ms,
-            top_id,
-        };
-        let Some(owed) = self.clock_jump_owed else {
+        let Some(owed) = self.clock_watch.owed() else {
             return true;
         };
         if self.reanchor(owed) {
-            self.clock_jump_owed = None;
+            self.clock_watch.followed();
             self.next_expiry = Some(Instant::now());
             true
         } else {
@@ -587,13 +549,12 @@ impl Writer {
         }
     }
 
-    /// Follows a jump of `jump.by_ms`: after a step back, the deadlines of the pending
-    /// events committed before it move back by as much (so none lives longer than it was
-    /// given) and due times written while the clock was ahead are re-anchored on now.
-    /// Forgets retry times this relay scheduled under the old clock (the idle claim finds
-    /// them again). A step forward moves no deadline or due time: `Instant` stops while a
-    /// device sleeps, so it cannot be told from a suspend whose hours really passed.
-    /// Returns whether all was written.
+    /// Follows a step of `jump.by_ms`: the deadlines of the pending events committed before
+    /// it move by as much (a step back keeps none alive longer than it was given, a step
+    /// forward expires none early), so do their due times still ahead after a step forward
+    /// (a retry keeps its wait), and due times written while the clock was ahead are
+    /// re-anchored on now. Forgets retry times this relay scheduled under the old clock (the
+    /// idle claim finds them again). Returns whether all was written.
     fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();
         // Said once per jump at `warn`; the retries at each look, at `debug`.
@@ -605,14 +566,14 @@ impl Writer {
                 log::warn!("{text}");
             }
         };
-        // Only a step back moves deadlines: no write transaction otherwise.
-        let moved = if jump.by_ms < 0 {
+        // No write transaction when there is nothing to move (the start's re-anchoring).
+        let moved = if jump.by_ms != 0 {
             (|| -> Result<usize> {
                 let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
                 let tx = self
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id)?;
+                let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id, now)?;
                 tx.commit()?;
                 Ok(moved)
             })()
@@ -623,14 +584,14 @@ impl Writer {
             Ok(0) => true,
             Ok(n) => {
                 log::info!(
-                    "relay {}: moved the deadlines of {n} events back with the clock",
+                    "relay {}: moved the deadlines and due times of {n} events with the clock",
                     self.relay_id
                 );
                 true
             }
             Err(e) => {
                 say(format!(
-                    "relay {}: moving deadlines back with the clock failed, trying again at \
+                    "relay {}: moving deadlines with the clock failed, trying again at \
                      each poll (nothing expires meanwhile): {e:#}",
                     self.relay_id
                 ));
@@ -1230,10 +1191,6 @@ fn restore_page_cache(conn: &rusqlite::Connection, size: i64, relay_id: &str) {
     if let Err(e) = conn.execute_batch(&format!("PRAGMA cache_size = {size}")) {
         log::warn!("relay {relay_id}: could not restore the connection's page cache: {e:#}");
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The owner prefix of this writer's leases: the relay's id and a random part, new for each

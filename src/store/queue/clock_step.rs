@@ -1,8 +1,9 @@
-//! Moving what the wall clock wrote when it is set back (NTP correcting a clock that ran
-//! ahead, a user changing it): the deadlines of the pending events committed before the
-//! step, so that it keeps none of them alive longer than it was given. The relay's writer
-//! notices the step (the wall clock moved less far than the monotonic one) and calls this in
-//! one write transaction.
+//! Moving what the wall clock wrote when it is stepped (NTP correcting a clock that was
+//! wrong, a user setting it): the deadlines of the pending events committed before the
+//! step, so that it neither keeps one alive longer than it was given (a step back) nor
+//! expires one early (a step forward), and after a step forward their due times still
+//! ahead, so a retry keeps its wait. The relay's writer notices the step (`ClockWatch`)
+//! and calls this in one write transaction.
 
 use rusqlite::{params, Connection};
 
@@ -15,24 +16,39 @@ pub(crate) fn top_id(conn: &Connection) -> Result<i64> {
         .query_row([], |r| r.get(0))?)
 }
 
-/// After the wall clock stepped back by `-by_ms` (`by_ms` negative), moves by as much the
-/// deadlines of the pending rows up to `top_id` (those committed before the step), so an
-/// event set to expire in an hour on the clock of before does not live a day longer; their
-/// due times are `reanchor_future`'s. A step forward moves nothing: the monotonic clock the
-/// writer measures against stops while a device sleeps, so a forward step cannot be told
-/// from hours that really passed in a suspend, and those must expire what they expire.
-/// Returns the rows moved.
-pub(crate) fn move_with_clock(conn: &Connection, by_ms: i64, top_id: i64) -> Result<usize> {
-    if by_ms >= 0 || top_id == 0 {
+/// After the wall clock stepped by `by_ms` (negative: back), now `now` on the new clock,
+/// moves by as much the deadlines of the pending rows up to `top_id` (those committed
+/// before the step), and after a step forward their due times that were still ahead on
+/// the clock of before (a retry due in 30 s stays 30 s away instead of due at once; a row
+/// already due stays due). Due times written while a clock stepped back was ahead are
+/// `reanchor_future`'s. Returns the rows moved.
+pub(crate) fn move_with_clock(
+    conn: &Connection,
+    by_ms: i64,
+    top_id: i64,
+    now: i64,
+) -> Result<usize> {
+    if by_ms == 0 || top_id == 0 {
         return Ok(0);
     }
-    Ok(conn
+    let deadlines = conn
         .prepare_cached(concat!(
             "UPDATE outbox_events SET expires_at = expires_at + ?1
               WHERE id <= ?2 AND expires_at IS NOT NULL AND ",
             pending!("")
         ))?
-        .execute(params![by_ms, top_id])?)
+        .execute(params![by_ms, top_id])?;
+    if by_ms < 0 {
+        return Ok(deadlines);
+    }
+    let due = conn
+        .prepare_cached(concat!(
+            "UPDATE outbox_events SET available_at = available_at + ?1
+              WHERE id <= ?2 AND available_at > ?3 - ?1 AND ",
+            pending!("")
+        ))?
+        .execute(params![by_ms, top_id, now])?;
+    Ok(deadlines + due)
 }
 
 #[cfg(test)]
@@ -51,7 +67,7 @@ mod tests {
     }
 
     #[test]
-    fn a_step_back_moves_the_deadlines_of_the_rows_before_it_and_a_step_forward_nothing() {
+    fn a_step_back_moves_the_deadlines_of_the_rows_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let day = 86_400_000;
         let clock = ManualClock::new(10 * day);
@@ -76,15 +92,51 @@ mod tests {
         let _ = outbox
             .transaction(|tx| outbox.enqueue(tx, expiring("c")))
             .unwrap();
-        assert_eq!(
-            move_with_clock(&conn, day, top).unwrap(),
-            0,
-            "forward: nothing"
-        );
-        assert_eq!(move_with_clock(&conn, -day, top).unwrap(), 1);
+        assert_eq!(move_with_clock(&conn, -day, top, 9 * day).unwrap(), 1);
         let after = times(&outbox);
         assert_eq!(after[0], (before[0].0, before[0].1.map(|d| d - day)));
         assert_eq!(after[1], before[1], "no deadline");
         assert_eq!(after[2].1, Some(9 * day + 3_600_000));
+    }
+
+    #[test]
+    fn a_step_forward_moves_deadlines_and_the_due_times_still_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let (day, week) = (86_400_000, 7 * 86_400_000);
+        let clock = ManualClock::new(10 * day);
+        let outbox = Outbox::builder()
+            .clock(clock.clone())
+            .open(dir.path().join("step.db"))
+            .unwrap();
+        let hour = std::time::Duration::from_secs(3600);
+        outbox
+            .transaction(|tx| {
+                let expiring = Event::new("due", serde_json::json!(1)).expires_in(hour);
+                let _ = outbox.enqueue(tx, expiring)?;
+                let _ = outbox.enqueue(tx, Event::new("retry", serde_json::json!(2)))?;
+                Ok::<_, crate::Error>(())
+            })
+            .unwrap();
+        let conn = outbox.connection().unwrap();
+        // The second is a retry due in 30 s.
+        conn.execute(
+            "UPDATE outbox_events SET available_at = available_at + 30000 WHERE id = 2",
+            [],
+        )
+        .unwrap();
+        let before = times(&outbox);
+        let top = top_id(&conn).unwrap();
+        clock.set_ms(10 * day + week);
+        assert_eq!(
+            move_with_clock(&conn, week, top, 10 * day + week).unwrap(),
+            2
+        );
+        let after = times(&outbox);
+        assert_eq!(
+            after[0],
+            (before[0].0, before[0].1.map(|d| d + week)),
+            "due stays due"
+        );
+        assert_eq!(after[1], (before[1].0 + week, None), "still 30 s away");
     }
 }
