@@ -1,5 +1,6 @@
 //! The HTTP transport: one keep-alive ureq `Agent` posting signed CloudEvents to one URL.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -8,6 +9,7 @@ use ureq::Agent;
 use super::absolute_form::{AbsoluteForm, ProxyResolver};
 use super::proxy::{self, ProxySetting};
 use super::resolver::CachingResolver;
+use super::tcp;
 
 use crate::error::{Error, Result};
 use crate::observe::spans::hop_headers;
@@ -27,6 +29,10 @@ use crate::wire::source_header::{encode_source_header, SOURCE_HEADER};
 const RESPONSE_BODY_LIMIT: u64 = 64 * 1024;
 /// How much of the response body is kept in `last_error`.
 const DETAIL_LIMIT: usize = 256;
+/// How many kept-alive connections closed under a request it is sent again on, at once
+/// and spending no attempt, before the failure counts: the few idle connections a server
+/// can close at once when its idle timeout runs out.
+const STALE_CONNECTIONS: usize = 4;
 
 /// Timeouts and headers of an [`HttpTransport`], set like every other setting of the crate:
 /// setters named after the setting, each documenting its default.
@@ -575,6 +581,20 @@ fn classify(e: ureq::Error) -> Attempt {
     }
 }
 
+/// Whether a request failed because its connection was closed under it before an answer's
+/// head came: the end of the stream where the head should be, a reset, or a write into a
+/// connection the server had closed.
+fn closed_before_answer(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(e, ureq::Error::Io(io) if matches!(
+        io.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    ))
+}
+
 /// Whether an I/O error is rustls refusing the connection: the handshake runs on the
 /// request's first write, so a certificate that does not verify, or a receiver that wants a
 /// client certificate it did not get, comes back as an I/O error wrapping rustls' own.
@@ -584,6 +604,42 @@ fn is_tls_failure(io: &std::io::Error) -> bool {
 }
 
 impl HttpTransport {
+    /// Posts `body` with `headers`. A request that a kept-alive connection's server closed
+    /// before its answer's head (its idle timeout ran out as the request arrived: ureq's
+    /// probe of the idle connection came a moment before) goes again at once on another
+    /// connection, spending no attempt; at most [`STALE_CONNECTIONS`] times, as the pool
+    /// loses each closed connection. Safe to repeat: at worst the receiver sees the request
+    /// twice, as at any retry, and drops the duplicate by its id.
+    fn post(
+        &self,
+        headers: &[(Cow<'_, str>, String)],
+        body: &[u8],
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut stale = 0;
+        loop {
+            let opened = tcp::connections_opened_here();
+            let mut request = self.agent.post(self.uri.clone());
+            for (name, value) in headers {
+                request = request.header(name.as_ref(), value);
+            }
+            match request.send(body) {
+                Err(e)
+                    if stale < STALE_CONNECTIONS
+                        && tcp::connections_opened_here() == opened
+                        && closed_before_answer(&e) =>
+                {
+                    stale += 1;
+                    log::debug!(
+                        "destination {}: a kept-alive connection was closed before the \
+                         answer ({e}); sending again on another",
+                        self.url
+                    );
+                }
+                sent => return sent,
+            }
+        }
+    }
+
     /// Logs, once a spell, that the proxy stands between this destination and its receiver.
     fn through_proxy(&self, attempt: Attempt) -> Attempt {
         if let (Some(proxy), Attempt::Unreachable { reason }) = (&self.proxy, &attempt) {
@@ -637,14 +693,16 @@ impl Transport for HttpTransport {
         // Signed with the time of this attempt, so a retry days later is still fresh, and
         // corrected by the receiver's clock once this one is known to be far off.
         let timestamp = self.clock_offset.signing_time(SystemTime::now());
-        let mut request = self
-            .agent
-            .post(self.uri.clone())
-            .header("content-type", content_type)
-            .header("webhook-id", &message_id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("idempotency-key", format!("\"{message_id}\""))
-            .header(SOURCE_HEADER, encode_source_header(&events[0].source));
+        let mut headers: Vec<(Cow<'_, str>, String)> = vec![
+            ("content-type".into(), content_type.to_string()),
+            ("webhook-id".into(), message_id.clone()),
+            ("webhook-timestamp".into(), timestamp.to_string()),
+            ("idempotency-key".into(), format!("\"{message_id}\"")),
+            (
+                SOURCE_HEADER.into(),
+                encode_source_header(&events[0].source),
+            ),
+        ];
         let mut signature = signature_header(&self.secrets, &message_id, timestamp, &body);
         if let Some(key) = &self.signing_key {
             if !signature.is_empty() {
@@ -653,30 +711,30 @@ impl Transport for HttpTransport {
             signature.push_str(&key.sign(&message_id, timestamp, &body));
         }
         if !signature.is_empty() {
-            request = request.header("webhook-signature", signature);
+            headers.push(("webhook-signature".into(), signature));
         }
         // The hop's trace context: the events' own (`traceparent` in the body) is never
         // changed; this header continues the trace of the first event that has one.
         if let Some((traceparent, tracestate)) = hop_headers(events) {
-            request = request.header("traceparent", traceparent);
+            headers.push(("traceparent".into(), traceparent));
             if let Some(tracestate) = tracestate {
-                request = request.header("tracestate", tracestate);
+                headers.push(("tracestate".into(), tracestate));
             }
         }
         if let (true, [event]) = (self.binary, events) {
             for (name, value) in wire::binary_headers(event) {
-                request = request.header(name, value);
+                headers.push((name.into(), value));
             }
         }
         for (name, value) in &self.headers {
-            request = request.header(name, value);
+            headers.push((name.as_str().into(), value.clone()));
         }
         // Signed above as the receiver's handler will see it, after decoding.
         let (body, content_encoding) = self.compression.encode(body);
         if let Some(encoding) = content_encoding {
-            request = request.header("content-encoding", encoding);
+            headers.push(("content-encoding".into(), encoding.to_string()));
         }
-        let mut response = match request.send(&body[..]) {
+        let mut response = match self.post(&headers, &body) {
             Ok(response) => response,
             Err(e) => return self.through_proxy(classify(e)),
         };

@@ -42,6 +42,19 @@ const GRAIN: Duration = Duration::from_millis(250);
 /// The shortest connect timeout an address is given when a host has several.
 const MIN_CONNECT_PER_ADDRESS: Duration = Duration::from_millis(10);
 
+thread_local! {
+    /// How many connections this thread has opened: a request that opened none went on a
+    /// connection from the pool (see [`connections_opened_here`]).
+    static OPENED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many connections the calling thread has opened so far. ureq opens a connection on
+/// the thread that sends the request, and only when its pool has none to reuse, so a
+/// request during which this did not change went on a kept-alive connection.
+pub(crate) fn connections_opened_here() -> u64 {
+    OPENED_HERE.with(|n| n.get())
+}
+
 /// The HTTP transport's connector chain: these TCP connections, with TLS over them for
 /// `https://` URLs. No proxy connectors: the transport's agent is configured with no proxy.
 pub(crate) fn connector() -> ChainedConnector<(), OneWriteTcpConnector, RustlsConnector> {
@@ -76,6 +89,7 @@ impl Connector<()> for OneWriteTcpConnector {
         _chained: Option<()>,
     ) -> Result<Option<OneWriteTcp>, Error> {
         let stream = connect_any(details)?;
+        OPENED_HERE.with(|n| n.set(n.get() + 1));
         if details.config.no_delay() {
             stream.set_nodelay(true)?;
         }

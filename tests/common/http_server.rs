@@ -29,6 +29,8 @@ pub struct Request {
     /// Header names lower-cased, in arrival order.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// How many requests came before this one on its connection (0: a new connection).
+    pub earlier_on_connection: usize,
 }
 
 impl Request {
@@ -259,6 +261,7 @@ fn serve_connection(
         return;
     };
     let mut reader = BufReader::new(stream);
+    let mut earlier_on_connection = 0;
     while !stop.load(Ordering::SeqCst) {
         // Wait for the first byte of the next request without consuming it.
         match reader.fill_buf() {
@@ -308,7 +311,9 @@ fn serve_connection(
             path,
             headers,
             body,
+            earlier_on_connection,
         };
+        earlier_on_connection += 1;
         let response = handler(&request);
         if let Some(hold) = response.hold {
             let until = Instant::now() + hold;
