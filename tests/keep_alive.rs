@@ -5,7 +5,6 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::http_server::{HttpServer, Response};
 use common::*;
