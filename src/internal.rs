@@ -25,6 +25,7 @@ pub fn claim(
             owner,
             spare_leases: "",
             now,
+            clock_step_ms: 0,
             lease_ms: 60_000,
             max_bytes: i64::MAX,
             numbering_bound: None,

@@ -418,3 +418,61 @@ fn events_queued_a_week_behind_survive_ntp_stepping_the_clock_forward() {
     assert!(expired.is_empty(), "expired by the step: {expired:?}");
     assert!(delivered, "{:?}", rows(&outbox));
 }
+
+/// Two relays on one file (a service and a second one, as `deliver_pending` in the app's
+/// process): four events in flight by the first, held by the receiver, when the wall clock
+/// steps by `step_ms`; the second, polling often, must not take the first's leases for
+/// expired (a step forward) or taken in the future (a step back) before their owner moves
+/// them. The first polls once a minute while requests are out, so only the second sees the
+/// step while they are held (an idle relay looks at least every 5 s: the hold is longer).
+fn another_relays_in_flight_events_survive_a_clock_step(step_ms: i64) {
+    const HOLD: Duration = Duration::from_secs(8);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two.db");
+    let clock = JumpingClock::default();
+    let open = || Outbox::builder().clock(clock.clone()).open(&path).unwrap();
+    let (service, app) = (open(), open());
+    enqueue_n(&service, 4);
+    let receiver = TestReceiver::start(0, |_| Reply::Hang(HOLD));
+    let first = service
+        .relay(
+            quick(RelayConfig::http(receiver.url()))
+                .poll_interval(Duration::from_secs(60))
+                .workers(8)
+                .max_in_flight(8)
+                .lease(Duration::from_secs(30)),
+        )
+        .start()
+        .unwrap();
+    assert!(wait_until(PATIENCE, || receiver.count() == 4));
+    let second = app
+        .relay(quick(RelayConfig::http(receiver.url())).lease(Duration::from_secs(30)))
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    clock.offset_ms.store(step_ms, Ordering::SeqCst);
+    let delivered = wait_until(PATIENCE, || delivered_count(&service) == 4);
+    // Time for any second claim to reach the receiver.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = second.shutdown();
+    let _ = first.shutdown();
+    assert!(delivered, "{:?}", rows(&service));
+    assert_eq!(
+        receiver.count(),
+        4,
+        "each in-flight event sent once: {:?}",
+        receiver.event_ids()
+    );
+}
+
+#[test]
+fn a_clock_stepped_back_does_not_let_another_relay_send_in_flight_events_twice() {
+    // Issue 67, item 11: before, the second relay took the first's leases for taken in
+    // the future and sent all four again.
+    another_relays_in_flight_events_survive_a_clock_step(-3_600_000);
+}
+
+#[test]
+fn a_clock_stepped_forward_does_not_let_another_relay_send_in_flight_events_twice() {
+    another_relays_in_flight_events_survive_a_clock_step(3_600_000);
+}

@@ -21,6 +21,7 @@
 //! | the event cannot be encoded (stored data not JSON) | dead-lettered at once |
 //! | a claimed row cannot be read at all (a BLOB payload, a REAL time, text that is not UTF-8, written by another program) | that row alone is dead-lettered with `last_error` "unreadable row: …"; the rest of its batch is delivered; the operator still sees it in `list` and `show` |
 //! | the transport panics | the attempt counts as a failure and is retried with backoff; the worker lives on |
+//! | deciding a request's outcomes panics (a bug, a clock that panics) | its events are handed back unsent, nothing recorded, and go out again; the transport's thread lives on |
 //! | the disk fills up (`SQLITE_FULL`) | the relay gives back the outbox's reserve, checkpoints so the WAL starts over in the room it has, and goes on claiming, sending and acknowledging; delivered history goes, whatever the retention, so the app's commits fit; see [a full disk](crate::guide::durability#a-full-disk) |
 //! | an ack cannot be written (an app transaction holds the write lock past the busy timeout) | the outcomes are kept and written again every 100 ms until written, so a delivered event is not sent again; each write is fenced by its lease, so an outcome whose lease another relay took over meanwhile is discarded then |
 //! | the writer thread panics (a bug) | caught and logged; the writer starts again after a pause doubling up to 30 s; counted in [`RelayStats::writer_restarts`](crate::RelayStats::writer_restarts) and [`ShutdownReport::writer_restarts`](crate::ShutdownReport::writer_restarts) |
@@ -88,7 +89,13 @@
 //!   or drop only rows with no lease at all, never one that merely looks expired, so a
 //!   key's head in flight is never replaced. Another relay's lease taken more than 5 s
 //!   later than now was taken while the clock was ahead: it counts as expired (so does one
-//!   past its end: across processes the wall clock is the only one shared). A due time written while
+//!   past its end: across processes the wall clock is the only one shared). Two relays on
+//!   one file (a service and `deliver_pending` in the app) stay apart through a step: each
+//!   moves its own leases with the step when it sees it, and for a minute after seeing a
+//!   step (or twice its poll interval, if longer) a relay takes another's lease only if it
+//!   is free on the clock of before the step too, so a lease whose owner has not looked
+//!   yet is neither expired by a step forward nor "taken in the future" by a step back. A
+//!   crashed relay's leases, which nobody moves, are taken once that minute is over. A due time written while
 //!   the clock was ahead (its commit or last attempt lies in the future) is re-anchored on
 //!   now, keeping the wait it was given; the relay does this when it starts and whenever it
 //!   sees the wall clock step: move more than 2 s further than the time since boot between

@@ -136,6 +136,7 @@ mod tests {
             owner: "barrier-test",
             spare_leases: "",
             now: 10,
+            clock_step_ms: 0,
             lease_ms: 1_000,
             max_bytes: i64::MAX,
             numbering_bound: None,

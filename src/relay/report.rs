@@ -67,22 +67,25 @@ impl Decisions {
     }
 }
 
-impl Report {
-    /// A report for `events` that were never sent (shutdown), deciding as a worker would.
-    pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
-        Report::decide(lane, events, &Tried::Skipped, policy, now, false)
-    }
+/// The decisions of a request's events, made before they are put in a report: a panic
+/// while deciding leaves the events with the caller, to hand back
+/// ([`Report::released`]).
+#[derive(Debug)]
+pub(crate) struct Decided {
+    decisions: Decisions,
+    gate: Option<GateChange>,
+}
 
-    /// Decides every event of a request by one outcome; `down` as in [`decide`].
-    pub(crate) fn decide(
-        lane: usize,
-        events: Job,
+impl Decided {
+    /// Every event by one outcome; `down` as in [`decide`].
+    pub(crate) fn by_one(
+        events: &[OutboundEvent],
         tried: &Tried<'_>,
         policy: &Policy,
         now: i64,
         down: bool,
-    ) -> Report {
-        let backoff = backoff(tried, &events, policy);
+    ) -> Decided {
+        let backoff = backoff(tried, events, policy);
         let context = Context {
             down,
             batch: events.len() > 1,
@@ -93,28 +96,22 @@ impl Report {
                 .map(|event| decide(tried, event.attempts, backoff, policy, now, context)),
         );
         let gate = (!events.is_empty()).then(|| decisions.of(0).gate.clone());
-        Report {
-            lane,
-            events,
-            decisions,
-            gate,
-        }
+        Decided { decisions, gate }
     }
 
-    /// Decides each event by its own outcome. One request's events usually share one (a
-    /// whole HTTP batch, an MQTT connection lost): then they are decided together, as one
-    /// backoff draw.
-    pub(crate) fn decide_each(
-        lane: usize,
-        events: Job,
+    /// Each event by its own outcome. One request's events usually share one (a whole HTTP
+    /// batch, an MQTT connection lost): then they are decided together, as one backoff
+    /// draw.
+    pub(crate) fn each(
+        events: &[OutboundEvent],
         attempts: &[Attempt],
         policy: &Policy,
         now: i64,
         down: bool,
-    ) -> Report {
+    ) -> Decided {
         if let Some(first) = attempts.first() {
             if attempts.len() == events.len() && attempts.iter().all(|a| a == first) {
-                return Report::decide(lane, events, &Tried::Attempted(first), policy, now, down);
+                return Decided::by_one(events, &Tried::Attempted(first), policy, now, down);
             }
         }
         let lost = Attempt::Failed {
@@ -139,11 +136,71 @@ impl Report {
             .find(|g| says_more(g))
             .or(decisions.first().map(|d| &d.gate))
             .cloned();
+        Decided {
+            decisions: Decisions::Each(decisions),
+            gate,
+        }
+    }
+}
+
+impl Report {
+    /// A report for `events` that were never sent (shutdown), deciding as a worker would.
+    pub fn not_sent(lane: usize, events: Job, policy: &Policy, now: i64) -> Report {
+        Report::decide(lane, events, &Tried::Skipped, policy, now, false)
+    }
+
+    /// Decides every event of a request by one outcome; `down` as in [`decide`].
+    pub(crate) fn decide(
+        lane: usize,
+        events: Job,
+        tried: &Tried<'_>,
+        policy: &Policy,
+        now: i64,
+        down: bool,
+    ) -> Report {
+        let decided = Decided::by_one(&events, tried, policy, now, down);
+        Report::of(lane, events, decided)
+    }
+
+    /// Decides each event by its own outcome (see [`Decided::each`]).
+    pub(crate) fn decide_each(
+        lane: usize,
+        events: Job,
+        attempts: &[Attempt],
+        policy: &Policy,
+        now: i64,
+        down: bool,
+    ) -> Report {
+        let decided = Decided::each(&events, attempts, policy, now, down);
+        Report::of(lane, events, decided)
+    }
+
+    /// The report of `events` with the decisions made for them.
+    pub(crate) fn of(lane: usize, events: Job, decided: Decided) -> Report {
         Report {
             lane,
             events,
-            decisions: Decisions::Each(decisions),
-            gate,
+            decisions: decided.decisions,
+            gate: decided.gate,
+        }
+    }
+
+    /// A report that hands `events` back without recording anything of them, as if they
+    /// had not been sent: for outcomes that could not be decided (a panic). Their leases
+    /// end now and they go out again; nothing here reads a clock or the policy.
+    pub(crate) fn released(lane: usize, events: Job) -> Report {
+        Report {
+            lane,
+            events,
+            decisions: Decisions::Same(Decision {
+                write_back: WriteBack::Release {
+                    error: None,
+                    available_at: None,
+                },
+                gate: GateChange::Unchanged,
+                split: false,
+            }),
+            gate: None,
         }
     }
 

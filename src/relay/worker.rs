@@ -21,7 +21,7 @@ use crate::relay::gate::Gate;
 use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::panic::panic_message;
-use crate::relay::report::Report;
+use crate::relay::report::{Decided, Report};
 use crate::relay::voice::Voice;
 use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
@@ -273,26 +273,29 @@ impl Worker {
             span.end(|| failure_name(&attempts));
             voice.heard(&attempts);
             // This runs on the transport's thread (MQTT's connection): a panic here (a
-            // clock that panics) must not take the connection down with it.
+            // clock that panics) must not take the connection down with it, nor the events
+            // with it: they are decided by reference, and handed back if that panicked.
             let decided = catch_unwind(AssertUnwindSafe(|| {
                 let down = judge(&gate, &events, &attempts);
-                Report::decide_each(lane, events, &attempts, &policy, clock.now_ms(), down)
+                Decided::each(&events, &attempts, &policy, clock.now_ms(), down)
             }));
-            match decided {
-                Ok(report) => {
-                    if let Some(change) = report.gate_change() {
-                        gate.apply(change);
-                    }
-                    // A writer that stopped listening has shut down: the leases expire
-                    // instead.
-                    let _ = reports.send(report);
+            let report = match decided {
+                Ok(decided) => Report::of(lane, events, decided),
+                Err(panic) => {
+                    log::error!(
+                        "the outcomes of a request could not be decided ({}); its {} events \
+                         are handed back and go out again",
+                        panic_message(&*panic),
+                        events.len()
+                    );
+                    Report::released(lane, events)
                 }
-                Err(panic) => log::error!(
-                    "the outcomes of a request could not be decided ({}); its events' leases \
-                     expire and they are delivered again",
-                    panic_message(&*panic)
-                ),
+            };
+            if let Some(change) = report.gate_change() {
+                gate.apply(change);
             }
+            // A writer that stopped listening has shut down: the leases expire instead.
+            let _ = reports.send(report);
             backlog.closed();
         })
     }
@@ -656,9 +659,20 @@ mod tests {
         assert!(settler.join().is_ok(), "the panic stayed in the report");
         // The worker is not left waiting for a report that will never come.
         worker.join().unwrap();
+        // The events come back handed back, nothing recorded: before, no report came, and
+        // the leases, under the relay's own prefix, held until it stopped.
+        let report = reports.try_recv().expect("a report handing the event back");
+        let (_, decision) = report.decided().next().expect("one event");
         assert!(
-            reports.try_recv().is_err(),
-            "no report: the leases expire instead"
+            matches!(
+                decision.write_back,
+                crate::store::queue::WriteBack::Release {
+                    error: None,
+                    available_at: None
+                }
+            ),
+            "{:?}",
+            decision.write_back
         );
     }
 

@@ -84,6 +84,11 @@ const WRITER_RESTART_PAUSE_CAP: Duration = Duration::from_secs(30);
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// How often at most the writer makes room on a full disk (see `Writer::recover_room`).
 const ROOM_RECOVERY_PAUSE: Duration = Duration::from_millis(500);
+/// How long after noticing a step of the wall clock the writer judges other relays' leases on
+/// the clock of before it too (see `ClaimRequest::clock_step_ms`): time for their owners
+/// to look at the clock and move them (at each poll: at most 5 s apart with the WAL watch),
+/// short enough that a crashed relay's leases are not kept much longer for the step.
+const STEP_GRACE_MIN: Duration = Duration::from_secs(60);
 /// The page cache of the writer's connection, in KiB, while the relay runs (SQLite's own
 /// default is 2,000 KiB). The writer reads the head of the pending index and the rows it
 /// has just claimed, a few dozen pages a batch, so a small cache costs it nothing
@@ -144,6 +149,9 @@ pub(crate) struct Writer {
     /// written yet (the app held the write lock) is tried again at each turn that looks at
     /// the clock; no event expires meanwhile.
     clock_watch: ClockWatch,
+    /// The last step noticed (summed with those before it within the grace) and when:
+    /// other relays' leases are judged on the clock of before it too, for a while.
+    recent_step: Option<(Instant, i64)>,
     /// The last try to follow a jump failed: its retries log at `debug`, not again at `warn`.
     clock_follow_failed: bool,
     /// Outcomes whose write failed (the lock was held too long, the disk was full), kept
@@ -208,6 +216,7 @@ impl Writer {
             last_expiry: Instant::now(),
             next_expiry: Some(Instant::now()),
             clock_watch: ClockWatch::new(outbox.now_ms(), outbox.clock().elapsed_ms(), 0),
+            recent_step: None,
             clock_follow_failed: false,
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
@@ -536,6 +545,8 @@ impl Writer {
                 if jump < 0 { "back" } else { "forward" },
                 jump.unsigned_abs() / 1000
             );
+            let before = self.clock_step_ms();
+            self.recent_step = Some((Instant::now(), before.saturating_add(jump)));
         }
         let Some(owed) = self.clock_watch.owed() else {
             return true;
@@ -546,6 +557,15 @@ impl Writer {
             true
         } else {
             false
+        }
+    }
+
+    /// The step of the wall clock noticed within the grace (0: none), for the claims.
+    fn clock_step_ms(&self) -> i64 {
+        let grace = STEP_GRACE_MIN.max(self.poll_interval * 2);
+        match self.recent_step {
+            Some((at, by_ms)) if at.elapsed() < grace => by_ms,
+            _ => 0,
         }
     }
 
@@ -574,6 +594,8 @@ impl Writer {
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let moved = queue::move_with_clock(&tx, jump.by_ms, jump.top_id, now)?;
+                // Its own leases too, for the other relays that judge them on the wall clock.
+                let _ = queue::move_own_leases(&tx, jump.by_ms, &self.lease_prefix)?;
                 tx.commit()?;
                 Ok(moved)
             })()
@@ -772,6 +794,7 @@ impl Writer {
             owner: &owner,
             spare_leases: &self.lease_prefix,
             now,
+            clock_step_ms: self.clock_step_ms(),
             lease_ms: self.lease_ms,
             limit: limit as i64,
             max_bytes: lane.claim_max_bytes() as i64,

@@ -332,6 +332,7 @@ mod tests {
                 owner: "relay-a",
                 spare_leases: "",
                 now: outbox.now_ms(),
+                clock_step_ms: 0,
                 lease_ms: 60_000,
                 max_bytes: i64::MAX,
                 numbering_bound: None,

@@ -27,6 +27,8 @@ pub(crate) const CLAIM_CANDIDATES_SQL: &str = concat!(
       AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
     lease_claimable!("e.", "?3", "?7"),
     " AND ",
+    lease_claimable!("e.", "?10", "?11"),
+    " AND ",
     not_spared!("e.", "?9"),
     " AND (e.partition_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM outbox_events AS k
@@ -119,6 +121,12 @@ pub(crate) struct ClaimRequest<'a> {
     /// claiming relay's own, in flight whatever the wall clock says.
     pub spare_leases: &'a str,
     pub now: i64,
+    /// A step of the wall clock the claiming relay noticed lately (0: none; negative: back).
+    /// Other relays' leases are then taken only if they are free on the clock of before
+    /// the step too: their owners move them to the new clock at their next look, and
+    /// until then a lease in flight looks expired after a step forward, or taken in the
+    /// future after a step back.
+    pub clock_step_ms: i64,
     pub lease_ms: i64,
     pub limit: i64,
     /// The most bytes of event data one claim takes (past the first event, which goes
@@ -245,6 +253,8 @@ fn claim_level(
         owner: req.owner,
         expires_at: req.now.saturating_add(req.lease_ms),
     };
+    // Now on the clock of before the step (the same as now without one).
+    let before_step = req.now.saturating_sub(req.clock_step_ms);
     let candidates = params![
         req.owner,
         lease.expires_at,
@@ -255,6 +265,8 @@ fn claim_level(
         req.now.saturating_add(LEASE_CLOCK_SKEW_MS),
         level,
         req.spare_leases,
+        before_step,
+        before_step.saturating_add(LEASE_CLOCK_SKEW_MS),
     ];
     let ids = fitting_candidates(conn, candidates, room.bytes)?;
     if ids.is_empty() {

@@ -51,6 +51,25 @@ pub(crate) fn move_with_clock(
     Ok(deadlines + due)
 }
 
+/// Moves the leases of the rows leased by owners starting with `prefix` (the relay's own, in
+/// flight) by `by_ms` with a step of the wall clock, so other relays, which judge them on
+/// the wall clock, see them as long as they were given, neither expired by a step forward
+/// nor taken in the future by a step back. Returns the rows moved.
+pub(crate) fn move_own_leases(conn: &Connection, by_ms: i64, prefix: &str) -> Result<usize> {
+    if by_ms == 0 || prefix.is_empty() {
+        return Ok(0);
+    }
+    Ok(conn
+        .prepare_cached(concat!(
+            "UPDATE outbox_events
+                SET leased_at = leased_at + ?1, lease_expires_at = lease_expires_at + ?1
+              WHERE lease_expires_at IS NOT NULL
+                AND substr(lease_owner, 1, length(?2)) = ?2 AND ",
+            pending!("")
+        ))?
+        .execute(params![by_ms, prefix])?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +157,42 @@ mod tests {
             "due stays due"
         );
         assert_eq!(after[1], (before[1].0 + week, None), "still 30 s away");
+    }
+
+    #[test]
+    fn a_relay_moves_only_its_own_leases_with_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::builder()
+            .clock(ManualClock::new(1_000_000))
+            .open(dir.path().join("leases.db"))
+            .unwrap();
+        for i in 0..3 {
+            let _ = outbox
+                .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!(i))))
+                .unwrap();
+        }
+        let conn = outbox.connection().unwrap();
+        conn.execute_batch(
+            "UPDATE outbox_events SET leased_at = 1000000, lease_expires_at = 1030000,
+                    lease_owner = CASE id WHEN 1 THEN 'me:a1' WHEN 2 THEN 'other:b1' END
+              WHERE id < 3",
+        )
+        .unwrap();
+        assert_eq!(move_own_leases(&conn, -3_600_000, "me:a").unwrap(), 1);
+        let leases: Vec<(Option<i64>, Option<i64>)> = conn
+            .prepare("SELECT leased_at, lease_expires_at FROM outbox_events ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            leases,
+            [
+                (Some(1_000_000 - 3_600_000), Some(1_030_000 - 3_600_000)),
+                (Some(1_000_000), Some(1_030_000)),
+                (None, None)
+            ]
+        );
     }
 }

@@ -355,6 +355,7 @@ mod tests {
             owner,
             spare_leases: "",
             now,
+            clock_step_ms: 0,
             lease_ms: 1_000,
             max_bytes: i64::MAX,
             numbering_bound: None,
@@ -1053,7 +1054,7 @@ mod tests {
             .unwrap();
         let plan: Vec<String> = stmt
             .query_map(
-                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:"],
+                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:", 0, 5_000],
                 |r| r.get(3),
             )
             .unwrap()

@@ -703,6 +703,7 @@ mod tests {
                         owner: &owner,
                         spare_leases: "",
                         now,
+                        clock_step_ms: 0,
                         lease_ms: rng.i64(1..20_000),
                         max_bytes: rng.i64(1..2_000),
                         numbering_bound: None,
