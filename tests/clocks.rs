@@ -355,7 +355,9 @@ fn a_clock_set_back_while_the_app_holds_the_write_lock_is_followed_once_the_lock
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     clock.set_right();
-    std::thread::sleep(Duration::from_secs(3));
+    // Longer than the 5 s between an idle relay's looks: it sees the step while the lock
+    // is held (with 3 s, 5 runs of 6 passed before the fix, the look falling after).
+    std::thread::sleep(Duration::from_secs(6));
     hold.rollback().unwrap();
     let delivered = wait_until(Duration::from_secs(15), || {
         rows(&outbox).iter().all(|r| r.delivered)
