@@ -89,6 +89,12 @@
 //! reports a full disk, and the gauges `outbox_disk_full` and `outbox_disk_reserve_bytes`
 //! follow it.
 //!
+//! Room for the WAL beside the file: a running relay keeps it within 16 MiB plus what every
+//! writer of the file writes in a fraction of a second, also while an app in another process
+//! commits flat out (the relay gives way to it past 16 MiB: see the guide's relay chapter);
+//! 21-32 MiB beside an app writing 20 MB/s. A long reader (a backup) lets it grow until it
+//! ends; past 64 MiB the file is cut back once the reader is gone.
+//!
 //! On a copy-on-write file system (btrfs, ZFS, APFS) every overwrite needs new blocks, so
 //! the WAL's own room does not carry the relay there: the reserve alone does, while it
 //! lasts, and the history it deletes gives blocks back only once SQLite reuses its pages.

@@ -32,6 +32,7 @@ use crossbeam_channel::{select, Receiver, RecvTimeoutError};
 use rusqlite::Connection;
 
 use crate::outbox::Outbox;
+use crate::relay::wal_file::WalFile;
 
 /// How often at most the checkpointer looks for new writes while the writer reports some
 /// (each look that finds some copies them: a shorter interval copies less at a time, and
@@ -78,6 +79,24 @@ const CATCH_UP_LIMIT: Duration = Duration::from_millis(30);
 /// (truncating on every reset would make each one re-grow the file, and cost the app's
 /// commits their latency).
 const WAL_TRUNCATE_BYTES: i64 = 4 * WAL_RESTART_FRAMES * 4096;
+
+/// The longest the checkpointer holds this relay's writes off, past the bound, for the
+/// writers of other processes to start the WAL over. A writer starts it over when its
+/// transaction begins on a WAL fully copied back, which an app in another process,
+/// checkpointing after its own commits, would find every time, were it not for the relay's
+/// claims and acks, which follow each of its commits and land between that checkpoint and
+/// its next transaction. Nothing this process does can start the WAL over against such a
+/// writer: a RESTART has to wait for its write lock, and SQLite's locks are not fair (an
+/// app in another process committing 100 KB flat out held it 78% of the time, and a
+/// RESTART with 50 ms of patience won 3 times in 47). Without the yield that app's WAL grew
+/// to 85-108 MiB in 8 s beside a relay (4-7 MiB with no relay); with it, 22-24 MiB.
+const YIELD_FOR: Duration = Duration::from_millis(200);
+
+/// How often the WAL is looked at during a yield.
+const YIELD_LOOK: Duration = Duration::from_millis(2);
+
+/// How long without a new frame a yield waits before it concludes nobody else writes.
+const YIELD_QUIET: Duration = Duration::from_millis(20);
 
 /// Longest pause between tries to reset the WAL while a reader keeps it busy.
 const WAL_RESET_BACKOFF_CAP: Duration = Duration::from_secs(5);
@@ -198,10 +217,16 @@ impl Checkpointer {
     /// is tried again after a growing pause.
     fn checkpoint(&mut self) {
         let passive = self.passive();
-        let oversized = |conn: &Connection| wal_file_bytes(conn) > WAL_TRUNCATE_BYTES;
+        let oversized = |conn: &Connection| {
+            conn.path()
+                .filter(|p| !p.is_empty())
+                .is_some_and(|p| WalFile::of(std::path::Path::new(p)).bytes() > WAL_TRUNCATE_BYTES)
+        };
         match passive {
             Ok((frames, _)) if frames > CATCH_UP_FRAMES => {
-                if oversized(&self.conn) {
+                if frames > WAL_RESTART_FRAMES && self.yield_to_others() {
+                    self.reset_owed = false;
+                } else if oversized(&self.conn) {
                     // A long reader let the file grow: cut it, not just start it over.
                     self.reset_wal("TRUNCATE")
                 } else if self.catch_up() != CaughtUp::No {
@@ -218,6 +243,53 @@ impl Checkpointer {
             Ok(_) => self.reset_owed = false,
             Err(e) => log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id),
         }
+    }
+
+    /// Past the bound, with the WAL grown all the same: gives way to the writers of other
+    /// processes (see [`YIELD_FOR`]). Holds this relay's writes off and watches the WAL
+    /// file (without a lock: see [`WalFile`]) until it has started over (true), or until
+    /// nobody else writes (the file untouched for [`YIELD_QUIET`]: a RESTART of its own
+    /// will do) or [`YIELD_FOR`] has passed (false).
+    fn yield_to_others(&self) -> bool {
+        let Some(path) = self.conn.path().filter(|p| !p.is_empty()) else {
+            return false;
+        };
+        let wal = WalFile::of(std::path::Path::new(path));
+        let Some(sequence) = wal.sequence() else {
+            return false;
+        };
+        let _yield = self.outbox.right_of_way().yield_to_others();
+        let started = Instant::now();
+        let deadline = started + YIELD_FOR;
+        let said = |how: &str| {
+            log::debug!(
+                "relay {}: gave way to other writers for {:?}: {how}",
+                self.relay_id,
+                started.elapsed()
+            )
+        };
+        let (mut written, mut quiet_since) = (wal.modified(), Instant::now());
+        while Instant::now() < deadline {
+            if !matches!(
+                self.stop.recv_timeout(YIELD_LOOK),
+                Err(RecvTimeoutError::Timeout)
+            ) {
+                return false;
+            }
+            if wal.sequence().is_some_and(|now| now != sequence) {
+                said("the WAL started over");
+                return true;
+            }
+            let now = wal.modified();
+            if now != written {
+                (written, quiet_since) = (now, Instant::now());
+            } else if quiet_since.elapsed() >= YIELD_QUIET {
+                said("nobody else writes");
+                return false;
+            }
+        }
+        said("the WAL did not start over");
+        false
     }
 
     /// A PASSIVE checkpoint: the WAL's frames, and how many of them are now copied.
@@ -305,14 +377,6 @@ impl Checkpointer {
             self.reset_backoff
         );
     }
-}
-
-/// The size of `conn`'s WAL file (0 if it cannot be read).
-fn wal_file_bytes(conn: &Connection) -> i64 {
-    let Some(path) = conn.path().filter(|p| !p.is_empty()) else {
-        return 0;
-    };
-    std::fs::metadata(format!("{path}-wal")).map_or(0, |m| m.len() as i64)
 }
 
 #[cfg(test)]

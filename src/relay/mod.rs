@@ -42,6 +42,7 @@ mod panic;
 mod report;
 pub(crate) mod stats;
 mod voice;
+mod wal_file;
 mod wal_watch;
 mod worker;
 mod writer;

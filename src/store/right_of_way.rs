@@ -41,6 +41,8 @@ struct Turns {
     catching_up: u64,
     /// Blocking checkpoints under way: each holds SQLite's write lock until it ends.
     blocking: u64,
+    /// Yields to other processes' writers under way (see [`RightOfWay::yield_to_others`]).
+    yielding: u64,
     /// Catch-ups ended so far, and `taken` when the last one ended.
     catch_ups_ended: u64,
     taken_at_catch_up_end: u64,
@@ -68,6 +70,14 @@ pub(crate) struct RelayWrite<'a> {
 pub(crate) struct CatchUp<'a> {
     right_of_way: &'a RightOfWay,
 }
+
+/// A yield to other processes' writers: relay writes wait for its end.
+pub(crate) struct Yield<'a> {
+    right_of_way: &'a RightOfWay,
+}
+
+/// The longest a relay write waits for a yield to other processes' writers.
+pub(crate) const YIELD_LIMIT: Duration = Duration::from_millis(250);
 
 /// A blocking checkpoint (RESTART or TRUNCATE) under way, which turn holders wait for as
 /// they wait for a relay write.
@@ -100,9 +110,14 @@ impl RightOfWay {
             } else {
                 taken
             };
-            t.over < bar || t.catching_up > 0
+            t.over < bar || t.catching_up > 0 || t.yielding > 0
         };
         if held(&mut turns) {
+            let limit = if turns.yielding > 0 {
+                limit.max(YIELD_LIMIT)
+            } else {
+                limit
+            };
             turns = self
                 .changed
                 .wait_timeout_while(turns, limit, held)
@@ -120,6 +135,14 @@ impl RightOfWay {
         turns.taken += 1;
         turns.catching_up += 1;
         CatchUp { right_of_way: self }
+    }
+
+    /// Holds relay writes off (each for at most [`YIELD_LIMIT`]) until the returned guard is
+    /// dropped, so that another process's writer, committing flat out, finds no relay commit
+    /// between its own checkpoint and its next transaction and starts the WAL over itself.
+    pub fn yield_to_others(&self) -> Yield<'_> {
+        lock(&self.turns).yielding += 1;
+        Yield { right_of_way: self }
     }
 
     /// Marks a blocking checkpoint under way until the returned guard is dropped: turn
@@ -173,6 +196,13 @@ impl Drop for Turn<'_> {
 impl Drop for RelayWrite<'_> {
     fn drop(&mut self) {
         lock(&self.right_of_way.turns).relay_writes -= 1;
+        self.right_of_way.changed.notify_all();
+    }
+}
+
+impl Drop for Yield<'_> {
+    fn drop(&mut self) {
+        lock(&self.right_of_way.turns).yielding -= 1;
         self.right_of_way.changed.notify_all();
     }
 }
