@@ -78,6 +78,15 @@
 //! file share one reserve, and [`Outbox::path`](crate::Outbox::path) returns the resolved
 //! path (`tests/symlinked_path.rs`).
 //!
+//! # The clock that tells a step from a sleep
+//!
+//! The relay follows steps of the wall clock (NTP, a user) in both directions by measuring
+//! it against a clock that counts the device's sleep and no step: `CLOCK_BOOTTIME` on Linux
+//! and Android, `CLOCK_MONOTONIC` on macOS and iOS (there it counts sleep; Rust's `Instant`
+//! does not), `Instant` on Windows (QueryPerformanceCounter counts standby and hibernation).
+//! On other systems (the BSDs) there is none it knows: only steps back are followed, and a
+//! step forward expires what a suspend of that length would (see the guide's relay chapter).
+//!
 //! # Networks
 //!
 //! Proxies, private CAs, client certificates and the operating system's certificate store
