@@ -114,10 +114,12 @@
 //!   it moves the deadlines (`expires_in`) of the events committed before it by as much:
 //!   after a step back none lives longer than it was given, after a step forward none
 //!   expires early (a device that boots a week behind and queues events expiring in an
-//!   hour keeps them when NTP steps its clock forward a week); after a step forward it also
-//!   moves their due times still ahead, so a retry keeps its wait. (Events committed
-//!   between the relay's last look and the step, at most a poll apart, keep the times the
-//!   old clock wrote.) If that write fails (the app holds the write lock past the busy
+//!   hour keeps them when NTP steps its clock forward a week). (After a step back, events
+//!   committed between the relay's last look and the step, at most a poll apart, keep the
+//!   deadlines the old clock wrote; after a step forward, the commit time tells.) Due
+//!   times do not move forward: nothing in a row tells a retry rescheduled on the new clock
+//!   before the relay saw the step from one the old clock wrote, so a retry waiting at a
+//!   step forward comes due early, once. If that write fails (the app holds the write lock past the busy
 //!   timeout, as a migration at boot does), it is tried again at every look, and no event
 //!   expires until it is written. On a system without a clock that counts sleep (the BSDs
 //!   among others) a step forward cannot be told from a suspend whose hours really passed:

@@ -571,9 +571,9 @@ impl Writer {
 
     /// Follows a step of `jump.by_ms`: the deadlines of the pending events committed before
     /// it move by as much (a step back keeps none alive longer than it was given, a step
-    /// forward expires none early), so do their due times still ahead after a step forward
-    /// (a retry keeps its wait), and due times written while the clock was ahead are
-    /// re-anchored on now. Forgets retry times this relay scheduled under the old clock (the
+    /// forward expires none early), so do this relay's own leases, and due times written
+    /// while the clock was ahead are re-anchored on now (see `queue::move_with_clock` for
+    /// why due times do not move forward). Forgets retry times this relay scheduled under the old clock (the
     /// idle claim finds them again). Returns whether all was written.
     fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();

@@ -19,26 +19,37 @@ use super::*;
 /// Every `LIMIT` here is `LIMIT CAST(?n AS INTEGER)`, never a bare `LIMIT ?n`: SQLite's
 /// planner reads a bare bound limit, and a statement whose plan read a bound value is
 /// compiled again each time it is bound, which made every claim pay a full prepare.
-pub(crate) const CLAIM_CANDIDATES_SQL: &str = concat!(
-    "SELECT e.id, octet_length(e.payload) FROM outbox_events AS e
-      WHERE ",
-    pending!("e."),
-    " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
-      AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
-    lease_claimable!("e.", "?3", "?7"),
-    " AND ",
-    lease_claimable!("e.", "?10", "?11"),
-    " AND ",
-    not_spared!("e.", "?9"),
-    " AND (e.partition_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM outbox_events AS k
-              WHERE k.partition_key = e.partition_key AND k.destination = e.destination
-                AND k.id < e.id AND ",
-    pending!("k."),
-    "))
-      ORDER BY e.available_at, e.id
-      LIMIT CAST(?5 AS INTEGER)"
-);
+macro_rules! claim_candidates {
+    ($($after_step:expr)?) => {
+        concat!(
+            "SELECT e.id, octet_length(e.payload) FROM outbox_events AS e
+              WHERE ",
+            pending!("e."),
+            " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
+              AND (e.expires_at IS NULL OR e.expires_at > ?3) AND ",
+            lease_claimable!("e.", "?3", "?7"),
+            $(" AND ", $after_step,)?
+            " AND ",
+            not_spared!("e.", "?9"),
+            " AND (e.partition_key IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM outbox_events AS k
+                      WHERE k.partition_key = e.partition_key AND k.destination = e.destination
+                        AND k.id < e.id AND ",
+            pending!("k."),
+            "))
+              ORDER BY e.available_at, e.id
+              LIMIT CAST(?5 AS INTEGER)"
+        )
+    };
+}
+pub(crate) const CLAIM_CANDIDATES_SQL: &str = claim_candidates!();
+
+/// [`CLAIM_CANDIDATES_SQL`] within a while after a step of the wall clock: another relay's
+/// lease must be free on the clock of before the step too (`?10` now on that clock, `?11`
+/// the latest a lease may have been taken on it; see `ClaimRequest::clock_step_ms`). A
+/// statement of its own, so the claims of every other moment pay nothing for it.
+pub(crate) const CLAIM_CANDIDATES_AFTER_STEP_SQL: &str =
+    claim_candidates!(lease_claimable!("e.", "?10", "?11"));
 
 /// Leases the rows `?4` (a JSON array of ids, chosen by [`CLAIM_CANDIDATES_SQL`] in the same
 /// transaction) with one `UPDATE … RETURNING`.
@@ -67,10 +78,11 @@ pub(crate) const CLAIM_SQL: &str = "UPDATE outbox_events
 /// walk stops there too.
 fn fitting_candidates(
     conn: &Connection,
+    sql: &str,
     params: &[&dyn rusqlite::ToSql],
     max_bytes: i64,
 ) -> Result<Vec<i64>> {
-    let mut stmt = conn.prepare_cached(CLAIM_CANDIDATES_SQL)?;
+    let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query(params)?;
     let mut ids = Vec::new();
     let mut bytes = 0i64;
@@ -253,7 +265,7 @@ fn claim_level(
         owner: req.owner,
         expires_at: req.now.saturating_add(req.lease_ms),
     };
-    // Now on the clock of before the step (the same as now without one).
+    // Now on the clock of before a step noticed lately.
     let before_step = req.now.saturating_sub(req.clock_step_ms);
     let candidates = params![
         req.owner,
@@ -268,7 +280,16 @@ fn claim_level(
         before_step,
         before_step.saturating_add(LEASE_CLOCK_SKEW_MS),
     ];
-    let ids = fitting_candidates(conn, candidates, room.bytes)?;
+    let ids = if req.clock_step_ms == 0 {
+        fitting_candidates(conn, CLAIM_CANDIDATES_SQL, &candidates[..9], room.bytes)?
+    } else {
+        fitting_candidates(
+            conn,
+            CLAIM_CANDIDATES_AFTER_STEP_SQL,
+            candidates,
+            room.bytes,
+        )?
+    };
     if ids.is_empty() {
         return Ok(());
     }

@@ -1,9 +1,9 @@
 //! Moving what the wall clock wrote when it is stepped (NTP correcting a clock that was
 //! wrong, a user setting it): the deadlines of the pending events committed before the
 //! step, so that it neither keeps one alive longer than it was given (a step back) nor
-//! expires one early (a step forward), and after a step forward their due times still
-//! ahead, so a retry keeps its wait. The relay's writer notices the step (`ClockWatch`)
-//! and calls this in one write transaction.
+//! expires one early (a step forward); and the relay's own leases, for the other relays
+//! that judge them on the wall clock. The relay's writer notices the step (`ClockWatch`)
+//! and calls these in one write transaction.
 
 use rusqlite::{params, Connection};
 
@@ -17,38 +17,47 @@ pub(crate) fn top_id(conn: &Connection) -> Result<i64> {
 }
 
 /// After the wall clock stepped by `by_ms` (negative: back), now `now` on the new clock,
-/// moves by as much the deadlines of the pending rows up to `top_id` (those committed
-/// before the step), and after a step forward their due times that were still ahead on
-/// the clock of before (a retry due in 30 s stays 30 s away instead of due at once; a row
-/// already due stays due). Due times written while a clock stepped back was ahead are
-/// `reanchor_future`'s. Returns the rows moved.
+/// moves by as much the deadlines of the pending rows committed before the step: a step
+/// back keeps none alive longer than it was given, a step forward expires none early. Due
+/// times written while a clock stepped back was ahead are `reanchor_future`'s. Returns the
+/// rows moved.
+///
+/// Which rows the old clock wrote: after a step back, those up to `top_id` (the highest
+/// row id at the last look before the step), as the times of the two clocks overlap; after
+/// a step forward, those committed before `now - by_ms`, which is later than any commit
+/// time the old clock wrote and earlier than any the new one did.
+///
+/// Due times are not moved forward: a row's due time is rewritten by every attempt and
+/// every hand-back, and nothing in the row tells one written on the new clock between the
+/// step and the look that saw it (moved a week with the rest, such a retry was lost for a
+/// week: the test of a step forward caught it) from one the old clock wrote. A retry
+/// waiting when the clock steps forward so comes due early, once; its backoff goes on from
+/// that attempt.
 pub(crate) fn move_with_clock(
     conn: &Connection,
     by_ms: i64,
     top_id: i64,
     now: i64,
 ) -> Result<usize> {
-    if by_ms == 0 || top_id == 0 {
+    if by_ms < 0 && top_id > 0 {
+        return Ok(conn
+            .prepare_cached(concat!(
+                "UPDATE outbox_events SET expires_at = expires_at + ?1
+                  WHERE id <= ?2 AND expires_at IS NOT NULL AND ",
+                pending!("")
+            ))?
+            .execute(params![by_ms, top_id])?);
+    }
+    if by_ms <= 0 {
         return Ok(0);
     }
-    let deadlines = conn
+    Ok(conn
         .prepare_cached(concat!(
             "UPDATE outbox_events SET expires_at = expires_at + ?1
-              WHERE id <= ?2 AND expires_at IS NOT NULL AND ",
+              WHERE created_at < ?2 AND expires_at IS NOT NULL AND ",
             pending!("")
         ))?
-        .execute(params![by_ms, top_id])?;
-    if by_ms < 0 {
-        return Ok(deadlines);
-    }
-    let due = conn
-        .prepare_cached(concat!(
-            "UPDATE outbox_events SET available_at = available_at + ?1
-              WHERE id <= ?2 AND available_at > ?3 - ?1 AND ",
-            pending!("")
-        ))?
-        .execute(params![by_ms, top_id, now])?;
-    Ok(deadlines + due)
+        .execute(params![by_ms, now.saturating_sub(by_ms)])?)
 }
 
 /// Moves the leases of the rows leased by owners starting with `prefix` (the relay's own, in
@@ -119,7 +128,7 @@ mod tests {
     }
 
     #[test]
-    fn a_step_forward_moves_deadlines_and_the_due_times_still_ahead() {
+    fn a_step_forward_moves_the_deadlines_of_the_rows_committed_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let (day, week) = (86_400_000, 7 * 86_400_000);
         let clock = ManualClock::new(10 * day);
@@ -143,20 +152,36 @@ mod tests {
             [],
         )
         .unwrap();
-        let before = times(&outbox);
         let top = top_id(&conn).unwrap();
+        // A third row never due (parked); after the step, before the relay sees it, a
+        // fourth committed and tried on the new clock, due again in 30 s: no deadline moves
+        // but the first's, no due time at all.
+        let _ = outbox
+            .transaction(|tx| outbox.enqueue(tx, Event::new("parked", serde_json::json!(3))))
+            .unwrap();
+        conn.execute(
+            "UPDATE outbox_events SET available_at = 9223372036854775807 WHERE id = 3",
+            [],
+        )
+        .unwrap();
         clock.set_ms(10 * day + week);
-        assert_eq!(
-            move_with_clock(&conn, week, top, 10 * day + week).unwrap(),
-            2
-        );
+        let _ = outbox
+            .transaction(|tx| {
+                outbox.enqueue(tx, Event::new("new", serde_json::json!(4)).expires_in(hour))
+            })
+            .unwrap();
+        conn.execute(
+            "UPDATE outbox_events SET available_at = available_at + 30000,
+                    last_attempted_at = created_at WHERE id = 4",
+            [],
+        )
+        .unwrap();
+        let before = times(&outbox);
+        let now = 10 * day + week + 1_000;
+        assert_eq!(move_with_clock(&conn, week, top, now).unwrap(), 1);
         let after = times(&outbox);
-        assert_eq!(
-            after[0],
-            (before[0].0, before[0].1.map(|d| d + week)),
-            "due stays due"
-        );
-        assert_eq!(after[1], (before[1].0 + week, None), "still 30 s away");
+        assert_eq!(after[0], (before[0].0, before[0].1.map(|d| d + week)));
+        assert_eq!(after[1..], before[1..], "no deadline; due times stay");
     }
 
     #[test]

@@ -786,6 +786,7 @@ mod tests {
         let (short, long) = (listed_ack(2), listed_ack(ACK_LIST_LONG));
         for sql in [
             CLAIM_CANDIDATES_SQL,
+            CLAIM_CANDIDATES_AFTER_STEP_SQL,
             CLAIM_SQL,
             DUE_LEVELS_SQL,
             ACK_SQL,
@@ -1054,7 +1055,7 @@ mod tests {
             .unwrap();
         let plan: Vec<String> = stmt
             .query_map(
-                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:", 0, 5_000],
+                params!["o", 0, 0, "default", 10, "/s", 5_000, 5, "o:"],
                 |r| r.get(3),
             )
             .unwrap()
