@@ -224,6 +224,14 @@ fn a_retry_after_date_is_read_on_the_receivers_clock_not_the_devices() {
     );
 }
 
+/// Settings that put four events in flight at once, each on a lease of 30 s.
+fn all_four_at_once(receiver: &TestReceiver) -> RelayConfig {
+    quick(RelayConfig::http(receiver.url()))
+        .workers(8)
+        .max_in_flight(8)
+        .lease(Duration::from_secs(30))
+}
+
 /// Four events held in flight by a receiver that answers after `HOLD`, while the wall clock
 /// is stepped by `step_ms` once all four have arrived: the relay must not take its own
 /// in-flight events for expired leases (or leases taken "in the future") and send them again.
@@ -237,15 +245,7 @@ fn in_flight_events_survive_a_clock_step(step_ms: i64) {
         .unwrap();
     enqueue_n(&outbox, 4);
     let receiver = TestReceiver::start(0, |_| Reply::Hang(HOLD));
-    let relay = outbox
-        .relay(
-            quick(RelayConfig::http(receiver.url()))
-                .workers(8)
-                .max_in_flight(8)
-                .lease(Duration::from_secs(30)),
-        )
-        .start()
-        .unwrap();
+    let relay = outbox.relay(all_four_at_once(&receiver)).start().unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 4));
     clock.offset_ms.store(step_ms, Ordering::SeqCst);
     let delivered = wait_until(PATIENCE, || delivered_count(&outbox) == 4);
@@ -437,13 +437,7 @@ fn another_relays_in_flight_events_survive_a_clock_step(step_ms: i64) {
     enqueue_n(&service, 4);
     let receiver = TestReceiver::start(0, |_| Reply::Hang(HOLD));
     let first = service
-        .relay(
-            quick(RelayConfig::http(receiver.url()))
-                .poll_interval(Duration::from_secs(60))
-                .workers(8)
-                .max_in_flight(8)
-                .lease(Duration::from_secs(30)),
-        )
+        .relay(all_four_at_once(&receiver).poll_interval(Duration::from_secs(60)))
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || receiver.count() == 4));

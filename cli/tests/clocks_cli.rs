@@ -15,6 +15,8 @@ use sqlite_outbox::receive::{verify_request, Secret, Verifier};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const EVENTS: usize = 20;
+/// `outbox relay` until nothing is pending, or a minute.
+const UNTIL_EMPTY: [&str; 3] = ["--until-empty", "--timeout", "60s"];
 
 /// Whether `faketime` can run here; on CI it must (`.ci/run` installs it).
 fn faketime_available() -> bool {
@@ -83,14 +85,8 @@ fn relay_with_clock_off_by(offset: &str) {
         .arg(env!("CARGO_BIN_EXE_outbox"))
         .arg("--db")
         .arg(&db)
-        .args([
-            "relay",
-            "--url",
-            &receiver.url(),
-            "--until-empty",
-            "--timeout",
-            "60s",
-        ])
+        .args(["relay", "--url", &receiver.url()])
+        .args(UNTIL_EMPTY)
         .env("OUTBOX_SECRET", SECRET)
         .output()
         .unwrap();
@@ -206,14 +202,8 @@ fn events_queued_a_week_behind_survive_ntp_stepping_the_relays_clock_forward() {
         })
     };
     let relay = outbox_with_clock_from(&lib, &offset, &db)
-        .args([
-            "relay",
-            "--url",
-            &receiver.url(),
-            "--until-empty",
-            "--timeout",
-            "60s",
-        ])
+        .args(["relay", "--url", &receiver.url()])
+        .args(UNTIL_EMPTY)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

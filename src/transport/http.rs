@@ -1,6 +1,5 @@
 //! The HTTP transport: one keep-alive ureq `Agent` posting signed CloudEvents to one URL.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -604,25 +603,21 @@ fn is_tls_failure(io: &std::io::Error) -> bool {
 }
 
 impl HttpTransport {
-    /// Posts `body` with `headers`. A request that a kept-alive connection's server closed
-    /// before its answer's head (its idle timeout ran out as the request arrived: ureq's
-    /// probe of the idle connection came a moment before) goes again at once on another
-    /// connection, spending no attempt; at most [`STALE_CONNECTIONS`] times, as the pool
-    /// loses each closed connection. Safe to repeat: at worst the receiver sees the request
-    /// twice, as at any retry, and drops the duplicate by its id.
+    /// Posts `body` as `request` builds it. A request that a kept-alive connection's server
+    /// closed before its answer's head (its idle timeout ran out as the request arrived:
+    /// ureq's probe of the idle connection came a moment before) goes again at once on
+    /// another connection, spending no attempt; at most [`STALE_CONNECTIONS`] times, as the
+    /// pool loses each closed connection. Safe to repeat: at worst the receiver sees the
+    /// request twice, as at any retry, and drops the duplicate by its id.
     fn post(
         &self,
-        headers: &[(Cow<'_, str>, String)],
+        request: impl Fn() -> ureq::RequestBuilder<ureq::typestate::WithBody>,
         body: &[u8],
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut stale = 0;
         loop {
             let opened = tcp::connections_opened_here();
-            let mut request = self.agent.post(self.uri.clone());
-            for (name, value) in headers {
-                request = request.header(name.as_ref(), value);
-            }
-            match request.send(body) {
+            match request().send(body) {
                 Err(e)
                     if stale < STALE_CONNECTIONS
                         && tcp::connections_opened_here() == opened
@@ -693,16 +688,6 @@ impl Transport for HttpTransport {
         // Signed with the time of this attempt, so a retry days later is still fresh, and
         // corrected by the receiver's clock once this one is known to be far off.
         let timestamp = self.clock_offset.signing_time(SystemTime::now());
-        let mut headers: Vec<(Cow<'_, str>, String)> = vec![
-            ("content-type".into(), content_type.to_string()),
-            ("webhook-id".into(), message_id.clone()),
-            ("webhook-timestamp".into(), timestamp.to_string()),
-            ("idempotency-key".into(), format!("\"{message_id}\"")),
-            (
-                SOURCE_HEADER.into(),
-                encode_source_header(&events[0].source),
-            ),
-        ];
         let mut signature = signature_header(&self.secrets, &message_id, timestamp, &body);
         if let Some(key) = &self.signing_key {
             if !signature.is_empty() {
@@ -710,31 +695,49 @@ impl Transport for HttpTransport {
             }
             signature.push_str(&key.sign(&message_id, timestamp, &body));
         }
-        if !signature.is_empty() {
-            headers.push(("webhook-signature".into(), signature));
-        }
+        let (timestamp_header, idempotency_key) =
+            (timestamp.to_string(), format!("\"{message_id}\""));
+        let source = encode_source_header(&events[0].source);
         // The hop's trace context: the events' own (`traceparent` in the body) is never
         // changed; this header continues the trace of the first event that has one.
-        if let Some((traceparent, tracestate)) = hop_headers(events) {
-            headers.push(("traceparent".into(), traceparent));
-            if let Some(tracestate) = tracestate {
-                headers.push(("tracestate".into(), tracestate));
-            }
-        }
-        if let (true, [event]) = (self.binary, events) {
-            for (name, value) in wire::binary_headers(event) {
-                headers.push((name.into(), value));
-            }
-        }
-        for (name, value) in &self.headers {
-            headers.push((name.as_str().into(), value.clone()));
-        }
+        let hop = hop_headers(events);
+        let binary = match (self.binary, events) {
+            (true, [event]) => wire::binary_headers(event),
+            _ => Vec::new(),
+        };
         // Signed above as the receiver's handler will see it, after decoding.
         let (body, content_encoding) = self.compression.encode(body);
-        if let Some(encoding) = content_encoding {
-            headers.push(("content-encoding".into(), encoding.to_string()));
-        }
-        let mut response = match self.post(&headers, &body) {
+        // Built again only for a request sent again on another connection (see `post`).
+        let request = || {
+            let mut request = self
+                .agent
+                .post(self.uri.clone())
+                .header("content-type", content_type)
+                .header("webhook-id", &message_id)
+                .header("webhook-timestamp", &timestamp_header)
+                .header("idempotency-key", &idempotency_key)
+                .header(SOURCE_HEADER, &source);
+            if !signature.is_empty() {
+                request = request.header("webhook-signature", &signature);
+            }
+            if let Some((traceparent, tracestate)) = &hop {
+                request = request.header("traceparent", traceparent);
+                if let Some(tracestate) = tracestate {
+                    request = request.header("tracestate", tracestate);
+                }
+            }
+            for (name, value) in &binary {
+                request = request.header(name, value);
+            }
+            for (name, value) in &self.headers {
+                request = request.header(name, value);
+            }
+            if let Some(encoding) = content_encoding {
+                request = request.header("content-encoding", encoding);
+            }
+            request
+        };
+        let mut response = match self.post(request, &body) {
             Ok(response) => response,
             Err(e) => return self.through_proxy(classify(e)),
         };

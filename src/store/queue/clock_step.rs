@@ -85,24 +85,39 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::{Event, Outbox};
 
-    fn times(outbox: &Outbox) -> Vec<(i64, Option<i64>)> {
+    /// Two columns of every row, in id order.
+    fn columns<A: rusqlite::types::FromSql, B: rusqlite::types::FromSql>(
+        outbox: &Outbox,
+        a: &str,
+        b: &str,
+    ) -> Vec<(A, B)> {
         let conn = outbox.connection().unwrap();
         let mut stmt = conn
-            .prepare("SELECT available_at, expires_at FROM outbox_events ORDER BY id")
+            .prepare(&format!("SELECT {a}, {b} FROM outbox_events ORDER BY id"))
             .unwrap();
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
         rows.collect::<rusqlite::Result<_>>().unwrap()
     }
 
-    #[test]
-    fn a_step_back_moves_the_deadlines_of_the_rows_before_it() {
+    fn times(outbox: &Outbox) -> Vec<(i64, Option<i64>)> {
+        columns(outbox, "available_at", "expires_at")
+    }
+
+    /// An outbox on a manual clock reading `start_ms`, in a folder of its own.
+    fn outbox_at(start_ms: i64) -> (tempfile::TempDir, ManualClock, Outbox) {
         let dir = tempfile::tempdir().unwrap();
-        let day = 86_400_000;
-        let clock = ManualClock::new(10 * day);
+        let clock = ManualClock::new(start_ms);
         let outbox = Outbox::builder()
             .clock(clock.clone())
             .open(dir.path().join("step.db"))
             .unwrap();
+        (dir, clock, outbox)
+    }
+
+    #[test]
+    fn a_step_back_moves_the_deadlines_of_the_rows_before_it() {
+        let day = 86_400_000;
+        let (_dir, clock, outbox) = outbox_at(10 * day);
         let hour = std::time::Duration::from_secs(3600);
         let expiring = |name: &str| Event::new(name, serde_json::json!(1)).expires_in(hour);
         outbox
@@ -129,13 +144,8 @@ mod tests {
 
     #[test]
     fn a_step_forward_moves_the_deadlines_of_the_rows_committed_before_it() {
-        let dir = tempfile::tempdir().unwrap();
         let (day, week) = (86_400_000, 7 * 86_400_000);
-        let clock = ManualClock::new(10 * day);
-        let outbox = Outbox::builder()
-            .clock(clock.clone())
-            .open(dir.path().join("step.db"))
-            .unwrap();
+        let (_dir, clock, outbox) = outbox_at(10 * day);
         let hour = std::time::Duration::from_secs(3600);
         outbox
             .transaction(|tx| {
@@ -186,11 +196,7 @@ mod tests {
 
     #[test]
     fn a_relay_moves_only_its_own_leases_with_the_clock() {
-        let dir = tempfile::tempdir().unwrap();
-        let outbox = Outbox::builder()
-            .clock(ManualClock::new(1_000_000))
-            .open(dir.path().join("leases.db"))
-            .unwrap();
+        let (_dir, _clock, outbox) = outbox_at(1_000_000);
         for i in 0..3 {
             let _ = outbox
                 .transaction(|tx| outbox.enqueue(tx, Event::new("t", serde_json::json!(i))))
@@ -204,13 +210,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(move_own_leases(&conn, -3_600_000, "me:a").unwrap(), 1);
-        let leases: Vec<(Option<i64>, Option<i64>)> = conn
-            .prepare("SELECT leased_at, lease_expires_at FROM outbox_events ORDER BY id")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let leases: Vec<(Option<i64>, Option<i64>)> =
+            columns(&outbox, "leased_at", "lease_expires_at");
         assert_eq!(
             leases,
             [
