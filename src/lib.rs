@@ -152,7 +152,8 @@
 // The library by layer, each using only those above it in this list (and the foundation):
 // `python3 scripts/modgraph.py src` checks it.
 //
-// - the foundation, at the root: `error`, `clock`, `outbound` (a claimed event, the one value
+// - the foundation, at the root: `error`, `boot_time` (the time since boot, sleep included,
+//   under `clock`), `clock`, `outbound` (a claimed event, the one value
 //   the store, the wire and the transport share), `state` (where a delivery stands),
 //   `platform` (what differs between the systems the crate runs on);
 // - `wire/`: formats and signatures;
