@@ -89,7 +89,8 @@ const WAL_TRUNCATE_BYTES: i64 = 4 * WAL_RESTART_FRAMES * 4096;
 /// writer: a RESTART has to wait for its write lock, and SQLite's locks are not fair (an
 /// app in another process committing 100 KB flat out held it 78% of the time, and a
 /// RESTART with 50 ms of patience won 3 times in 47). Without the yield that app's WAL grew
-/// to 85-108 MiB in 8 s beside a relay (4-7 MiB with no relay); with it, 22-24 MiB.
+/// to 73-248 MiB in 6-8 s beside a relay (4-7 MiB with no relay); with it, 21-32 MiB
+/// (`cli/tests/wal_bound.rs`).
 const YIELD_FOR: Duration = Duration::from_millis(200);
 
 /// How often the WAL is looked at during a yield.
@@ -114,6 +115,11 @@ pub(crate) struct Checkpointer {
     data_version: Option<i64>,
     /// A reset failed (a reader was in the way) and is owed even if nothing more is written.
     reset_owed: bool,
+    /// The WAL file, read without a lock (`None`: an in-memory database).
+    wal: Option<WalFile>,
+    /// The WAL file was said to be past [`WAL_TRUNCATE_BYTES`]: said again only once it
+    /// has been cut back.
+    said_oversized: bool,
     /// When the WAL may next be reset, and the pause after the next busy try.
     next_reset: Instant,
     reset_backoff: Duration,
@@ -141,6 +147,8 @@ impl Checkpointer {
     ) -> Checkpointer {
         Checkpointer {
             relay_id: relay_id.to_string(),
+            wal: conn_wal(&conn),
+            said_oversized: false,
             conn,
             outbox,
             stop,
@@ -217,16 +225,16 @@ impl Checkpointer {
     /// is tried again after a growing pause.
     fn checkpoint(&mut self) {
         let passive = self.passive();
-        let oversized = |conn: &Connection| {
-            conn.path()
-                .filter(|p| !p.is_empty())
-                .is_some_and(|p| WalFile::of(std::path::Path::new(p)).bytes() > WAL_TRUNCATE_BYTES)
-        };
+        let oversized = self
+            .wal
+            .as_ref()
+            .is_some_and(|wal| wal.bytes() > WAL_TRUNCATE_BYTES);
+        self.say_oversized(oversized);
         match passive {
             Ok((frames, _)) if frames > CATCH_UP_FRAMES => {
                 if frames > WAL_RESTART_FRAMES && self.yield_to_others() {
                     self.reset_owed = false;
-                } else if oversized(&self.conn) {
+                } else if oversized {
                     // A long reader let the file grow: cut it, not just start it over.
                     self.reset_wal("TRUNCATE")
                 } else if self.catch_up() != CaughtUp::No {
@@ -239,7 +247,7 @@ impl Checkpointer {
             }
             // Writers reuse a fully checkpointed WAL from its start, so its frame count drops
             // while the file keeps the size a long reader let it grow to: cut it.
-            Ok(_) if oversized(&self.conn) => self.reset_wal("TRUNCATE"),
+            Ok(_) if oversized => self.reset_wal("TRUNCATE"),
             Ok(_) => self.reset_owed = false,
             Err(e) => log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id),
         }
@@ -251,10 +259,9 @@ impl Checkpointer {
     /// nobody else writes (the file untouched for [`YIELD_QUIET`]: a RESTART of its own
     /// will do) or [`YIELD_FOR`] has passed (false).
     fn yield_to_others(&self) -> bool {
-        let Some(path) = self.conn.path().filter(|p| !p.is_empty()) else {
+        let Some(wal) = &self.wal else {
             return false;
         };
-        let wal = WalFile::of(std::path::Path::new(path));
         let Some(sequence) = wal.sequence() else {
             return false;
         };
@@ -290,6 +297,26 @@ impl Checkpointer {
         }
         said("the WAL did not start over");
         false
+    }
+
+    /// Says once, at `warn`, that the WAL file has grown past [`WAL_TRUNCATE_BYTES`] (the disk
+    /// it takes, and why), and once at `info` that it was cut back.
+    fn say_oversized(&mut self, oversized: bool) {
+        if oversized == self.said_oversized {
+            return;
+        }
+        self.said_oversized = oversized;
+        if oversized {
+            log::warn!(
+                "relay {}: the WAL file has grown past {} MiB: a reader holds an old snapshot \
+                 (a backup, a long query) or another process writes without pause; it is cut \
+                 back once that ends",
+                self.relay_id,
+                WAL_TRUNCATE_BYTES >> 20
+            );
+        } else {
+            log::info!("relay {}: the WAL file is cut back", self.relay_id);
+        }
     }
 
     /// A PASSIVE checkpoint: the WAL's frames, and how many of them are now copied.
@@ -377,6 +404,13 @@ impl Checkpointer {
             self.reset_backoff
         );
     }
+}
+
+/// The WAL file of `conn`'s database (`None`: in memory).
+fn conn_wal(conn: &Connection) -> Option<WalFile> {
+    conn.path()
+        .filter(|p| !p.is_empty())
+        .map(|p| WalFile::of(std::path::Path::new(p)))
 }
 
 #[cfg(test)]

@@ -573,8 +573,8 @@ impl Writer {
     /// it move by as much (a step back keeps none alive longer than it was given, a step
     /// forward expires none early), so do this relay's own leases, and due times written
     /// while the clock was ahead are re-anchored on now (see `queue::move_with_clock` for
-    /// why due times do not move forward). Forgets retry times this relay scheduled under the old clock (the
-    /// idle claim finds them again). Returns whether all was written.
+    /// why due times do not move forward). Forgets retry times this relay scheduled under
+    /// the old clock (the idle claim finds them again). Returns whether all was written.
     fn reanchor(&mut self, jump: ClockJump) -> bool {
         let now = self.outbox.now_ms();
         // Said once per jump at `warn`; the retries at each look, at `debug`.
@@ -606,7 +606,7 @@ impl Writer {
             Ok(0) => true,
             Ok(n) => {
                 log::info!(
-                    "relay {}: moved the deadlines and due times of {n} events with the clock",
+                    "relay {}: moved the deadlines of {n} events with the clock",
                     self.relay_id
                 );
                 true
