@@ -16,8 +16,7 @@ use crate::error::{Error, Result};
 /// The schema, split into migrations by its `-- version N` lines.
 const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
-/// A pool of connections to one outbox database file.
-pub(crate) type Pool = r2d2::Pool<SqliteManager>;
+pub(crate) use crate::store::pool::Pool;
 
 /// A connection borrowed from an outbox's pool, with the outbox's PRAGMAs applied. It
 /// dereferences to a [`rusqlite::Connection`] and goes back to the pool when dropped.
@@ -547,7 +546,7 @@ pub(crate) fn open_pool(
             init_settings.apply(c)
         },
     );
-    let pool = pool_builder(pool_size, settings).build(manager)?;
+    let pool = Pool::build(manager, pool_size, pool_wait(settings))?;
     Ok((pool, path.to_path_buf()))
 }
 
@@ -615,24 +614,12 @@ pub(crate) fn open_read_only_pool(
         )?;
         c.busy_handler(Some(busy_handler as BusyHandler))
     });
-    Ok(pool_builder(pool_size, settings).build(manager)?)
+    Pool::build(manager, pool_size, pool_wait(settings))
 }
 
-/// The pool's settings, read-write and read-only alike. Its maintenance (opening a
-/// connection to keep one idle) runs on one thread of its own, `outbox-pool`, which ends as
-/// the pool is dropped: r2d2's default is three unnamed-by-us `r2d2-worker` threads that
-/// wait out their next 30 s round after the last `Outbox` is gone.
-fn pool_builder(pool_size: u32, settings: &ConnectionSettings) -> r2d2::Builder<SqliteManager> {
-    let maintenance = scheduled_thread_pool::ScheduledThreadPool::builder()
-        .num_threads(1)
-        .thread_name_pattern("outbox-pool")
-        .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
-        .build();
-    r2d2::Pool::builder()
-        .max_size(pool_size)
-        .min_idle(Some(1))
-        .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
-        .thread_pool(std::sync::Arc::new(maintenance))
+/// How long a borrower waits for a connection: the busy timeout, at least a second.
+fn pool_wait(settings: &ConnectionSettings) -> Duration {
+    settings.busy_timeout.max(Duration::from_secs(1))
 }
 
 /// `path` as a `file:` URI with `mode=ro&immutable=1`, its reserved characters escaped.

@@ -13,6 +13,7 @@ pub(crate) mod disabled;
 pub(crate) mod disk_room;
 pub(crate) mod limits;
 pub(crate) mod oldest;
+pub(crate) mod pool;
 pub(crate) mod queue;
 pub(crate) mod right_of_way;
 pub(crate) mod route;
