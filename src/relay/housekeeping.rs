@@ -263,10 +263,7 @@ fn update_gauges(conn: &Connection, now_ms: i64) -> Result<()> {
     // As `stats` counts them (without folding: the writer leaves that to `stats`), in one
     // read transaction so that the totals and the rows above them are of one moment.
     let snapshot = conn.unchecked_transaction()?;
-    let pending: i64 = crate::store::queue::tally::read(&snapshot, now_ms)?
-        .values()
-        .map(|p| p.rows)
-        .sum();
+    let pending = crate::store::queue::tally::pending_rows(&snapshot)?;
     let oldest = crate::store::oldest::oldest_pending_anywhere(&snapshot)?;
     let database_bytes = crate::store::database::database_bytes(&snapshot)?;
     drop(snapshot);

@@ -1,13 +1,18 @@
 //! Claim: the due rows of one destination, level by level, chosen within the claim's bytes
-//! and leased in one `UPDATE … RETURNING`; rows that cannot be read dead-lettered alone; the reanchor of future
+//! and leased in one `UPDATE`; rows that cannot be read dead-lettered alone; the reanchor of future
 //! rows at a relay's start.
 
 #[allow(unused_imports)]
 use super::*;
+use rusqlite::types::Value;
 
-/// One priority level's due rows, in due order, each with the size of its data: what
-/// [`CLAIM_SQL`] then leases, cut to the claim's byte bound on the way (see
-/// [`fitting_candidates`]).
+/// One priority level's due rows, in due order: each event as [`decode_event`] reads it
+/// (`?6` the default source), then the size of its data ([`CANDIDATE_SIZE`]) and whether
+/// it has no source of its own (such a row belongs to no stream, see `numbering`). What
+/// [`LEASE_RANGE_SQL`] or [`LEASE_LIST_SQL`] then leases, cut to the claim's byte bound on
+/// the way (see [`fitting_candidates`]). The events are read here, where the walk reads
+/// each row anyway, not returned by the lease's `UPDATE`: SQLite keeps a `RETURNING` list
+/// in a table of its own before handing out its first row, which cost the claim a fifth.
 ///
 /// It walks the partial index `(destination, priority, available_at, id)` as one range and
 /// stops at its first row not yet due or at `limit`, so the cost depends on the due rows,
@@ -22,7 +27,11 @@ use super::*;
 macro_rules! claim_candidates {
     ($($after_step:expr)?) => {
         concat!(
-            "SELECT e.id, octet_length(e.payload) FROM outbox_events AS e
+            "SELECT e.id, e.event_id, e.event_type, COALESCE(e.source, ?6), e.subject,
+                    e.partition_key, e.idempotency_key, e.payload, e.created_at, e.attempts,
+                    e.expires_at, e.traceparent, e.tracestate, e.dataschema, e.stream_seq,
+                    octet_length(e.payload), e.source IS NULL
+               FROM outbox_events AS e
               WHERE ",
             pending!("e."),
             " AND e.destination = ?4 AND e.priority = ?8 AND e.available_at <= ?3
@@ -51,8 +60,13 @@ pub(crate) const CLAIM_CANDIDATES_SQL: &str = claim_candidates!();
 pub(crate) const CLAIM_CANDIDATES_AFTER_STEP_SQL: &str =
     claim_candidates!(lease_claimable!("e.", "?10", "?11"));
 
+/// The column of a candidate's data size, after the event's columns.
+const CANDIDATE_SIZE: usize = 15;
+/// The column of whether a candidate's stored source is null.
+const CANDIDATE_UNSOURCED: usize = 16;
+
 /// Leases the rows `?4` (a JSON array of ids, chosen by [`CLAIM_CANDIDATES_SQL`] in the same
-/// transaction) with one `UPDATE … RETURNING`.
+/// transaction) with one `UPDATE`.
 ///
 /// SQLite has one writer at a time and the claim runs in a write transaction, so choosing
 /// and leasing are atomic: two relays (threads or processes) never both claim a row while
@@ -60,40 +74,62 @@ pub(crate) const CLAIM_CANDIDATES_AFTER_STEP_SQL: &str =
 /// first.
 ///
 /// Every event goes out with its stream number. When the rows it claims take consecutive
-/// numbers in the order listed (`?6`, then `?6 + 1`, …: a backlog of one stream drained
+/// numbers in the order listed (`?5`, then `?5 + 1`, …: a backlog of one stream drained
 /// oldest first), this `UPDATE` writes them itself, for nothing more than the lease's own
-/// write; otherwise `?6` is null and `numbering` wrote them just before.
-pub(crate) const CLAIM_SQL: &str = "UPDATE outbox_events
+/// write; otherwise `?5` is null and `numbering` wrote them just before.
+pub(crate) const LEASE_LIST_SQL: &str = "UPDATE outbox_events
         SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3,
-            stream_seq = COALESCE(stream_seq, ?6 + c.key)
+            stream_seq = COALESCE(stream_seq, ?5 + c.key)
        FROM json_each(?4) AS c
-      WHERE outbox_events.id = c.value
-     RETURNING id, event_id, event_type, COALESCE(source, ?5), subject, partition_key,
-               idempotency_key, payload, created_at, attempts, expires_at, traceparent,
-               tracestate, dataschema, stream_seq";
+      WHERE outbox_events.id = c.value";
+
+/// [`LEASE_LIST_SQL`] for candidates whose ids run on without a gap (`?4` to `?6`), as a
+/// backlog of one destination drained oldest first claims them: a walk of the table's
+/// rowids, no list to build or read. The row `?4 + n` takes number `?5 + n`.
+pub(crate) const LEASE_RANGE_SQL: &str = "UPDATE outbox_events
+        SET lease_owner = ?1, lease_expires_at = ?2, leased_at = ?3,
+            stream_seq = COALESCE(stream_seq, ?5 + (id - ?4))
+      WHERE id BETWEEN ?4 AND ?6";
+
+/// A due row the claim chose: its event, or why it cannot be read as one.
+struct Candidate {
+    id: i64,
+    event: std::result::Result<OutboundEvent, String>,
+    /// No source stored (the event goes with the default, and takes no stream number).
+    unsourced: bool,
+}
 
 /// The candidates of [`CLAIM_CANDIDATES_SQL`] with `params`, in order, as many as fit in
 /// `max_bytes` of data (the first whatever its size): a row goes while the rows before it
 /// hold less than `max_bytes`. Reading stops at the first that does not fit, so the index
-/// walk stops there too.
+/// walk stops there too. Each is read as the event `lease` will send.
 fn fitting_candidates(
     conn: &Connection,
     sql: &str,
     params: &[&dyn rusqlite::ToSql],
     max_bytes: i64,
-) -> Result<Vec<i64>> {
+    lease: &Lease<'_>,
+) -> Result<Vec<Candidate>> {
     let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query(params)?;
-    let mut ids = Vec::new();
+    let mut candidates = Vec::new();
     let mut bytes = 0i64;
     while let Some(row) = rows.next()? {
-        if !ids.is_empty() && bytes >= max_bytes {
+        if !candidates.is_empty() && bytes >= max_bytes {
             break;
         }
-        ids.push(row.get::<_, i64>(0)?);
-        bytes = bytes.saturating_add(row.get::<_, Option<i64>>(1)?.unwrap_or(0));
+        // The row id is an INTEGER PRIMARY KEY: always readable.
+        let id = row.get::<_, i64>(0)?;
+        let event = decode_event(row, lease).map_err(|e| format!("unreadable row: {e:#}"));
+        let unsourced = row.get::<_, bool>(CANDIDATE_UNSOURCED)?;
+        candidates.push(Candidate {
+            id,
+            event,
+            unsourced,
+        });
+        bytes = bytes.saturating_add(row.get::<_, Option<i64>>(CANDIDATE_SIZE)?.unwrap_or(0));
     }
-    Ok(ids)
+    Ok(candidates)
 }
 
 /// The ids `sql` selects with `params`, for a write that keeps the pending totals with
@@ -267,7 +303,7 @@ fn claim_level(
     };
     // Now on the clock of before a step noticed lately.
     let before_step = req.now.saturating_sub(req.clock_step_ms);
-    let candidates = params![
+    let walk = params![
         req.owner,
         lease.expires_at,
         req.now,
@@ -280,19 +316,21 @@ fn claim_level(
         before_step,
         before_step.saturating_add(LEASE_CLOCK_SKEW_MS),
     ];
-    let ids = if req.clock_step_ms == 0 {
-        fitting_candidates(conn, CLAIM_CANDIDATES_SQL, &candidates[..9], room.bytes)?
+    let candidates = if req.clock_step_ms == 0 {
+        fitting_candidates(conn, CLAIM_CANDIDATES_SQL, &walk[..9], room.bytes, &lease)?
     } else {
         fitting_candidates(
             conn,
             CLAIM_CANDIDATES_AFTER_STEP_SQL,
-            candidates,
+            walk,
             room.bytes,
+            &lease,
         )?
     };
-    if ids.is_empty() {
+    if candidates.is_empty() {
         return Ok(());
     }
+    let ids: Vec<i64> = candidates.iter().map(|c| c.id).collect();
     if let Some(bound) = req.numbering_bound {
         let newest = ids.iter().copied().max().unwrap_or(0);
         if !numbering::is_off() && newest - numbering::numbered_from(conn)? > bound {
@@ -301,24 +339,42 @@ fn claim_level(
         }
     }
     if takes_over {
-        return tally::around(conn, &ids, || claim_rows(conn, req, &lease, &ids, claimed));
+        return tally::around(conn, &ids, || {
+            lease_rows(conn, req, &lease, &ids, candidates, claimed)
+        });
     }
-    claim_rows(conn, req, &lease, &ids, claimed)
+    lease_rows(conn, req, &lease, &ids, candidates, claimed)
 }
 
-/// Runs [`CLAIM_SQL`] on `ids`, decoding the rows it took into `claimed`.
-fn claim_rows(
+/// Leases `ids` (the ids of `candidates`, in order) with [`LEASE_RANGE_SQL`] or
+/// [`LEASE_LIST_SQL`], numbering them on the way, and hands their events to `claimed`.
+fn lease_rows(
     conn: &Connection,
     req: &ClaimRequest<'_>,
     lease: &Lease<'_>,
     ids: &[i64],
+    candidates: Vec<Candidate>,
     claimed: &mut Claimed,
 ) -> Result<()> {
     // The numbers of every row up to the newest claimed, given in this transaction: the
-    // claim writes its rows' numbers itself when they run on from the first, the plan
+    // lease writes its rows' numbers itself when they run on from the first, the plan
     // writes the rest (and all of them otherwise).
     let mut first_number = None;
-    if let Some(plan) = numbering::plan(conn, ids.iter().copied().max().unwrap_or(0))? {
+    // Ids that run on without a gap are the common case (one destination's backlog, oldest
+    // first): leased as a range, and numbered without a second walk if they are one stream's.
+    let first_id = ids.first().copied().unwrap_or(0);
+    let runs_on = ids.iter().zip(first_id..).all(|(id, next)| *id == next);
+    let plan = match one_stream(&candidates).filter(|_| runs_on) {
+        Some(stream) => {
+            let (first, count) = (ids[0], ids.len() as i64);
+            match numbering::plan_run(conn, (req.destination, stream), first, count)? {
+                Some(plan) => Some(plan),
+                None => numbering::plan(conn, ids.iter().copied().max().unwrap_or(0))?,
+            }
+        }
+        None => numbering::plan(conn, ids.iter().copied().max().unwrap_or(0))?,
+    };
+    if let Some(plan) = &plan {
         first_number = ids
             .first()
             .and_then(|first| plan.number_of(*first))
@@ -334,30 +390,62 @@ fn claim_rows(
         }
         plan.write(conn, &written)?;
     }
-    let mut stmt = conn.prepare_cached(CLAIM_SQL)?;
+    let (sql, ids_param, param_count) = if runs_on {
+        (LEASE_RANGE_SQL, Value::Integer(first_id), 6)
+    } else {
+        (
+            LEASE_LIST_SQL,
+            Value::Text(json_ids(ids.iter().copied())),
+            5,
+        )
+    };
+    let last_id = first_id.saturating_add(ids.len() as i64 - 1);
     let params = params![
         lease.owner,
         lease.expires_at,
         req.now,
-        json_ids(ids.iter().copied()),
-        req.default_source,
-        first_number
+        ids_param,
+        first_number,
+        last_id
     ];
-    let rows = stmt.query_map(params, |r| {
-        // The row id is an INTEGER PRIMARY KEY: always readable.
-        let id: i64 = r.get(0)?;
-        Ok(decode_event(r, lease).map_err(|e| Unreadable {
-            id,
-            error: format!("unreadable row: {e:#}"),
-        }))
-    })?;
-    for row in rows {
-        match row? {
-            Ok(event) => claimed.events.push(event),
-            Err(unreadable) => claimed.unreadable.push(unreadable),
+    let leased = conn.prepare_cached(sql)?.execute(&params[..param_count])?;
+    // Chosen in this write transaction, so every one is still there to lease.
+    debug_assert_eq!(leased, ids.len());
+    for (at, candidate) in candidates.into_iter().enumerate() {
+        match candidate.event {
+            Ok(mut event) => {
+                // The number the lease or the plan just wrote, where the row had none.
+                if event.stream_seq.is_none() {
+                    event.stream_seq = match (first_number, &plan) {
+                        (Some(first), _) => Some(first + at as i64),
+                        (None, Some(plan)) => plan.number_of(event.id),
+                        (None, None) => None,
+                    };
+                }
+                claimed.events.push(event);
+            }
+            Err(error) => claimed.unreadable.push(Unreadable {
+                id: candidate.id,
+                error,
+            }),
         }
     }
     Ok(())
+}
+
+/// The source of `candidates` when they are one stream's rows, none numbered yet: with ids
+/// that run on, their numbers can be planned without reading them again
+/// ([`numbering::plan_run`]).
+fn one_stream(candidates: &[Candidate]) -> Option<&str> {
+    let source = candidates.first()?.event.as_ref().ok()?.source.as_str();
+    candidates
+        .iter()
+        .all(|c| {
+            c.event.as_ref().is_ok_and(|event| {
+                !c.unsourced && event.stream_seq.is_none() && event.source == source
+            })
+        })
+        .then_some(source)
 }
 
 /// The lease a claim writes, which every row it returns carries: known before the claim,
@@ -368,7 +456,8 @@ pub(crate) struct Lease<'a> {
     pub expires_at: i64,
 }
 
-/// Reads one row of the claim's `RETURNING` list (what the claim did not write itself).
+/// Reads one row of the claim's candidates (what the lease does not write), or of a
+/// `RETURNING` list in that order.
 pub(crate) fn decode_event(
     r: &rusqlite::Row<'_>,
     lease: &Lease<'_>,

@@ -787,7 +787,8 @@ mod tests {
         for sql in [
             CLAIM_CANDIDATES_SQL,
             CLAIM_CANDIDATES_AFTER_STEP_SQL,
-            CLAIM_SQL,
+            LEASE_LIST_SQL,
+            LEASE_RANGE_SQL,
             DUE_LEVELS_SQL,
             ACK_SQL,
             EXPIRE_SQL,

@@ -11,7 +11,7 @@
 //! of the table inside it costs about a tenth of the insert; schema version 16):
 //!
 //! - by the relay's claim, for every row up to the newest it claims ([`plan`], then
-//!   `CLAIM_SQL` writes the claimed rows' numbers with their lease when they run on, as
+//!   the claim's lease writes the claimed rows' numbers with their lease when they run on, as
 //!   they do when one stream's backlog drains oldest first, and [`Plan::write`] the rest);
 //! - by an export ([`catch_up`], then [`number_all`] for each page), and before a coalescing
 //!   or a storage limit deletes pending rows ([`number_all`]), so that their fates keep
@@ -109,6 +109,40 @@ pub(crate) struct Plan {
     limit: i64,
 }
 
+/// The plan of a claim that takes exactly the rows not numbered yet: `count` ids running
+/// on from `first`, just above `numbered_through`, all of the stream `(destination,
+/// source)`. Their numbers follow the stream's high water, without the walk [`plan`] makes
+/// to learn each row's stream: a backlog drained oldest first claims so. `None` when `first`
+/// is not the next row to number (the caller then asks [`plan`]).
+pub(crate) fn plan_run(
+    tx: &Connection,
+    (destination, source): (&str, &str),
+    first: i64,
+    count: i64,
+) -> Result<Option<Plan>> {
+    if is_off() || count <= 0 || numbered_from(tx)? != first - 1 {
+        return Ok(None);
+    }
+    let high = high_water(tx, destination, source)?;
+    Ok(Some(Plan {
+        numbered: (0..count).map(|n| (first + n, high + 1 + n)).collect(),
+        streams: vec![((destination.to_owned(), source.to_owned()), high + count)],
+        limit: first + count - 1,
+    }))
+}
+
+/// The last number stream `(destination, source)` gave (0 for a stream not met yet).
+fn high_water(tx: &Connection, destination: &str, source: &str) -> Result<i64> {
+    use rusqlite::OptionalExtension;
+    Ok(tx
+        .prepare_cached(
+            "SELECT high_water FROM outbox_streams WHERE destination = ?1 AND source = ?2",
+        )?
+        .query_row(params![destination, source], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
 /// Reads the rows not numbered yet with ids up to `limit` (a walk of ids, no index) and
 /// gives them their numbers, in id order per stream; `None` if there are none. Nothing is
 /// written until [`Plan::write`].
@@ -123,9 +157,6 @@ pub(crate) fn plan(tx: &Connection, limit: i64) -> Result<Option<Plan>> {
     // (destination, source) and the stream's last number given; streams come few.
     let mut streams: Vec<((String, String), i64)> = Vec::new();
     let mut numbered = Vec::new();
-    let mut high_water = tx.prepare_cached(
-        "SELECT high_water FROM outbox_streams WHERE destination = ?1 AND source = ?2",
-    )?;
     let mut rows_stmt = tx.prepare_cached(
         "SELECT id, destination, source FROM outbox_events NOT INDEXED
           WHERE id > ?1 AND id <= ?2 AND stream_seq IS NULL AND source IS NOT NULL
@@ -152,14 +183,8 @@ pub(crate) fn plan(tx: &Connection, limit: i64) -> Result<Option<Plan>> {
         {
             at
         } else {
-            use rusqlite::OptionalExtension;
-            let high: Option<i64> = high_water
-                .query_row(params![destination, source], |r| r.get(0))
-                .optional()?;
-            streams.push((
-                (destination.to_owned(), source.to_owned()),
-                high.unwrap_or(0),
-            ));
+            let high = high_water(tx, destination, source)?;
+            streams.push(((destination.to_owned(), source.to_owned()), high));
             streams.len() - 1
         };
         last = at;
@@ -189,7 +214,7 @@ impl Plan {
 
     /// Writes the numbers into their rows, except `written` (ascending ids a claim wrote
     /// them into itself), then the streams' high water and `numbered_through`.
-    pub(crate) fn write(self, tx: &Connection, written: &[i64]) -> Result<()> {
+    pub(crate) fn write(&self, tx: &Connection, written: &[i64]) -> Result<()> {
         LARGEST_STEP.fetch_max(self.numbered.len(), Ordering::Relaxed);
         let rest: Vec<(i64, i64)> = self
             .numbered
