@@ -265,7 +265,7 @@ impl Checkpointer {
         let Some(sequence) = wal.sequence() else {
             return false;
         };
-        let _yield = self.outbox.right_of_way().yield_to_others();
+        let yielding = self.outbox.right_of_way().yield_to_others();
         let started = Instant::now();
         let deadline = started + YIELD_FOR;
         let said = |how: &str| {
@@ -286,6 +286,10 @@ impl Checkpointer {
             if wal.sequence().is_some_and(|now| now != sequence) {
                 said("the WAL started over");
                 return true;
+            }
+            if yielding.own_writers_wrote() {
+                said("this process's own writers write");
+                return false;
             }
             let now = wal.modified();
             if now != written {
