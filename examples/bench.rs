@@ -597,6 +597,18 @@ fn commit_order(outbox: &Outbox, n: i64) {
 /// a second, a busy desktop app, not a tight loop: an app that never pauses would leave no
 /// room for any checkpoint. Stops after `count` commits or once `enough` says so.
 fn paced_commits(outbox: &Outbox, count: usize, enough: impl Fn() -> bool) -> Vec<Duration> {
+    paced_commits_begun(outbox, count, enough)
+        .into_iter()
+        .map(|(took, _)| took)
+        .collect()
+}
+
+/// [`paced_commits`], each commit's time with when it began (since the first slot's start).
+fn paced_commits_begun(
+    outbox: &Outbox,
+    count: usize,
+    enough: impl Fn() -> bool,
+) -> Vec<(Duration, Duration)> {
     let mut samples = Vec::new();
     let pace = Duration::from_micros(500);
     let start = Instant::now();
@@ -610,9 +622,52 @@ fn paced_commits(outbox: &Outbox, count: usize, enough: impl Fn() -> bool) -> Ve
         }
         let t = Instant::now();
         commit_order(outbox, n);
-        samples.push(t.elapsed());
+        samples.push((t.elapsed(), t - start));
     }
     samples
+}
+
+/// Queues 200,000 events and starts a relay (4 workers) draining them to `receiver`;
+/// returns it with the receiver's count before.
+fn start_draining(
+    outbox: &Outbox,
+    receiver: &CountingReceiver,
+) -> (sqlite_outbox::RelayHandle, u64) {
+    fill_pending(outbox, 200_000);
+    let before = receiver.count();
+    let relay = outbox
+        .relay(RelayConfig::http(&receiver.url).workers(4))
+        .start()
+        .unwrap();
+    (relay, before)
+}
+
+/// One round of [`commit_latency_while_draining`]'s first row: the app's paced commits while
+/// a relay (4 workers) drains 200,000 events, with the slowest commits listed by the time
+/// they began (ms since the relay started), to lay beside the relay's debug log
+/// (`RUST_LOG=sqlite_outbox=debug`).
+fn probe_drain_latency(dir: &std::path::Path, receiver: &CountingReceiver) {
+    let _ = env_logger::builder().format_timestamp_millis().try_init();
+    let outbox = Outbox::open(dir.join("probe-drain-latency.db")).unwrap();
+    outbox
+        .transaction(|tx| Ok::<_, sqlite_outbox::Error>(tx.execute_batch(BUSINESS_TABLE)?))
+        .unwrap();
+    let (relay, before) = start_draining(&outbox, receiver);
+    log::info!("probe: relay started");
+    let mut timed = paced_commits_begun(&outbox, 10_000, || receiver.count() >= before + 195_000);
+    let _ = relay.shutdown();
+    let mut took: Vec<Duration> = timed.iter().map(|(d, _)| *d).collect();
+    eprintln!(
+        "{} commits: p50 {} p99 {} p99.9 {}",
+        took.len(),
+        ms(quantile(&mut took, 0.5)),
+        ms(quantile(&mut took, 0.99)),
+        ms(quantile(&mut took, 0.999))
+    );
+    timed.sort_by_key(|(took, _)| std::cmp::Reverse(*took));
+    for (took, at) in timed.iter().take(15) {
+        eprintln!("  {} at {:.1} ms", ms(*took), at.as_secs_f64() * 1000.0);
+    }
 }
 
 /// Rounds of [`commit_latency_while_draining`]: a p99.9 of 10,000 commits is its ten
@@ -646,12 +701,7 @@ fn commit_latency_while_draining(dir: &std::path::Path, receiver: &CountingRecei
     let mut commits = 0;
     for _ in 0..DRAIN_LATENCY_ROUNDS {
         let mut idle_samples = paced_commits(&outbox, 10_000, || false);
-        fill_pending(&outbox, 200_000);
-        let before = receiver.count();
-        let relay = outbox
-            .relay(RelayConfig::http(&receiver.url).workers(4))
-            .start()
-            .unwrap();
+        let (relay, before) = start_draining(&outbox, receiver);
         let drain_started = Instant::now();
         let mut samples = paced_commits(&outbox, 10_000, || receiver.count() >= before + 195_000);
         let relay_rate = (receiver.count() - before) as f64 / drain_started.elapsed().as_secs_f64();
@@ -1849,11 +1899,16 @@ fn probe_enqueue(dir: &std::path::Path, variant: &str) {
 /// target/release/examples/bench probe-claim outbox`, less the `none` run, is what the
 /// crate's claim + ack costs. Prints the rate and the CPU time of the loop's thread (from
 /// `/proc/thread-self/schedstat`), which other work on the machine moves less than the rate.
+/// `PROBE_NUMBERING=off` turns stream numbers off (`internal::set_stream_numbers`), to show
+/// their share.
 fn probe_claim(dir: &std::path::Path, variant: &str) {
     let n: usize = std::env::var("PROBE_N")
         .map(|v| v.parse().unwrap())
         .unwrap_or(20_000);
     let outbox = Outbox::open(dir.join("probe-claim.db")).unwrap();
+    if std::env::var("PROBE_NUMBERING").as_deref() == Ok("off") {
+        sqlite_outbox::internal::set_stream_numbers(false);
+    }
     let mut bare = bare_connection(&dir.join("probe-bare-claim.db"), "NORMAL");
     if variant == "outbox-keyed" {
         // 500 keys, each with its events in commit order: a claim takes only keys' heads,
@@ -2103,6 +2158,10 @@ fn main() {
     }
     if let (Some("probe-enqueue"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {
         probe_enqueue(dir, variant);
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("probe-drain-latency") {
+        probe_drain_latency(dir, &receiver);
         return;
     }
     if let (Some("probe-claim"), Some(variant)) = (args.get(1).map(String::as_str), args.get(2)) {

@@ -35,7 +35,8 @@
 //! row. One writer thread owns every SQLite write of the relay (claims and acks); delivery
 //! workers (4 by default, per destination) only do HTTP, so a slow receiver never holds the
 //! write lock. The claim is one write transaction: a walk of a partial index that stops at
-//! the claim's count or bytes, then one `UPDATE … RETURNING` of the rows it chose, so its
+//! the claim's count or bytes and reads each event on the way, then one `UPDATE` that
+//! leases the rows it chose (a range of row ids when they run on), so its
 //! cost does not grow with delivered history (a test pins the query plan), and events queued behind an
 //! earlier event of their partition key are *parked* until it leaves, so a keyed backlog
 //! costs the claim nothing either (`src/store/queue/mod.rs` draws the row's state machine). Acks are
