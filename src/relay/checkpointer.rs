@@ -89,8 +89,9 @@ const WAL_TRUNCATE_BYTES: i64 = 4 * WAL_RESTART_FRAMES * 4096;
 /// writer: a RESTART has to wait for its write lock, and SQLite's locks are not fair (an
 /// app in another process committing 100 KB flat out held it 78% of the time, and a
 /// RESTART with 50 ms of patience won 3 times in 47). Without the yield that app's WAL grew
-/// to 73-248 MiB in 6-8 s beside a relay (4-7 MiB with no relay); with it, 21-32 MiB
-/// (`cli/tests/wal_bound.rs`).
+/// to 73-248 MiB in 6-8 s beside a relay (4-7 MiB with no relay); with it, 19-23 MiB
+/// (`cli/tests/wal_bound.rs`), the frames counted in the WAL file when a PASSIVE
+/// checkpoint meets the app's own and counts nothing.
 const YIELD_FOR: Duration = Duration::from_millis(200);
 
 /// How often the WAL is looked at during a yield.
@@ -230,26 +231,35 @@ impl Checkpointer {
             .as_ref()
             .is_some_and(|wal| wal.bytes() > WAL_TRUNCATE_BYTES);
         self.say_oversized(oversized);
-        match passive {
-            Ok((frames, _)) if frames > CATCH_UP_FRAMES => {
-                if frames > WAL_RESTART_FRAMES && self.yield_to_others() {
-                    self.reset_owed = false;
-                } else if oversized {
-                    // A long reader let the file grow: cut it, not just start it over.
-                    self.reset_wal("TRUNCATE")
-                } else if self.catch_up() != CaughtUp::No {
-                    self.reset_owed = false;
-                } else if frames > WAL_RESTART_FRAMES {
-                    self.reset_wal("RESTART")
-                } else {
-                    self.reset_owed = true;
-                }
+        let frames = match passive {
+            // Another connection checkpoints (an app's automatic checkpoint): the WAL's
+            // index still counts its frames.
+            Ok((-1, _)) => self.wal.as_ref().and_then(WalFile::frames).unwrap_or(-1),
+            Ok((frames, _)) => frames,
+            Err(e) => {
+                log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id);
+                return;
             }
-            // Writers reuse a fully checkpointed WAL from its start, so its frame count drops
-            // while the file keeps the size a long reader let it grow to: cut it.
-            Ok(_) if oversized => self.reset_wal("TRUNCATE"),
-            Ok(_) => self.reset_owed = false,
-            Err(e) => log::debug!("relay {}: checkpoint failed: {e:#}", self.relay_id),
+        };
+        if frames > CATCH_UP_FRAMES {
+            if frames > WAL_RESTART_FRAMES && self.yield_to_others() {
+                self.reset_owed = false;
+            } else if oversized {
+                // A long reader let the file grow: cut it, not just start it over.
+                self.reset_wal("TRUNCATE")
+            } else if self.catch_up() != CaughtUp::No {
+                self.reset_owed = false;
+            } else if frames > WAL_RESTART_FRAMES {
+                self.reset_wal("RESTART")
+            } else {
+                self.reset_owed = true;
+            }
+        } else if oversized {
+            // Writers reuse a fully checkpointed WAL from its start, so its frame count
+            // drops while the file keeps the size a long reader let it grow to: cut it.
+            self.reset_wal("TRUNCATE")
+        } else {
+            self.reset_owed = false;
         }
     }
 
@@ -354,6 +364,8 @@ impl Checkpointer {
                 continue;
             }
             match self.passive() {
+                // Another connection checkpoints: this pass copied nothing.
+                Ok((-1, _)) => copied_all = None,
                 // Nothing was appended since the last pass copied everything, and nothing
                 // was under way when this one began: the next write starts the WAL over.
                 Ok((frames, copied)) if copied >= frames && copied_all == Some(frames) => {
