@@ -57,12 +57,12 @@
 //! and gives way, a fraction of a second (19-23 MiB beside an app in Python committing
 //! 100 KB rows flat out, about 20 MB/s; 73-248 MiB before, `cli/tests/wal_bound.rs`).
 //! While such an app checkpoints, the relay's PASSIVE checkpoint cannot count the WAL's
-//! frames, so the relay counts them in the WAL file, by their headers. The relay opens no
-//! file of SQLite's but the WAL (to read its header and frame headers, and to sync it):
+//! frames, so the relay counts them in the WAL file, by their headers. Of SQLite's files
+//! the crate opens only the WAL (to read its header and frame headers, and to sync it):
 //! SQLite keeps its locks on the database file and on `-shm`, and a descriptor of either
-//! closed by the relay would drop them (POSIX locks belong to the process). A writer
-//! waiting for
-//! SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1 ms sleep.
+//! closed by the crate would drop them (POSIX locks belong to the process). A writer
+//! waiting for SQLite's lock polls in 25 µs steps at first instead of SQLite's default 1
+//! ms sleep.
 //!
 //! # What the relay says
 //!
