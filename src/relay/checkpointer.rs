@@ -232,8 +232,8 @@ impl Checkpointer {
             .is_some_and(|wal| wal.bytes() > WAL_TRUNCATE_BYTES);
         self.say_oversized(oversized);
         let frames = match passive {
-            // Another connection checkpoints (an app's automatic checkpoint): the WAL's
-            // index still counts its frames.
+            // Another connection checkpoints (an app's automatic checkpoint): the frames
+            // are counted in the WAL file instead (not in `-shm`: see `WalFile`).
             Ok((-1, _)) => self.wal.as_ref().and_then(WalFile::frames).unwrap_or(-1),
             Ok((frames, _)) => frames,
             Err(e) => {
