@@ -45,48 +45,74 @@ pub(crate) fn insert(
 ) -> Result<bool> {
     // The id: SQLite's own choice (the highest in the table plus one), unless rows at the
     // top were deleted (`id_after_deletes`). No stream number: the relay numbers rows as it
-    // takes them (see `numbering`).
-    let mut stmt = tx.prepare_cached(concat!(
-        "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
-             source, subject, partition_key, payload, created_at, available_at,
-             coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
-             dataschema)
-         VALUES ((",
-        id_after_deletes!(),
-        "),
-                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
-        due_or_parked!("?7", "?2", "", "?9"),
-        ", ?10, ?11, ?12, ?14, ?15, ?16, ?17) ON CONFLICT DO NOTHING"
-    ))?;
+    // takes them (see `numbering`). The text is kept without its line breaks and indents:
+    // rusqlite's statement cache hashes the whole text at every take and every return.
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        compact_sql(concat!(
+            "INSERT INTO outbox_events (id, event_id, destination, idempotency_key, event_type,
+                 source, subject, partition_key, payload, created_at, available_at,
+                 coalesce_key, droppable, priority, expires_at, traceparent, tracestate,
+                 dataschema)
+             VALUES ((",
+            id_after_deletes!(),
+            "),
+                     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?13, ",
+            due_or_parked!("?7", "?2", "", "?9"),
+            ", ?10, ?11, ?12, ?14, ?15, ?16, ?17) ON CONFLICT DO NOTHING"
+        ))
+    });
+    let mut stmt = tx.prepare_cached(sql)?;
+    // Only the values there are are bound: a statement from the cache has every parameter
+    // cleared (NULL), and an event leaves most of its optional columns empty (binding
+    // seven NULLs was 2% of an enqueue's instructions).
+    bind_some(&mut stmt, 1, Some(row.event_id))?;
+    bind_some(&mut stmt, 3, row.idempotency_key)?;
+    bind_some(&mut stmt, 4, Some(row.event_type))?;
+    bind_some(&mut stmt, 5, row.source)?;
+    bind_some(&mut stmt, 6, row.subject)?;
+    bind_some(&mut stmt, 7, row.partition_key)?;
+    bind_some(&mut stmt, 8, Some(row.payload))?;
+    bind_some(&mut stmt, 9, Some(row.now))?;
+    bind_some(&mut stmt, 10, row.coalesce_key)?;
+    bind_some(&mut stmt, 11, Some(row.droppable))?;
+    bind_some(&mut stmt, 12, Some(row.priority))?;
+    bind_some(&mut stmt, 13, Some(row.created_at))?;
+    bind_some(&mut stmt, 14, row.expires_at)?;
+    bind_some(&mut stmt, 15, row.traceparent)?;
+    bind_some(&mut stmt, 16, row.tracestate)?;
+    bind_some(&mut stmt, 17, row.dataschema)?;
     let mut any = false;
     for destination in destinations {
         // ON CONFLICT DO NOTHING: a repeated idempotency key must not abort the caller's
         // transaction the way a constraint error would. Keys are per destination.
-        let n = stmt.execute(params![
-            row.event_id,
-            destination,
-            row.idempotency_key,
-            row.event_type,
-            row.source,
-            row.subject,
-            row.partition_key,
-            row.payload,
-            row.now,
-            row.coalesce_key,
-            row.droppable,
-            row.priority,
-            row.created_at,
-            row.expires_at,
-            row.traceparent,
-            row.tracestate,
-            row.dataschema,
-        ])?;
-        if n == 1 {
+        stmt.raw_bind_parameter(2, destination)?;
+        if stmt.raw_execute()? == 1 {
             any = true;
             inserted(destination);
         }
     }
     Ok(any)
+}
+
+/// `sql` with every run of white space made one space (no statement here quotes a string
+/// with white space in it).
+fn compact_sql(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Binds `value` to parameter `index` if there is one. Only for a statement just taken from
+/// the cache (or just prepared), whose parameters are all NULL: rusqlite clears them when
+/// it puts a statement back.
+fn bind_some<T: rusqlite::ToSql>(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    index: usize,
+    value: Option<T>,
+) -> Result<()> {
+    if let Some(value) = value {
+        stmt.raw_bind_parameter(index, value)?;
+    }
+    Ok(())
 }
 
 /// The most rows one `INSERT` of [`insert_run`] writes; a longer run takes several.
@@ -201,27 +227,29 @@ pub(crate) fn insert_run(tx: &Connection, rows: &[(&str, NewRow<'_>)]) -> Result
             .into_iter()
             .find(|n| *n <= left)
             .unwrap_or(1);
+        // Each chunk takes its statement from the cache again: every parameter is NULL
+        // until bound, so the empty ones are left alone (`bind_some`).
         let mut stmt = tx.prepare_cached(insert_run_sql(n))?;
         for (offset, (destination, row)) in rows[start..start + n].iter().enumerate() {
             let at = start + offset;
             let base = offset * RUN_COLUMNS;
             let id = if at == 0 { first_id } else { None };
-            stmt.raw_bind_parameter(base + 1, id)?;
+            bind_some(&mut stmt, base + 1, id)?;
             stmt.raw_bind_parameter(base + 2, row.event_id)?;
             stmt.raw_bind_parameter(base + 3, destination)?;
             stmt.raw_bind_parameter(base + 4, row.event_type)?;
-            stmt.raw_bind_parameter(base + 5, row.source)?;
-            stmt.raw_bind_parameter(base + 6, row.subject)?;
-            stmt.raw_bind_parameter(base + 7, row.partition_key)?;
+            bind_some(&mut stmt, base + 5, row.source)?;
+            bind_some(&mut stmt, base + 6, row.subject)?;
+            bind_some(&mut stmt, base + 7, row.partition_key)?;
             stmt.raw_bind_parameter(base + 8, row.payload)?;
             stmt.raw_bind_parameter(base + 9, row.created_at)?;
             stmt.raw_bind_parameter(base + 10, available_at[at])?;
             stmt.raw_bind_parameter(base + 11, row.droppable)?;
             stmt.raw_bind_parameter(base + 12, row.priority)?;
-            stmt.raw_bind_parameter(base + 13, row.expires_at)?;
-            stmt.raw_bind_parameter(base + 14, row.traceparent)?;
-            stmt.raw_bind_parameter(base + 15, row.tracestate)?;
-            stmt.raw_bind_parameter(base + 16, row.dataschema)?;
+            bind_some(&mut stmt, base + 13, row.expires_at)?;
+            bind_some(&mut stmt, base + 14, row.traceparent)?;
+            bind_some(&mut stmt, base + 15, row.tracestate)?;
+            bind_some(&mut stmt, base + 16, row.dataschema)?;
         }
         stmt.raw_execute()?;
         start += n;
