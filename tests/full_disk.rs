@@ -79,6 +79,8 @@ fn relay_config(port: u16) -> RelayConfig {
 /// the receiver (and, if not `running`, the relay) and checks that every committed event is
 /// delivered with the disk still full, and that the app can commit again afterwards.
 fn delivers_everything_from_a_full_disk(running: bool) {
+    // The relay's log (RUST_LOG) is shown with a failure: what it did while the disk was full.
+    let _ = env_logger::builder().is_test(true).try_init();
     let disk = SmallDisk::mount(16);
     let path = disk.path().join("app.db");
     let outbox = Outbox::open(&path).unwrap();
@@ -221,9 +223,12 @@ fn with_nothing_pending_the_app_commits_again_soon_after_another_program_fills_t
     assert!(filler.exists(), "the other file still holds its bytes");
     eprintln!("first 5 s: {early} went through; then {late_ok} went through, {late_failed} failed");
     // From 5 s after the disk filled, the app's commits go through (a few may still meet
-    // the moments the room runs short before delivered history is deleted).
+    // the moments the room runs short before delivered history is deleted). At most 500
+    // are tried in those 10 s; a machine under load tries fewer (242 went through, none
+    // failed, in one CI-like run with two busy loops beside it), so the floor is 100: the
+    // defect this guards against let 7 of 1,477 through in 30 s.
     assert!(
-        late_ok >= 300 && late_failed * 10 <= late_ok,
+        late_ok >= 100 && late_failed * 10 <= late_ok,
         "from 5 s on: {late_ok} commits went through, {late_failed} failed (before: {early})"
     );
     // Every event committed is delivered, on the disk still full.

@@ -59,13 +59,19 @@
 //! full to a relay, or a running relay finds the file system full (less free than the
 //! reserve, read at most once a second), whatever is pending, even nothing:
 //!
-//! 1. it gives the reserve back and at once checkpoints the WAL with `RESTART` on a
-//!    connection of its own (the commits that filled the disk may need the database file to
-//!    grow when copied into it: the reserve's room is for that), which starts the WAL over;
-//!    its claims and acknowledgements, and the app's commits, are from then on written into
-//!    the room the WAL file already has, which needs no free byte. What the checkpoint
-//!    leaves free stays free for the app's commits (a relay that kept up used to take it
-//!    back at once, and every commit of the app's failed while nothing was pending);
+//! 1. it takes SQLite's write lock, gives the reserve back and copies the WAL into the
+//!    database (a `PASSIVE` checkpoint on a connection of its own) before it lets the lock
+//!    go: the commits that filled the disk may need the database file to grow when copied
+//!    into it, the reserve's room is for that, and no other writer takes that room first (an
+//!    app committing flat out grew the WAL into it when the reserve went back before the
+//!    lock was held, and then no writer of the file could write at all). With every frame
+//!    copied the next write starts the WAL over: the relay's claims and acknowledgements,
+//!    and the app's commits, are from then on written into the room the WAL file already
+//!    has, which needs no free byte. With events pending the relay takes back what the copy
+//!    left free, up to the reserve's size, before it lets the lock go, and gives it back the
+//!    same way at its next failed write; with nothing pending it leaves that room to the
+//!    app's commits (a relay that kept up used to take it back at once, and every commit of
+//!    the app's failed while nothing was pending);
 //! 2. it keeps claiming, sending and acknowledging, and deletes delivered history (then
 //!    expired and exported events) oldest first, a page at a time, **whatever the
 //!    retention**: logged once, counted in [`Stats::pruned_for_room`](crate::admin::Stats::pruned_for_room)

@@ -720,43 +720,59 @@ impl Writer {
         }
     }
 
-    /// The disk is full: gives the reserve back to the file system and at once checkpoints
-    /// the WAL with RESTART on a connection of its own. The commits that filled the disk may
-    /// need the file to grow when they are copied into it (the reserve's room is for that);
-    /// RESTART then waits out the readers and starts the WAL over, so the relay's claims and
-    /// acknowledgements, and the app's commits, are written into the room the WAL file
-    /// already has, which needs no free byte. It holds the write lock while it copies, so no
-    /// other writer of the file takes the room meanwhile. With `keep`, for events pending,
-    /// it then takes back whatever is still free, up to the reserve's size, so the room it
-    /// did not need stays the outbox's; without, the room stays free for the app's commits
-    /// until the disk has room again. Returns whether the WAL started over.
+    /// The disk is full: takes SQLite's write lock, gives the reserve back to the file
+    /// system, and copies the WAL into the database (PASSIVE, on a connection of its own)
+    /// while it holds the lock. The commits that filled the disk may need the file to grow
+    /// when they are copied into it: the reserve's room is for that, and with the lock held
+    /// no other writer takes it first (given back before the lock, an app committing flat
+    /// out grew the WAL into it, the copy then found no room to grow the file, and no writer
+    /// of the file could write again: tests/full_disk.rs, 1 run in 4 under load). With every
+    /// frame copied the next write, the relay's or the app's, starts the WAL over, into the
+    /// room the WAL file already has, which needs no free byte. With `keep`, for events
+    /// pending, it then takes back (the lock still held) whatever is still free, up to the
+    /// reserve's size, so the room the copy did not need stays the outbox's; without, the
+    /// room stays free for the app's commits until the disk has room again. Returns whether
+    /// every frame was copied. When the lock cannot be had (another writer holds it past
+    /// the busy timeout) nothing is given back.
     fn recover_room(&mut self, keep: bool) -> Result<bool> {
         let room = self.outbox.disk_room();
-        let given = room.disk_full();
-        let restarted: std::result::Result<bool, crate::Error> = (|| {
-            let conn = self.outbox.unpooled_connection()?;
+        let mut given = 0;
+        let mut kept = None;
+        let copied: std::result::Result<bool, crate::Error> = (|| {
+            let checkpoint = self.outbox.unpooled_connection()?;
+            let lock = self.outbox.unpooled_connection()?;
             let _blocking = self.outbox.right_of_way().blocking_checkpoint();
-            let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0))?;
-            Ok(busy == 0)
+            lock.execute_batch("BEGIN IMMEDIATE")?;
+            given = room.disk_full();
+            let (busy, frames, copied): (i64, i64, i64) =
+                checkpoint.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+            if keep {
+                kept = Some(room.refill());
+            }
+            lock.execute_batch("ROLLBACK")?;
+            Ok(busy == 0 && copied >= frames)
         })();
-        let kept = if keep {
-            format!("kept {} bytes back; delivering on", room.refill())
-        } else {
-            "nothing pending: the room is left to the app's commits until the disk has room"
-                .to_owned()
+        let kept = match kept {
+            Some(bytes) => format!("kept {bytes} bytes back; delivering on"),
+            None if keep => "delivering on".to_owned(),
+            None => "nothing pending: the room is left to the app's commits until the disk has \
+                     room"
+                .to_owned(),
         };
         log::warn!(
             "relay {}: the disk is full: gave back the outbox's reserve ({given} bytes, {}); \
              WAL checkpoint: {}; {kept}",
             self.relay_id,
             room.reserve_path().display(),
-            match &restarted {
-                Ok(true) => "started over".to_owned(),
-                Ok(false) => "busy".to_owned(),
+            match &copied {
+                Ok(true) => "every frame copied".to_owned(),
+                Ok(false) => "busy (a reader holds an older snapshot)".to_owned(),
                 Err(e) => format!("failed: {e:#}"),
             }
         );
-        restarted
+        copied
     }
 
     /// Reads which destinations are disabled (an operator may have changed it).
