@@ -736,13 +736,13 @@ impl Writer {
     /// the busy timeout) nothing is given back.
     fn recover_room(&mut self, keep: bool) -> Result<bool> {
         let room = self.outbox.disk_room();
-        let mut given = 0;
-        let mut kept = None;
+        let (mut locked, mut given, mut kept) = (false, 0, None);
         let copied: std::result::Result<bool, crate::Error> = (|| {
             let checkpoint = self.outbox.unpooled_connection()?;
             let lock = self.outbox.unpooled_connection()?;
             let _blocking = self.outbox.right_of_way().blocking_checkpoint();
             lock.execute_batch("BEGIN IMMEDIATE")?;
+            locked = true;
             given = room.disk_full();
             let (busy, frames, copied): (i64, i64, i64) =
                 checkpoint.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
@@ -754,6 +754,21 @@ impl Writer {
             lock.execute_batch("ROLLBACK")?;
             Ok(busy == 0 && copied >= frames)
         })();
+        if !locked {
+            let why = copied
+                .as_ref()
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default();
+            log::warn!(
+                "relay {}: the disk is full, and SQLite's write lock was not had to make room \
+                 ({why}): the outbox's reserve ({} bytes, {}) is kept for the next try",
+                self.relay_id,
+                room.held_bytes(),
+                room.reserve_path().display(),
+            );
+            return copied;
+        }
         let kept = match kept {
             Some(bytes) => format!("kept {bytes} bytes back; delivering on"),
             None if keep => "delivering on".to_owned(),
@@ -768,7 +783,9 @@ impl Writer {
             room.reserve_path().display(),
             match &copied {
                 Ok(true) => "every frame copied".to_owned(),
-                Ok(false) => "busy (a reader holds an older snapshot)".to_owned(),
+                Ok(false) => "not every frame copied (a reader holds an older snapshot, or \
+                              another checkpoint was under way)"
+                    .to_owned(),
                 Err(e) => format!("failed: {e:#}"),
             }
         );

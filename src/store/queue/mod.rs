@@ -1156,6 +1156,75 @@ mod tests {
         );
     }
 
+    /// `insert` and `insert_run` bind only the optional values a row has, relying on
+    /// rusqlite to clear a statement's parameters when it goes back to the cache: a row
+    /// written after one with every optional column set must not take any of them.
+    #[test]
+    fn a_row_after_one_with_every_column_set_has_its_own_nulls() {
+        let (_d, mut conn) = db();
+        let full = NewRow {
+            event_id: "full",
+            idempotency_key: Some("i"),
+            event_type: "t",
+            source: Some("/s"),
+            subject: Some("sub"),
+            partition_key: Some("k"),
+            payload: "{}",
+            coalesce_key: Some("c"),
+            priority: 5,
+            droppable: false,
+            created_at: 1,
+            expires_at: Some(9),
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            tracestate: Some("a=b"),
+            dataschema: Some("https://example.com/s"),
+            now: 1,
+        };
+        let bare = |event_id| NewRow {
+            idempotency_key: None,
+            source: None,
+            subject: None,
+            partition_key: None,
+            coalesce_key: None,
+            expires_at: None,
+            traceparent: None,
+            tracestate: None,
+            dataschema: None,
+            event_id,
+            ..full
+        };
+        let full_run = NewRow {
+            event_id: "full-run",
+            idempotency_key: None,
+            coalesce_key: None,
+            ..full
+        };
+        let tx = conn.transaction().unwrap();
+        assert!(insert(&tx, &full, &["default"], |_| {}).unwrap());
+        assert!(
+            insert(&tx, &bare("after"), &["default"], |_| {}).unwrap(),
+            "written as a duplicate: it took the idempotency key of the row before it"
+        );
+        insert_run(&tx, &[("default", full_run)]).unwrap();
+        insert_run(&tx, &[("default", bare("after-run"))]).unwrap();
+        tx.commit().unwrap();
+        for event_id in ["after", "after-run"] {
+            let set: i64 = conn
+                .query_row(
+                    "SELECT (idempotency_key IS NOT NULL) + (source IS NOT NULL)
+                          + (subject IS NOT NULL) + (partition_key IS NOT NULL)
+                          + (coalesce_key IS NOT NULL) + (expires_at IS NOT NULL)
+                          + (traceparent IS NOT NULL) + (tracestate IS NOT NULL)
+                          + (dataschema IS NOT NULL)
+                     FROM outbox_events WHERE event_id = ?1",
+                    [event_id],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(set, 0, "{event_id} took a column of the row before it");
+        }
+    }
+
     /// A row [`insert_run`] may take: no idempotency or coalescing key.
     fn plain_row<'a>(event_id: &'a str, key: Option<&'a str>) -> NewRow<'a> {
         NewRow {
