@@ -81,7 +81,7 @@ fn relay_config(port: u16) -> RelayConfig {
 fn delivers_everything_from_a_full_disk(running: bool) {
     // The relay's log (RUST_LOG) is shown with a failure: what it did while the disk was full.
     let _ = env_logger::builder().is_test(true).try_init();
-    let disk = SmallDisk::mount(16);
+    let disk = SmallDisk::mount(8);
     let path = disk.path().join("app.db");
     let outbox = Outbox::open(&path).unwrap();
     let mut app = app_connection(&path);

@@ -373,12 +373,46 @@ pub fn minute_poll(receiver: &TestReceiver) -> sqlite_outbox::RelayConfig {
 /// An example binary, built now for this test run's profile: always, so a test never runs
 /// a stale binary left from an earlier build (cargo does nothing when it is up to date).
 pub fn example_binary(name: &str) -> std::path::PathBuf {
+    // Built once a test process: each cargo run costs about a second, and some tests start
+    // an example in a loop (cli/tests/crash.rs: 30 rounds).
+    static BUILT: std::sync::Mutex<Vec<(String, std::path::PathBuf)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let path = build_example(name);
+    built.push((name.to_string(), path.clone()));
+    path
+}
+
+fn build_example(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/<test>: the profile folder is two up.
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = std::process::Command::new(cargo);
+    // Without the variables Cargo set for this test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …):
+    // build scripts track some of them (ring's tracks CARGO_MANIFEST_DIR), so a build with
+    // them differs from the workspace's own, and each built ring, rustls, ureq and the
+    // library again, about 30 s, then again for the next plain `cargo build`.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_by_cargo_for_the_test = key == "CARGO_MANIFEST_DIR"
+            || key == "CARGO_MANIFEST_PATH"
+            || key == "CARGO_MANIFEST_LINKS"
+            || key == "CARGO_CRATE_NAME"
+            || key == "CARGO_PRIMARY_PACKAGE"
+            || key == "CARGO_TARGET_TMPDIR"
+            || key == "CARGO_RUSTC_CURRENT_DIR"
+            || key == "OUT_DIR"
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_");
+        if set_by_cargo_for_the_test {
+            build.env_remove(&*key);
+        }
+    }
     // The examples are the library's (the package at the top), whichever package this test
     // belongs to; built as the workspace's, as `cargo test --workspace --all-features` builds
     // everything, so the dependencies' features are the same and nothing is built twice.
