@@ -346,17 +346,34 @@ impl Checkpointer {
     /// pass before: the next write transaction, the app's or the relay's, then begins on a
     /// fully copied WAL and starts it over (SQLite does so when no reader still reads from
     /// the WAL). A reader that kept it from starting over shows as frames still growing at
-    /// the next look, which catches up again. If the passes never find the WAL still, a
-    /// RESTART copies what the last one missed.
+    /// the next look, which catches up again. After the first pass the app's transactions
+    /// of this process wait at a seal (`RightOfWay`), so the last passes find the WAL
+    /// still. If they never do, a RESTART copies what the last one missed.
     fn catch_up(&self) -> CaughtUp {
         let catch_up = self.outbox.right_of_way().catch_up();
         // The WAL's frames after the last pass that copied them all.
         let mut copied_all: Option<i64> = None;
         let deadline = Instant::now() + CATCH_UP_LIMIT;
-        for _ in 0..CATCH_UP_PASSES {
+        let mut seal = None;
+        for pass in 0..CATCH_UP_PASSES {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 break;
             };
+            // The first pass copies what the relay wrote since the last look, with the app's
+            // commits going on; what is left after it is a few app commits' frames. SQLite
+            // syncs the database file only in a pass that reaches the WAL's end, which app
+            // commits landing every half millisecond kept any pass from doing, so the RESTART
+            // that closed the catch-up wrote out every page copied before, with the write
+            // lock held (1-17 ms). From here on the app's transactions of this process wait
+            // at a seal, each for at most `SEAL_WAIT`, the WAL's own data written out
+            // first so that the passes' syncs of it are short: a pass then reaches the end
+            // and syncs with no lock held.
+            if pass == 1 {
+                if let Some(wal) = &self.wal {
+                    wal.write_out();
+                }
+                seal = Some(catch_up.seal());
+            }
             // A write transaction under way read from the WAL, so its commit would append
             // to it, not start it over: each pass starts once none is.
             if !catch_up.wait_until_alone(left.min(CATCH_UP_WAIT)) {
@@ -378,6 +395,7 @@ impl Checkpointer {
                 }
             }
         }
+        drop(seal);
         // App commits kept landing during every pass (ten a millisecond and more). Left to
         // grow, the WAL would meet the blocking reset of a full WAL, which copies thousands
         // of frames under the write lock; a RESTART now copies only what the last pass

@@ -17,8 +17,13 @@
 //! while it copies and syncs the last frames: an app transaction that comes meanwhile waits
 //! for it here too, and the relay's write that waited out the catch-up then lets it go
 //! first, where before the relay, woken at once, took the lock while the app was still
-//! polling for it, and the app waited for both. Apps writing through connections of their
-//! own, or from other processes, are not seen here.
+//! polling for it, and the app waited for both. That closing checkpoint was most of the
+//! app's slowest commits: passes that never reached the WAL's end never synced the database
+//! file either, so the blocking checkpoint wrote out everything they had copied while it
+//! held the lock. So after its first pass a catch-up seals the way: app transactions that
+//! begin meanwhile wait at the seal, each for at most [`SEAL_WAIT`], and the passes reach
+//! the WAL's end, syncing the database file with no lock held. Apps writing through
+//! connections of their own, or from other processes, are not seen here.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,12 +51,16 @@ struct Turns {
     /// Catch-ups ended so far, and `taken` when the last one ended.
     catch_ups_ended: u64,
     taken_at_catch_up_end: u64,
+    /// Seals under way (see [`CatchUp::seal`]), and the turns waiting at one.
+    sealed: u64,
+    at_seal: u64,
 }
 
 impl Turns {
-    /// Whether nothing but the caller's own one turn wants or holds the lock.
+    /// Whether nothing but the caller's own one turn wants or holds the lock (a turn
+    /// waiting at a seal neither wants nor holds it yet).
     fn alone(&self) -> bool {
-        self.relay_writes == 0 && self.taken - self.over <= 1
+        self.relay_writes == 0 && self.taken - self.over - self.at_seal <= 1
     }
 }
 
@@ -80,6 +89,16 @@ pub(crate) struct Yield<'a> {
 
 /// The longest a relay write waits for a yield to other processes' writers.
 pub(crate) const YIELD_LIMIT: Duration = Duration::from_millis(250);
+
+/// The longest an app transaction waits at a catch-up's seal: about what the catch-up's
+/// last passes take when all they copy is a few commits' frames.
+pub(crate) const SEAL_WAIT: Duration = Duration::from_millis(2);
+
+/// A catch-up's seal: app transactions of this process that begin while it holds wait for
+/// its end, each for at most [`SEAL_WAIT`].
+pub(crate) struct Seal<'a> {
+    right_of_way: &'a RightOfWay,
+}
 
 /// A blocking checkpoint (RESTART or TRUNCATE) under way, which turn holders wait for as
 /// they wait for a relay write.
@@ -167,6 +186,16 @@ impl Turn<'_> {
     /// cores the relay keeps busy.
     pub fn wait_for_relay_writes(&self, limit: Duration) {
         let mut turns = lock(&self.right_of_way.turns);
+        if turns.sealed > 0 {
+            turns.at_seal += 1;
+            turns = self
+                .right_of_way
+                .changed
+                .wait_timeout_while(turns, SEAL_WAIT, |t| t.sealed > 0)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+            turns.at_seal -= 1;
+        }
         let held = |t: &mut Turns| t.relay_writes > 0 || t.blocking > 0;
         if held(&mut turns) {
             let _ = self
@@ -190,6 +219,17 @@ impl Yield<'_> {
 }
 
 impl CatchUp<'_> {
+    /// Holds the app transactions of this process that begin from now on, each for at most
+    /// [`SEAL_WAIT`], until the returned guard is dropped: the catch-up's last passes then
+    /// find the WAL still, where app commits landing every half millisecond kept every
+    /// pass from reaching the WAL's end.
+    pub fn seal(&self) -> Seal<'_> {
+        lock(&self.right_of_way.turns).sealed += 1;
+        Seal {
+            right_of_way: self.right_of_way,
+        }
+    }
+
     /// Waits until no other write seen here is under way (no relay write transaction, no
     /// other turn), or `limit` passes; returns whether none is.
     pub fn wait_until_alone(&self, limit: Duration) -> bool {
@@ -220,6 +260,13 @@ impl Drop for RelayWrite<'_> {
 impl Drop for Yield<'_> {
     fn drop(&mut self) {
         lock(&self.right_of_way.turns).yielding -= 1;
+        self.right_of_way.changed.notify_all();
+    }
+}
+
+impl Drop for Seal<'_> {
+    fn drop(&mut self) {
+        lock(&self.right_of_way.turns).sealed -= 1;
         self.right_of_way.changed.notify_all();
     }
 }
@@ -422,6 +469,48 @@ mod tests {
         waits_until_released(blocking, || {
             turn.wait_for_relay_writes(Duration::from_secs(10))
         });
+    }
+
+    #[test]
+    fn a_turn_waits_at_a_catch_ups_seal_no_longer_than_the_seals_limit() {
+        let way = RightOfWay::default();
+        let catch_up = way.catch_up();
+        let seal = catch_up.seal();
+        let turn = way.take();
+        let started = Instant::now();
+        turn.wait_for_relay_writes(Duration::from_secs(10));
+        let waited = started.elapsed();
+        assert!(waited >= SEAL_WAIT, "did not wait at the seal: {waited:?}");
+        assert!(
+            waited < Duration::from_secs(5),
+            "waited past the seal's limit: {waited:?}"
+        );
+        assert_eq!(lock(&way.turns).at_seal, 0, "left the seal");
+        drop(seal);
+        let started = Instant::now();
+        turn.wait_for_relay_writes(Duration::from_secs(10));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited with no seal"
+        );
+    }
+
+    #[test]
+    fn a_turn_waiting_at_a_seal_does_not_keep_the_catch_up_from_being_alone() {
+        // The catch-up's own turn and one app turn, taken: not alone while the app's turn
+        // may be asking for the lock, alone while it waits at the seal.
+        let under_way = Turns {
+            taken: 2,
+            ..Turns::default()
+        };
+        assert!(!under_way.alone());
+        let at_seal = Turns {
+            taken: 2,
+            at_seal: 1,
+            sealed: 1,
+            ..Turns::default()
+        };
+        assert!(at_seal.alone());
     }
 
     #[test]
