@@ -802,8 +802,11 @@ impl Outbox {
     /// moment (not for later ones, so an app committing flat out cannot stop it), and a
     /// commit made here while the relay drains a backlog waits for at most the one relay
     /// transaction already under way (woken when it ends, up to 50 ms, then through
-    /// SQLite's busy handler). Commits through connections of the app's own are not seen,
-    /// and take their turn at SQLite's lock.
+    /// SQLite's busy handler). While the relay's checkpointer copies the last of the WAL
+    /// back (a few milliseconds every few hundred milliseconds of a drain), a transaction
+    /// begun here waits up to 2 ms more, so the copy reaches the WAL's end and syncs the
+    /// database file without holding SQLite's lock. Commits through connections of the
+    /// app's own are not seen, and take their turn at SQLite's lock.
     ///
     /// The closure returns the app's own error type, so it can stop the transaction with an
     /// error of the app's ("out of stock"): any `E` that an [`Error`] converts into
