@@ -26,12 +26,13 @@
 //! Only claims pay: acks keep the app's setting. An ack lost in a power cut makes the event
 //! pending again, and it is sent again: a duplicate, which receivers drop by id.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::PathBuf;
 
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::Result;
+use crate::relay::wal_file::WalFile;
 use crate::store::database::Synchronous;
 use crate::store::queue::Claimed;
 use crate::store::right_of_way::RelayWrite;
@@ -93,10 +94,7 @@ impl Barrier {
     fn sync_wal(&mut self, conn: &Connection) -> Result<()> {
         let wal = match self.wal.take() {
             Some(wal) => wal,
-            None => OpenOptions::new()
-                // Write access: Windows flushes a file only through a handle that may write.
-                .write(true)
-                .open(wal_path(conn)?)?,
+            None => WalFile::of(&db_path(conn)?).open_to_sync()?,
         };
         wal.sync_data()?;
         self.wal = Some(wal);
@@ -104,10 +102,10 @@ impl Barrier {
     }
 }
 
-/// The WAL file of `conn`'s main database.
-fn wal_path(conn: &Connection) -> Result<PathBuf> {
+/// The file of `conn`'s main database.
+fn db_path(conn: &Connection) -> Result<PathBuf> {
     match conn.path().filter(|p| !p.is_empty()) {
-        Some(path) => Ok(PathBuf::from(format!("{path}-wal"))),
+        Some(path) => Ok(PathBuf::from(path)),
         None => Err(crate::error::Error::InvalidConfig(
             "the durability barrier needs a database file, not an in-memory database".into(),
         )),

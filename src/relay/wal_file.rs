@@ -21,7 +21,7 @@
 //! the frame count from `<db>-shm`, as a first version did, dropped the locks of this
 //! process's connections, and an app in another process found its file "malformed".
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -79,12 +79,18 @@ impl WalFile {
         i64::try_from(low).ok()
     }
 
-    /// Writes the WAL's data out to the disk (`fdatasync`, through a read-only descriptor
-    /// of its own; closing it touches none of SQLite's locks, which are on the database
-    /// file and `-shm`), so that a checkpoint begun just after syncs only what came since.
-    /// Errors are ignored: SQLite's own sync follows, and reports them.
+    /// The file, opened to sync it: with write access, as Windows flushes a file only
+    /// through a handle that may write (nothing is written through it). Closing it touches
+    /// none of SQLite's locks, which are on the database file and `-shm`.
+    pub fn open_to_sync(&self) -> std::io::Result<File> {
+        OpenOptions::new().write(true).open(&self.path)
+    }
+
+    /// Writes the WAL's data out to the disk (`fdatasync`), so that a checkpoint begun
+    /// just after syncs only what came since. Errors are ignored: SQLite's own sync
+    /// follows, and reports them.
     pub fn write_out(&self) {
-        if let Ok(file) = File::open(&self.path) {
+        if let Ok(file) = self.open_to_sync() {
             let _ = file.sync_data();
         }
     }
