@@ -1411,3 +1411,20 @@ SELECT destination, source, MAX(stream_seq) FROM outbox_events
    AND stream_seq IS NOT NULL AND typeof(destination) = 'text' AND typeof(source) = 'text'
  GROUP BY destination, source
 ON CONFLICT (destination, source) DO UPDATE SET high_water = max(high_water, excluded.high_water);
+
+-- version 19
+
+-- Each destination's data budget (`Destination::budget`, `outbox relay --budget`): the
+-- relay's limit and period, when the current period began (unix ms, aligned on the first
+-- period's start) and the bytes it has spent, so that a relay restarted within a period
+-- does not start afresh, and `Outbox::budget` and `outbox stats` can say where it stands.
+-- Relays add what they spent to `used_bytes`; a new period sets it back to 0.
+CREATE TABLE outbox_budgets (
+    destination     TEXT PRIMARY KEY,
+    limit_bytes     INTEGER NOT NULL,
+    period_ms       INTEGER NOT NULL,
+    period_started  INTEGER NOT NULL,
+    used_bytes      INTEGER NOT NULL DEFAULT 0,
+    exempt_priority INTEGER,
+    holding         INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;

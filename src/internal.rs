@@ -29,6 +29,7 @@ pub fn claim(
             lease_ms: 60_000,
             max_bytes: i64::MAX,
             numbering_bound: None,
+            min_priority: 0,
             limit,
         },
     )?;

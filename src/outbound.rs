@@ -47,6 +47,8 @@ pub struct OutboundEvent {
     /// for rows delivered before numbering began, and outside a relay). Sent as the
     /// `outboxseq` extension attribute.
     pub stream_seq: Option<i64>,
+    /// Its priority, 0 (least urgent) to 9 ([`Event::priority`](crate::Event::priority)).
+    pub priority: u8,
     /// When the claim ends by the claiming relay's monotonic clock (`None` outside a
     /// relay): the relay judges its own leases by this, since the wall clock steps.
     pub(crate) lease_ends: Option<std::time::Instant>,
@@ -94,6 +96,7 @@ impl OutboundEvent {
             tracestate: None,
             dataschema: None,
             stream_seq: None,
+            priority: crate::Event::DEFAULT_PRIORITY,
             lease_ends: None,
         }
     }

@@ -45,6 +45,17 @@ pub enum DeliveryOutcome {
     },
     /// Not delivered by its deadline ([`Event::expires_in`](crate::Event::expires_in)).
     Expired,
+    /// The destination has spent its data budget
+    /// ([`Destination::budget`](crate::Destination::budget)): its events below the exempt
+    /// priority wait until `period_ends_ms`. A notice of the destination, not of one
+    /// event: its `event_id` is empty.
+    BudgetSpent {
+        /// When the period ends and the events go again (unix ms).
+        period_ends_ms: i64,
+    },
+    /// A new period of the destination's data budget began: its events go again. A notice
+    /// of the destination: its `event_id` is empty.
+    BudgetRenewed,
 }
 
 /// Where one event stands at one destination, as the file says now.

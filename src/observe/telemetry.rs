@@ -42,6 +42,13 @@ mod imp {
         counter!("outbox_dead_total", "type" => event_type.to_owned(), "destination" => destination.to_owned()).increment(1);
     }
 
+    pub fn budget(destination: &str, used: u64, limit: u64) {
+        gauge!("outbox_budget_used_bytes", "destination" => destination.to_owned())
+            .set(used as f64);
+        gauge!("outbox_budget_limit_bytes", "destination" => destination.to_owned())
+            .set(limit as f64);
+    }
+
     pub fn dropped(n: usize) {
         counter!("outbox_dropped_total").increment(n as u64);
     }
@@ -77,6 +84,7 @@ mod imp {
     pub fn delivered(_: &str, _: &str, _: i64) {}
     pub fn retried(_: &str, _: &str) {}
     pub fn dead(_: &str, _: &str) {}
+    pub fn budget(_: &str, _: u64, _: u64) {}
     pub fn dropped(_: usize) {}
     pub fn expired(_: &str, _: &str) {}
     pub fn coalesced(_: &str, _: usize) {}

@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::outbox::Outbox;
+use crate::store::budget_spend::{self, BudgetStatus};
 use crate::store::database;
 use crate::store::disabled;
 use crate::store::oldest;
@@ -192,6 +193,7 @@ fn destination_slot(
             oldest_pending_age_ms: None,
             disabled: None,
             synced_through: None,
+            budget: None,
         })
 }
 
@@ -231,6 +233,9 @@ pub struct DestinationStats {
     /// How far the destination has everything of the outbox's default source (see
     /// [`Outbox::synced_through`]); `None` before the first.
     pub synced_through: Option<SyncedThrough>,
+    /// Where its data budget stands, if a relay keeps one for it
+    /// ([`Destination::budget`](crate::Destination::budget)).
+    pub budget: Option<BudgetStatus>,
 }
 
 /// "Everything up to here is safe at the destination": the stream number through which
@@ -498,8 +503,31 @@ impl Outbox {
                     oldest_pending_age_ms: None,
                     disabled: Some(reason.clone()),
                     synced_through: None,
+                    budget: None,
                 });
             }
+        }
+        for budget in budget_spend::all(&tx, None, now)? {
+            let d = match destinations
+                .iter_mut()
+                .find(|d| d.name == budget.destination)
+            {
+                Some(d) => d,
+                None => {
+                    destinations.push(DestinationStats {
+                        name: budget.destination.clone(),
+                        pending: 0,
+                        delivered: 0,
+                        dead: 0,
+                        oldest_pending_age_ms: None,
+                        disabled: None,
+                        synced_through: None,
+                        budget: None,
+                    });
+                    destinations.last_mut().expect("just pushed")
+                }
+            };
+            d.budget = Some(budget);
         }
         let (dropped, coalesced, expired, pruned_for_room): (i64, i64, i64, i64) = tx.query_row(
             "SELECT dropped, coalesced, expired, pruned_for_room FROM outbox_stats WHERE id = 1",
@@ -540,6 +568,20 @@ impl Outbox {
             disk_reserve_bytes: self.disk_room().held_bytes(),
             disk_full: self.disk_room().is_full(),
         })
+    }
+
+    /// Where the data budget of `destination` stands
+    /// ([`Destination::budget`](crate::Destination::budget)): its limit, what the current
+    /// period has spent (every relay of the file), when the period ends, and when the
+    /// budget runs out at the rate spent so far. `None` if no relay has kept a budget for
+    /// it. For an app to show "sync paused until …" or warn before the plan runs out.
+    ///
+    /// # Errors
+    ///
+    /// SQLite errors.
+    pub fn budget(&self, destination: &str) -> Result<Option<BudgetStatus>> {
+        let conn = self.connection()?;
+        budget_spend::status(&conn, destination, self.now_ms())
     }
 
     /// Pending deliveries to `destination` (all destinations with `None`).

@@ -138,6 +138,7 @@ mod tests {
             lease_ms: 1_000,
             max_bytes: i64::MAX,
             numbering_bound: None,
+            min_priority: 0,
             limit: 100,
         };
         let way = RightOfWay::default();

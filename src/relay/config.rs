@@ -281,6 +281,7 @@ impl RelayConfig {
                     rate.unwrap_or_default()
                 )));
             }
+            d.budget_checked()?;
             if bandwidth == Some(0) {
                 return Err(Error::InvalidConfig(format!(
                     "destination {}: a bandwidth of 0 bytes per second sends nothing (more than 0)",

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::relay::budget::Budget;
 use crate::transport::{HttpConfig, HttpTransport, Transport};
 use crate::wire::content_encoding::Compression;
 use crate::wire::signature::Secret;
@@ -59,6 +60,9 @@ pub struct Destination {
     workers: Option<usize>,
     rate: Option<f64>,
     bandwidth: Option<u64>,
+    /// Bytes a period may spend, as `(bytes, period)`: checked into a [`Budget`] at start.
+    budget: Option<(u64, std::time::Duration)>,
+    budget_exempt_priority: Option<u8>,
     compression: Compression,
     linger: Option<std::time::Duration>,
     /// Whether the relay sends this destination its streams' accounting (`None`: the
@@ -150,6 +154,8 @@ impl Destination {
             workers: None,
             rate: None,
             bandwidth: None,
+            budget: None,
+            budget_exempt_priority: None,
             compression: Compression::None,
             linger: None,
             accounting: None,
@@ -347,6 +353,64 @@ impl Destination {
     pub fn bandwidth_limit(mut self, bytes_per_second: u64) -> Destination {
         self.bandwidth = Some(bytes_per_second);
         self
+    }
+
+    /// At most `bytes` in each `period` (a minute to 31 days, whole seconds), counted as
+    /// the network counts them: every byte the relay writes to and reads from the
+    /// destination's sockets, TLS handshakes, headers, answers and retries included (for a
+    /// [`custom`](Self::custom) or MQTT destination, the request bodies). The relay never
+    /// starts a request the rest of the budget cannot carry; once it is spent, events wait
+    /// for the next period without spending attempts (their deadlines still apply), except
+    /// those at or above [`budget_exempt_priority`](Self::budget_exempt_priority). What a
+    /// period has spent is kept in the file, so a restart does not start afresh;
+    /// [`Outbox::budget`](crate::Outbox::budget) says where it stands. How to choose one:
+    /// [`guide::metered_links`](crate::guide::metered_links). Checked at start (see
+    /// [`Budget::new`](crate::Budget::new)); `outbox relay --budget 50MB/30d`.
+    pub fn budget(mut self, bytes: u64, period: std::time::Duration) -> Destination {
+        self.budget = Some((bytes, period));
+        self
+    }
+
+    /// Events of `priority` (0 to 9) and above go even when the budget is spent, with
+    /// whatever is left and beyond (and are counted): alarms, say. Without it, every event
+    /// waits for the next period. Checked at start: at most 9, and a budget set.
+    pub fn budget_exempt_priority(mut self, priority: u8) -> Destination {
+        self.budget_exempt_priority = Some(priority);
+        self
+    }
+
+    /// The budget and its exempt priority, checked.
+    pub(crate) fn budget_checked(&self) -> Result<Option<(Budget, Option<u8>)>> {
+        let named = |e: Error| match e {
+            Error::InvalidConfig(why) => {
+                Error::InvalidConfig(format!("destination {}: {why}", self.name))
+            }
+            other => other,
+        };
+        match (self.budget, self.budget_exempt_priority) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(named(Error::InvalidConfig(
+                "budget_exempt_priority needs a budget; set budget too".into(),
+            ))),
+            (Some(_), Some(p)) if p > 9 => Err(named(Error::InvalidConfig(format!(
+                "a budget exempt priority of {p} is out of range: 0 to 9"
+            )))),
+            (Some((bytes, period)), exempt) => {
+                Ok(Some((Budget::new(bytes, period).map_err(named)?, exempt)))
+            }
+        }
+    }
+
+    /// What a request costs beyond its body before one was seen, for the budget: a TLS
+    /// handshake over `https://`.
+    pub(crate) fn first_request_overhead(&self) -> u64 {
+        match &self.target {
+            Target::Http { url, .. } if url.to_ascii_lowercase().starts_with("https://") => {
+                crate::relay::spending::FIRST_OVERHEAD_TLS
+            }
+            Target::Http { .. } => crate::relay::spending::FIRST_OVERHEAD_PLAIN,
+            _ => 0,
+        }
     }
 
     /// The rate and bandwidth limits, if any.

@@ -16,6 +16,7 @@ use crate::relay::config::RelayConfig;
 use crate::relay::destination::{Batching, Destination};
 use crate::relay::gate::Gate;
 use crate::relay::pacer::Pacer;
+use crate::relay::spending::Spending;
 use crate::relay::voice::Voice;
 use crate::wire::encoded_size_bound;
 
@@ -64,6 +65,8 @@ pub(crate) struct Lane {
     voice: Arc<Voice>,
     /// The destination's rate and bandwidth limits, shared by its workers.
     pacer: Option<Arc<Pacer>>,
+    /// The destination's data budget as this relay spends it, shared by its workers.
+    spending: Option<Arc<Spending>>,
     /// How far ahead a paced lane claims: what its pacer lets out within this much time.
     /// A quarter of the lease, so a claimed event starts well before half its lease is gone
     /// (where a worker hands it back unsent).
@@ -143,6 +146,7 @@ impl Lane {
                 let (rate, bandwidth) = destination.pacing();
                 Pacer::new(rate, bandwidth).map(Arc::new)
             },
+            spending: None,
             pace_window: config.lease / 4,
             bytes_per_event: None,
             jobs_tx: Some(jobs_tx),
@@ -161,6 +165,37 @@ impl Lane {
             split_cap: None,
             delivered_at_cap: 0,
         }
+    }
+
+    /// The lane spends `spending`, its destination's data budget.
+    pub fn with_spending(mut self, spending: Option<Arc<Spending>>) -> Lane {
+        self.spending = spending;
+        self
+    }
+
+    /// The destination's data budget, for this lane's workers and the writer.
+    pub fn spending(&self) -> Option<Arc<Spending>> {
+        self.spending.clone()
+    }
+
+    /// The least priority a claim takes now: the budget's exempt priority while the
+    /// destination holds events for its budget, else every priority (0).
+    pub fn claim_min_priority(&self) -> i64 {
+        match &self.spending {
+            Some(s) if s.holding() => s.exempt_priority().map_or(i64::MAX, i64::from),
+            _ => 0,
+        }
+    }
+
+    /// While the destination holds events for its budget, how long until the next period
+    /// (at most a minute): the writer looks then, and the lane claims everything again.
+    pub fn budget_renews_in(&self) -> Option<Duration> {
+        self.spending.as_ref().and_then(|s| s.renews_in())
+    }
+
+    /// Whether the budget holds every event back (spent, and no priority exempt).
+    fn held_for_budget(&self) -> bool {
+        self.claim_min_priority() > 9
     }
 
     /// The destination's name.
@@ -211,7 +246,8 @@ impl Lane {
         let blocked = ((room < worth_it || full_of_bytes) && !self.in_flight.is_empty())
             || room == 0
             || self.gate.is_closed()
-            || (self.gate.is_suspect() && !self.in_flight.is_empty());
+            || (self.gate.is_suspect() && !self.in_flight.is_empty())
+            || self.held_for_budget();
         self.claim_due && self.jobs_tx.is_some() && !blocked
     }
 

@@ -28,6 +28,7 @@ mod accounting;
 pub(crate) mod backlog;
 pub(crate) mod backoff;
 mod barrier;
+pub(crate) mod budget;
 mod checkpointer;
 mod clock_watch;
 pub(crate) mod config;
@@ -40,6 +41,7 @@ pub(crate) mod lane;
 mod pacer;
 mod panic;
 mod report;
+pub(crate) mod spending;
 pub(crate) mod stats;
 mod voice;
 mod wal_file;
@@ -61,6 +63,7 @@ use checkpointer::Checkpointer;
 use config::RelayConfig;
 use lane::Lane;
 use report::Report;
+use spending::Spending;
 use stats::{Counters, RelayStats, ShutdownReport};
 use worker::Worker;
 use writer::Writer;
@@ -149,7 +152,16 @@ impl Relay {
             config.destinations.iter().zip(transports).enumerate()
         {
             let worker_count = destination.worker_count().unwrap_or(config.workers);
-            let lane = Lane::new(destination, worker_count, &config);
+            let spending = destination.budget_checked()?.map(|(budget, exempt)| {
+                Arc::new(Spending::new(
+                    destination.name(),
+                    budget,
+                    exempt,
+                    destination.first_request_overhead(),
+                    outbox.clock(),
+                ))
+            });
+            let lane = Lane::new(destination, worker_count, &config).with_spending(spending);
             voices.push(lane.voice());
             say_what_will_not_work(&outbox, destination);
             told.push(accounting::Told {

@@ -22,6 +22,7 @@ use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::panic::panic_message;
 use crate::relay::report::{Decided, Report};
+use crate::relay::spending::Spending;
 use crate::relay::voice::Voice;
 use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
@@ -45,6 +46,8 @@ pub(crate) struct Worker {
     gate: Arc<Gate>,
     voice: Arc<Voice>,
     pacer: Option<Arc<Pacer>>,
+    /// The destination's data budget, if it has one.
+    spending: Option<Arc<Spending>>,
     clock: Arc<dyn Clock>,
     lease_ms: i64,
     policy: Policy,
@@ -68,6 +71,7 @@ impl Worker {
             gate: lane.gate(),
             voice: lane.voice(),
             pacer: lane.pacer(),
+            spending: lane.spending(),
             clock,
             lease_ms: config.lease_ms(),
             policy: Policy::new(config),
@@ -217,6 +221,25 @@ impl Worker {
         true
     }
 
+    /// Asks the destination's budget whether `events` may go now.
+    fn admit(&self, events: &[OutboundEvent]) -> Admission {
+        let Some(spending) = &self.spending else {
+            return Admission::Unbudgeted;
+        };
+        let exempt = spending
+            .exempt_priority()
+            .is_some_and(|p| events.iter().all(|e| e.priority >= p));
+        let body = body_len(events) as u64;
+        match spending.admit(body, exempt) {
+            Some(reservation) => Admission::Admitted(Admitted {
+                spending: Arc::clone(spending),
+                reservation,
+                body,
+            }),
+            None => Admission::Held,
+        }
+    }
+
     /// Hands `events` to the transport: a report if the outcome is already known (sent and
     /// answered, skipped, panicked), else the request on its way.
     fn start(&self, events: Job, backlog: &Arc<Backlog>) -> Started {
@@ -229,6 +252,18 @@ impl Worker {
                 Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now, false);
             return Started::Done(report);
         }
+        // The data budget last, when the request would really start: held back, the events
+        // go back unsent (no attempt spent) and the lane claims only exempt ones.
+        let admitted = match self.admit(&events) {
+            Admission::Unbudgeted => None,
+            Admission::Admitted(spending) => Some(spending),
+            Admission::Held => {
+                let report =
+                    Report::decide(self.lane, events, &Tried::Skipped, &self.policy, now, false);
+                return Started::Done(report);
+            }
+        };
+        let wire_before = crate::transport::wire_bytes_here();
         // One span per attempt, current while the transport starts the request (its
         // `traceparent` header names it), ended when the outcomes are known.
         let span = SendSpan::start(&events[0].destination, &events, now);
@@ -236,6 +271,18 @@ impl Worker {
             span.in_scope(|| self.transport.start_each(&events))
         }))
         .map(Sending::into_settling);
+        if let Some(Admitted {
+            spending,
+            reservation,
+            body,
+        }) = admitted
+        {
+            // What this thread wrote to and read from the sockets meanwhile: all of an HTTP
+            // request, connection and answer included (0 for a transport that does its
+            // I/O elsewhere: its body counts).
+            let measured = crate::transport::wire_bytes_here().wrapping_sub(wire_before);
+            spending.spent(reservation, body, measured);
+        }
         match sending {
             Ok(Ok((outcomes, deadline))) => {
                 backlog.opened();
@@ -393,6 +440,23 @@ const REPORTING_NOW: Duration = Duration::from_millis(10);
 const PACE_SLICE: Duration = Duration::from_millis(50);
 
 /// The size of the request body `events` make: one structured event, or a batch.
+/// What a destination's data budget says of a request.
+enum Admission {
+    /// The destination has no budget.
+    Unbudgeted,
+    /// It may go: count it against its reservation once sent.
+    Admitted(Admitted),
+    /// It waits for the next period.
+    Held,
+}
+
+/// A request the budget let go: what it reserved, and its body's size.
+struct Admitted {
+    spending: Arc<Spending>,
+    reservation: u64,
+    body: u64,
+}
+
 fn body_len(events: &[OutboundEvent]) -> usize {
     let body = match events {
         [one] => crate::wire::structured_body(one),
@@ -468,6 +532,7 @@ mod tests {
             gate: Arc::new(Gate::new(config.offline)),
             voice: Arc::new(Voice::new("default")),
             pacer: None,
+            spending: None,
             clock: Arc::new(crate::clock::SystemClock),
             lease_ms: config.lease_ms(),
             policy: Policy::new(&config),

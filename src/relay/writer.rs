@@ -24,6 +24,7 @@ use crate::relay::housekeeping::Housekeeping;
 use crate::relay::lane::Lane;
 use crate::relay::panic::panic_message;
 use crate::relay::report::Report;
+use crate::relay::spending::HoldChange;
 use crate::relay::stats::{Counters, ShutdownReport};
 use crate::relay::wal_watch::{self, WalWatch};
 use crate::store::database::PooledConnection;
@@ -274,6 +275,7 @@ impl Writer {
     fn run_loop(&mut self, reports: &mut Vec<Report>) {
         self.data_version = self.data_version().unwrap_or(0);
         self.load_disabled();
+        self.load_budgets();
         // Rows may carry due times from a boot whose clock was ahead; re-anchored now, or
         // as soon as the write lock is free (an app migrating at boot may hold it).
         self.clock_watch = ClockWatch::new(
@@ -303,6 +305,7 @@ impl Writer {
                     outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
                 });
             self.give_room_to_the_app();
+            self.announce_budgets();
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
                     log::warn!("relay {}: claim failed, will retry: {e:#}", self.relay_id);
@@ -443,6 +446,9 @@ impl Writer {
             }
             if let Some(t) = lane.lingering_until() {
                 soon(t);
+            }
+            if let Some(renews) = lane.budget_renews_in() {
+                soon(now + renews);
             }
             if let Some(t) = lane.due_later_read_by() {
                 soon(t);
@@ -830,6 +836,7 @@ impl Writer {
             limit: limit as i64,
             max_bytes: lane.claim_max_bytes() as i64,
             numbering_bound: Some(numbering::CATCH_UP_CHUNK),
+            min_priority: lane.claim_min_priority(),
             // Read under the write lock, below.
             now: 0,
         };
@@ -1163,8 +1170,72 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let recorded = queue::record(&tx, outcomes, now)?;
+        sync_budgets(&self.lanes, &self.relay_id, &tx);
         tx.commit()?;
         Ok(recorded)
+    }
+
+    /// Takes each data budget's period from the file (a relay restarted within a period
+    /// spends on from what it had spent) and writes the relay's limits there.
+    fn load_budgets(&mut self) {
+        for lane in &self.lanes {
+            let Some(spending) = lane.spending() else {
+                continue;
+            };
+            if let Err(e) = spending.load(&self.conn) {
+                log::warn!(
+                    "relay {}: cannot read what the budget of {} has spent: {e:#}",
+                    self.relay_id,
+                    lane.name()
+                );
+            }
+        }
+    }
+
+    /// Tells the app (a notice, and the log) when a destination starts holding events for
+    /// its data budget and when a new period lets them go; wakes a lane whose budget is
+    /// whole again.
+    fn announce_budgets(&mut self) {
+        let now = self.outbox.now_ms();
+        for lane in &mut self.lanes {
+            let Some(spending) = lane.spending() else {
+                continue;
+            };
+            let Some(change) = spending.take_change() else {
+                continue;
+            };
+            let outcome = match change {
+                HoldChange::Holding { used, period_ends } => {
+                    log::warn!(
+                        "relay {}: {} has spent its data budget ({used} of {} bytes); events \
+                         below its exempt priority wait until the period ends ({})",
+                        self.relay_id,
+                        lane.name(),
+                        spending.used_and_limit().1,
+                        crate::wire::rfc3339_millis(period_ends)
+                    );
+                    DeliveryOutcome::BudgetSpent {
+                        period_ends_ms: period_ends,
+                    }
+                }
+                HoldChange::Resumed => {
+                    log::info!(
+                        "relay {}: a new period of {}'s data budget: events go again",
+                        self.relay_id,
+                        lane.name()
+                    );
+                    lane.wake();
+                    DeliveryOutcome::BudgetRenewed
+                }
+            };
+            let destination = lane.name().to_string();
+            self.outbox.subscribers().publish(|| DeliveryNotice {
+                event_id: String::new(),
+                destination,
+                outcome,
+                at_ms: now,
+            });
+        }
     }
 
     fn in_flight(&self) -> usize {
@@ -1231,6 +1302,29 @@ impl Writer {
             restore_page_cache(&self.conn, size, &self.relay_id);
         }
         ShutdownReport::new(released, finished, abandoned, restarts).with_unrecorded(unrecorded)
+    }
+}
+
+/// Adds what each data budget spent since the last time to the file, inside the
+/// transaction that records the outcomes, and reads back what every relay of the file
+/// has spent. A failure is logged and tried again with the next outcomes: it must not
+/// keep the outcomes from being recorded.
+fn sync_budgets(lanes: &[Lane], relay_id: &str, tx: &rusqlite::Connection) {
+    for lane in lanes {
+        let Some(spending) = lane.spending() else {
+            continue;
+        };
+        match spending.sync(tx) {
+            Ok(()) => {
+                let (used, limit) = spending.used_and_limit();
+                crate::observe::telemetry::budget(lane.name(), used, limit);
+            }
+            Err(e) => log::warn!(
+                "relay {}: cannot keep what the budget of {} has spent: {e:#}",
+                relay_id,
+                lane.name()
+            ),
+        }
     }
 }
 

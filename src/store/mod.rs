@@ -7,6 +7,7 @@
 //! `event` and `observe` (counters), and of the wire only the shape of a stream's
 //! accounting; never the network, the relay or its threads.
 
+pub(crate) mod budget_spend;
 pub(crate) mod connection_manager;
 pub(crate) mod database;
 pub(crate) mod disabled;

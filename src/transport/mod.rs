@@ -43,6 +43,7 @@ pub use http::{HttpConfig, HttpTransport};
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
 pub use sending::Sending;
+pub(crate) use tcp::wire_bytes_here;
 
 pub use crate::outbound::OutboundEvent;
 

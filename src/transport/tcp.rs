@@ -46,6 +46,21 @@ thread_local! {
     /// How many connections this thread has opened: a request that opened none went on a
     /// connection from the pool (see [`connections_opened_here`]).
     static OPENED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Bytes this thread has written to and read from these connections (TLS records and
+    /// handshakes included: TLS runs over them): see [`wire_bytes_here`].
+    static WIRE_BYTES_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many bytes the calling thread has written to and read from the HTTP transport's
+/// sockets so far. ureq does all of a request's I/O on the thread that sends it (the
+/// connection, its TLS handshake, the request and the answer), so the difference across
+/// one request is what the network carried for it: what a data budget counts.
+pub(crate) fn wire_bytes_here() -> u64 {
+    WIRE_BYTES_HERE.with(|n| n.get())
+}
+
+fn count_wire_bytes(n: usize) {
+    WIRE_BYTES_HERE.with(|c| c.set(c.get().wrapping_add(n as u64)));
 }
 
 /// How many connections the calling thread has opened so far. ureq opens a connection on
@@ -246,6 +261,7 @@ impl Transport for OneWriteTcp {
                 other => break other.map_err(|e| io_error(e, timeout.reason))?,
             }
         };
+        count_wire_bytes(amount);
         self.buffers.input_appended(amount);
         Ok(amount > 0)
     }
@@ -292,7 +308,10 @@ fn write_all(stream: &mut impl Write, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         match stream.write(bytes) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
+            Ok(n) => {
+                count_wire_bytes(n);
+                bytes = &bytes[n..];
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }

@@ -336,6 +336,7 @@ mod tests {
                 lease_ms: 60_000,
                 max_bytes: i64::MAX,
                 numbering_bound: None,
+                min_priority: 0,
                 limit: 10,
             },
         )

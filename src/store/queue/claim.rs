@@ -186,6 +186,9 @@ pub(crate) struct ClaimRequest<'a> {
     /// ([`Claimed::numbering_needed`]), for the caller to number in steps of its own and
     /// claim again. `None`: no bound.
     pub numbering_bound: Option<i64>,
+    /// The least priority taken (0: every one): a destination holding events for its data
+    /// budget takes only those at or above its exempt priority.
+    pub min_priority: i64,
 }
 
 /// A claimed row that could not be read as an event (a BLOB payload, a REAL time, text that
@@ -230,6 +233,10 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
     let mut levels = probe.query(params![req.destination, req.now])?;
     while let Some(row) = levels.next()? {
         let level: i64 = row.get(0)?;
+        if level < req.min_priority {
+            // Levels come most urgent first: none after this one is taken either.
+            break;
+        }
         let taken = claimed.events.len() + claimed.unreadable.len();
         let left = req.limit - taken as i64;
         let bytes: usize = claimed.events.iter().map(|e| e.payload.len()).sum();
@@ -251,6 +258,9 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         }
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
+        for event in &mut claimed.events[first..] {
+            event.priority = u8::try_from(level).unwrap_or(crate::Event::DEFAULT_PRIORITY);
+        }
         if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {
             break;
         }
@@ -481,6 +491,7 @@ pub(crate) fn decode_event(
         tracestate: r.get(12)?,
         dataschema: r.get(13)?,
         stream_seq: r.get(14)?,
+        priority: crate::Event::DEFAULT_PRIORITY,
         lease_ends: None,
     })
 }

@@ -733,6 +733,7 @@ mod tests {
                         lease_ms: rng.i64(1..20_000),
                         max_bytes: rng.i64(1..2_000),
                         numbering_bound: None,
+                        min_priority: 0,
                         limit: rng.i64(1..8),
                     };
                     let got = in_tx(&outbox, |tx| queue::claim(tx, &request));

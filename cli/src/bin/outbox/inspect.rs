@@ -125,6 +125,34 @@ pub fn stats(outbox: &Outbox, args: StatsArgs) -> Outcome {
         ],
         &rows,
     );
+    let budgets: Vec<Vec<String>> = s
+        .destinations
+        .iter()
+        .filter_map(|d| d.budget.as_ref().map(|b| (d, b)))
+        .map(|(d, b)| {
+            vec![
+                d.name.clone(),
+                format!(
+                    "{} of {}",
+                    output::bytes(i64::try_from(b.used_bytes).unwrap_or(i64::MAX)),
+                    output::bytes(i64::try_from(b.limit_bytes).unwrap_or(i64::MAX))
+                ),
+                output::time(Some(b.period_ends)),
+                match (b.holding, b.forecast) {
+                    (true, _) => "HOLDING until the period ends".to_string(),
+                    (false, Some(at)) => format!("runs out {}", output::time(Some(at))),
+                    (false, None) => "lasts the period".to_string(),
+                },
+            ]
+        })
+        .collect();
+    if !budgets.is_empty() {
+        println!();
+        output::table(
+            &["DESTINATION", "BUDGET USED", "PERIOD ENDS", "AT THIS RATE"],
+            &budgets,
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -131,6 +131,16 @@ pub struct RelayArgs {
     /// At most this many bytes of request bodies per second, paced.
     #[arg(long, allow_negative_numbers = true)]
     bandwidth: Option<i64>,
+    /// A data budget: at most SIZE in each PERIOD, counted as the network counts it (TLS,
+    /// headers, answers and retries included), kept in the file across restarts: e.g.
+    /// 50MB/30d, 2MB/1d, 60KB/1m (B, KB, MB, GB are powers of 1000; periods 1m to 31d).
+    /// Once spent, events wait for the next period without spending attempts.
+    #[arg(long, value_name = "SIZE/PERIOD")]
+    budget: Option<String>,
+    /// With --budget: events of this priority (0-9) and above go even when the budget is
+    /// spent (and are counted).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    budget_exempt_priority: Option<i64>,
     /// Stop after this long (e.g. 30s, 5m): exit 3 if events are still pending, else 0.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
@@ -174,6 +184,25 @@ pub fn run(outbox: &Outbox, args: RelayArgs) -> Outcome {
             ));
         }
         destination = destination.bandwidth_limit(bytes);
+    }
+    if let Some(text) = &args.budget {
+        let budget: sqlite_outbox::Budget = text
+            .parse()
+            .map_err(|e: sqlite_outbox::Error| bad_input(format!("--budget: {e}")))?;
+        destination = destination.budget(budget.limit_bytes(), budget.period());
+    }
+    if let Some(priority) = args.budget_exempt_priority {
+        if args.budget.is_none() {
+            return Err(bad_input(
+                "--budget-exempt-priority needs --budget SIZE/PERIOD",
+            ));
+        }
+        let Some(priority) = u8::try_from(priority).ok().filter(|p| *p <= 9) else {
+            return Err(bad_input(format!(
+                "--budget-exempt-priority {priority} is out of range: 0 to 9"
+            )));
+        };
+        destination = destination.budget_exempt_priority(priority);
     }
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
     ctrlc::set_handler(move || {
