@@ -47,8 +47,10 @@ struct State {
     syncing: u64,
     /// The bounds of requests started and not yet counted.
     reserved: u64,
-    /// The costliest request beyond its body seen so far.
-    overhead: u64,
+    /// What a request is assumed to cost beyond its body until one is measured.
+    first_overhead: u64,
+    /// The costliest request beyond its body measured so far.
+    learned_overhead: Option<u64>,
     /// Whether events below the exempt priority wait for the next period.
     holding: bool,
     /// Whether the app was last told the destination holds.
@@ -61,6 +63,17 @@ impl State {
             .saturating_add(self.unsaved)
             .saturating_add(self.syncing)
     }
+}
+
+/// What the budget says of a request about to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It may go: count it against this reservation once sent ([`Spending::spent`]).
+    Go(u64),
+    /// It fits what is left once the requests under way are counted: ask again then.
+    Wait,
+    /// The budget cannot carry it: the destination holds events until the next period.
+    Hold,
 }
 
 /// A change of whether a destination holds events for its budget, for the app.
@@ -94,7 +107,8 @@ impl Spending {
                 unsaved: 0,
                 syncing: 0,
                 reserved: 0,
-                overhead: first_overhead,
+                first_overhead,
+                learned_overhead: None,
                 holding: false,
                 announced: false,
             }),
@@ -146,29 +160,36 @@ impl Spending {
         self.sync(conn)
     }
 
-    /// Whether a request of `body` bytes may start now; its reservation if so (hand it to
-    /// [`spent`](Self::spent)). `exempt`: every event of it is at or above the exempt
-    /// priority, and it goes whatever is left.
-    pub fn admit(&self, body: u64, exempt: bool) -> Option<u64> {
+    /// Whether a request of `body` bytes may start now. `exempt`: every event of it is at
+    /// or above the exempt priority, and it goes whatever is left.
+    pub fn admit(&self, body: u64, exempt: bool) -> Verdict {
         let now = self.clock.now_ms();
         let mut state = self.lock();
         self.roll(&mut state, now);
-        let bound = body.saturating_add(state.overhead);
+        let overhead = state.learned_overhead.unwrap_or(state.first_overhead);
+        let bound = body.saturating_add(overhead);
         if !exempt {
             if state.holding {
-                return None;
+                return Verdict::Hold;
             }
-            let after = state
+            let limit = self.budget.limit_bytes();
+            if state.used().saturating_add(bound) > limit {
+                state.holding = true;
+                return Verdict::Hold;
+            }
+            // It fits what is left, but not beside what the requests under way may still
+            // spend: it waits for their count (usually less than their bounds).
+            if state
                 .used()
                 .saturating_add(state.reserved)
-                .saturating_add(bound);
-            if after > self.budget.limit_bytes() {
-                state.holding = true;
-                return None;
+                .saturating_add(bound)
+                > limit
+            {
+                return Verdict::Wait;
             }
         }
         state.reserved = state.reserved.saturating_add(bound);
-        Some(bound)
+        Verdict::Go(bound)
     }
 
     /// Counts a request admitted with `reservation`: `measured` bytes on its sockets, or
@@ -178,8 +199,9 @@ impl Spending {
         state.reserved = state.reserved.saturating_sub(reservation);
         let bytes = if measured > 0 { measured } else { body };
         state.unsaved = state.unsaved.saturating_add(bytes);
-        if measured > body {
-            state.overhead = state.overhead.max(measured - body);
+        if measured > 0 {
+            let beyond = measured.saturating_sub(body);
+            state.learned_overhead = Some(state.learned_overhead.map_or(beyond, |o| o.max(beyond)));
         }
     }
 
@@ -276,23 +298,37 @@ mod tests {
         (s, clock)
     }
 
+    fn go(verdict: Verdict) -> u64 {
+        match verdict {
+            Verdict::Go(reservation) => reservation,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_request_starts_only_if_its_bound_fits_and_then_the_destination_holds() {
         let (s, _) = spending(1_000, None);
-        // 300 body + 100 overhead: two fit (800), the third (1,200) does not.
-        let a = s.admit(300, false).unwrap();
-        let b = s.admit(300, false).unwrap();
-        assert!(s.admit(300, false).is_none());
-        assert!(s.holding());
-        // Even a small one waits now: the destination holds until the next period.
+        // 300 body + 100 overhead: two fit (800) beside each other; a third waits for
+        // their count.
+        let a = go(s.admit(300, false));
+        let b = go(s.admit(300, false));
+        assert_eq!(s.admit(300, false), Verdict::Wait);
+        assert!(!s.holding());
         s.spent(a, 300, 350);
         s.spent(b, 300, 0);
-        assert!(s.admit(1, false).is_none());
-        assert_eq!(s.used_and_limit(), (650, 1_000));
+        // 650 spent: a 300-byte request's bound (300 + the 50 measured beyond the body)
+        // fits; then one that does not makes the destination hold, and even a small one
+        // waits for the next period.
+        let c = go(s.admit(300, false));
+        s.spent(c, 300, 340);
+        assert_eq!(s.admit(300, false), Verdict::Hold);
+        assert!(s.holding());
+        assert_eq!(s.admit(1, false), Verdict::Hold);
+        assert_eq!(s.used_and_limit(), (990, 1_000));
         assert_eq!(
             s.take_change(),
             Some(HoldChange::Holding {
-                used: 650,
+                used: 990,
                 period_ends: 1_060_000
             })
         );
@@ -302,28 +338,29 @@ mod tests {
     #[test]
     fn exempt_requests_go_whatever_is_left_and_are_counted() {
         let (s, _) = spending(500, Some(8));
-        assert!(s.admit(450, false).is_none());
-        let r = s.admit(450, true).unwrap();
+        assert_eq!(s.admit(450, false), Verdict::Hold);
+        let r = go(s.admit(450, true));
         s.spent(r, 450, 700);
         assert_eq!(s.used_and_limit().0, 700);
         // What it cost beyond its body is the bound's overhead from now on.
-        assert_eq!(s.admit(10, true), Some(260));
+        assert_eq!(s.admit(10, true), Verdict::Go(260));
     }
 
     #[test]
     fn a_new_period_starts_with_nothing_spent_and_holds_nothing_back() {
         let (s, clock) = spending(500, None);
-        let r = s.admit(300, false).unwrap();
+        let r = go(s.admit(300, false));
         s.spent(r, 300, 0);
-        assert!(s.admit(300, false).is_none());
+        assert_eq!(s.admit(300, false), Verdict::Hold);
         assert!(matches!(s.take_change(), Some(HoldChange::Holding { .. })));
         clock.advance_ms(60_000);
         assert!(!s.holding());
         assert_eq!(s.take_change(), Some(HoldChange::Resumed));
         assert_eq!(s.used_and_limit().0, 0);
-        assert!(s.admit(300, false).is_some());
+        let r = go(s.admit(300, false));
         assert_eq!(s.renews_in(), None);
-        assert!(s.admit(300, false).is_none());
+        s.spent(r, 300, 0);
+        assert_eq!(s.admit(300, false), Verdict::Hold);
         // Holding, 59.5 s before the period that began at 1,060,000 ends.
         clock.advance_ms(500);
         assert_eq!(

@@ -22,7 +22,7 @@ use crate::relay::lane::{Job, Lane};
 use crate::relay::pacer::Pacer;
 use crate::relay::panic::panic_message;
 use crate::relay::report::{Decided, Report};
-use crate::relay::spending::Spending;
+use crate::relay::spending::{Spending, Verdict};
 use crate::relay::voice::Voice;
 use crate::transport::sending::{Outcomes, Then};
 use crate::transport::{Attempt, OutboundEvent, Sending, Transport};
@@ -230,13 +230,27 @@ impl Worker {
             .exempt_priority()
             .is_some_and(|p| events.iter().all(|e| e.priority >= p));
         let body = body_len(events) as u64;
-        match spending.admit(body, exempt) {
-            Some(reservation) => Admission::Admitted(Admitted {
-                spending: Arc::clone(spending),
-                reservation,
-                body,
-            }),
-            None => Admission::Held,
+        loop {
+            match spending.admit(body, exempt) {
+                Verdict::Go(reservation) => {
+                    return Admission::Admitted(Admitted {
+                        spending: Arc::clone(spending),
+                        reservation,
+                        body,
+                    })
+                }
+                Verdict::Hold => return Admission::Held,
+                // Other workers' requests are under way: their count comes within their
+                // request timeout. The events go back meanwhile if the relay stops, the
+                // gate closes or half their lease is gone.
+                Verdict::Wait => {
+                    if self.gate.is_closed() || self.gate.is_stopping() || self.lease_short(events)
+                    {
+                        return Admission::Held;
+                    }
+                    std::thread::sleep(BUDGET_WAIT_SLICE);
+                }
+            }
         }
     }
 
@@ -440,13 +454,18 @@ const REPORTING_NOW: Duration = Duration::from_millis(10);
 const PACE_SLICE: Duration = Duration::from_millis(50);
 
 /// The size of the request body `events` make: one structured event, or a batch.
+/// How long a worker waits before asking the budget again while other workers' requests
+/// are under way.
+const BUDGET_WAIT_SLICE: Duration = Duration::from_millis(5);
+
 /// What a destination's data budget says of a request.
 enum Admission {
     /// The destination has no budget.
     Unbudgeted,
     /// It may go: count it against its reservation once sent.
     Admitted(Admitted),
-    /// It waits for the next period.
+    /// It waits for the next period (or the relay stops, the gate closed, its lease is half
+    /// gone): it goes back unsent.
     Held,
 }
 
