@@ -10,6 +10,8 @@
 #[path = "common/byte_counter.rs"]
 mod byte_counter;
 mod common;
+#[path = "common/forward_proxy.rs"]
+mod forward_proxy;
 #[path = "common/https_receiver.rs"]
 mod https_receiver;
 #[path = "common/test_ca.rs"]
@@ -198,6 +200,23 @@ fn over_tls_the_handshakes_and_records_count_too() {
     let destination = Destination::http("default", url).http_config(HttpConfig::new().ca_pem(pem));
     three_periods_held_and_counted(destination, &counter);
     assert!(receiver.received() > 0);
+}
+
+#[test]
+fn through_a_proxy_the_connect_and_the_tunnel_count_too() {
+    let ca = test_ca::TestCa::new("budget test CA");
+    let server = ca.server();
+    let receiver = https_receiver::HttpsReceiver::start(&server, None);
+    let proxy = forward_proxy::ForwardProxy::start(None);
+    // The counter stands where the device's uplink would: between the relay and the proxy.
+    let counter = ByteCounter::start(proxy.addr);
+    let pem = std::fs::read(ca.ca_pem()).unwrap();
+    let http = HttpConfig::new()
+        .ca_pem(pem)
+        .proxy(format!("http://127.0.0.1:{}", counter.port));
+    let destination = Destination::http("default", receiver.url()).http_config(http);
+    three_periods_held_and_counted(destination, &counter);
+    assert!(proxy.state.tunnels.load(std::sync::atomic::Ordering::SeqCst) > 0);
 }
 
 #[test]

@@ -18,6 +18,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::outbox::Outbox;
 use crate::relay::gate::Gate;
+use crate::relay::spending::{Spending, Verdict};
 use crate::store::stream_accounts;
 use crate::transport::{Attempt, OutboundEvent, Transport};
 use crate::wire::{Fates, Ranges, StreamAccount, ACCOUNTING_TYPE};
@@ -45,6 +46,9 @@ pub(crate) struct Told {
     pub tells: Tells,
     pub transport: Arc<dyn Transport>,
     pub gate: Arc<Gate>,
+    /// The destination's data budget: the accounting spends it as events do, and waits
+    /// while the destination holds events for it.
+    pub spending: Option<Arc<Spending>>,
 }
 
 /// What a stream's destination took, and when it was last told.
@@ -410,7 +414,28 @@ impl Accountant {
         event.source = key.1.clone();
         event.destination = destination.name.clone();
         event.created_at = self.outbox.now_ms();
-        match destination.transport.send(std::slice::from_ref(&event)) {
+        let body = crate::wire::structured_body(&event).map_or(0, |b| b.len() as u64);
+        let admitted = match &destination.spending {
+            None => None,
+            Some(spending) => match spending.admit(body, false) {
+                Verdict::Go(reservation) => Some((spending, reservation)),
+                Verdict::Wait | Verdict::Hold => {
+                    log::debug!(
+                        "destination {}: the accounting of {} waits for the data budget",
+                        destination.name,
+                        key.1
+                    );
+                    return false;
+                }
+            },
+        };
+        let wire_before = crate::transport::wire_bytes_here();
+        let attempt = destination.transport.send(std::slice::from_ref(&event));
+        if let Some((spending, reservation)) = admitted {
+            let measured = crate::transport::wire_bytes_here().wrapping_sub(wire_before);
+            spending.spent(reservation, body, measured);
+        }
+        match attempt {
             Attempt::Answered { status, .. } if (200..300).contains(&status) => {
                 self.refused.remove(key);
                 log::debug!(

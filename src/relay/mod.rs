@@ -169,6 +169,7 @@ impl Relay {
                 tells: destination.sends_accounting(),
                 transport: transport.clone(),
                 gate: lane.gate(),
+                spending: lane.spending(),
             });
             for n in 0..worker_count {
                 let worker = Worker::new(

@@ -474,9 +474,13 @@ impl HttpTransport {
                     resolver,
                 )
             }
-            // HTTPS through a proxy: ureq's own connectors, a CONNECT tunnel per connection,
-            // the proxy's name looked up by ureq.
-            Some(proxy) => Agent::new_with_config(agent_config.proxy(Some(proxy)).build()),
+            // HTTPS through a proxy: ureq's CONNECT tunnel per connection, over these
+            // connections to the proxy (the proxy's name looked up by ureq's resolver).
+            Some(proxy) => Agent::with_parts(
+                agent_config.proxy(Some(proxy)).build(),
+                super::tcp::connector_through_tunnel(),
+                ureq::unversioned::resolver::DefaultResolver::default(),
+            ),
         };
         Ok(HttpTransport {
             agent,

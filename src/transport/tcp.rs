@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use ureq::unversioned::transport::time::Duration as UreqDuration;
 use ureq::unversioned::transport::{
-    Buffers, ChainedConnector, ConnectionDetails, Connector, LazyBuffers, NextTimeout,
-    RustlsConnector, ShutdownHandle, Transport,
+    Buffers, ChainedConnector, ConnectProxyConnector, ConnectionDetails, Connector, Either,
+    LazyBuffers, NextTimeout, RustlsConnector, ShutdownHandle, Transport,
 };
 use ureq::{Error, Timeout};
 
@@ -76,6 +76,20 @@ pub(crate) fn connector() -> ChainedConnector<(), OneWriteTcpConnector, RustlsCo
     OneWriteTcpConnector::default().chain(RustlsConnector::default())
 }
 
+/// The connector chain of an `https://` destination through a forward proxy: a CONNECT
+/// tunnel per connection (ureq's), made of these TCP connections to the proxy, with TLS
+/// through the tunnel. The proxy's CONNECT and its answer are on these connections too, so
+/// a data budget counts them.
+pub(crate) fn connector_through_tunnel() -> ChainedConnector<
+    (),
+    ChainedConnector<(), ConnectProxyConnector, OneWriteTcpConnector>,
+    RustlsConnector,
+> {
+    ConnectProxyConnector::default()
+        .chain(OneWriteTcpConnector::default())
+        .chain(RustlsConnector::default())
+}
+
 /// The connector chain of a plain `http://` destination through a forward proxy: these
 /// TCP connections (to the proxy, which the agent's resolver looks up), every request in
 /// absolute form (see [`super::absolute_form`]).
@@ -95,14 +109,19 @@ pub(crate) struct OneWriteTcpConnector {
     absolute_form: Option<Arc<AbsoluteForm>>,
 }
 
-impl Connector<()> for OneWriteTcpConnector {
-    type Out = OneWriteTcp;
+impl<In: Transport> Connector<In> for OneWriteTcpConnector {
+    type Out = Either<In, OneWriteTcp>;
 
     fn connect(
         &self,
         details: &ConnectionDetails,
-        _chained: Option<()>,
-    ) -> Result<Option<OneWriteTcp>, Error> {
+        chained: Option<In>,
+    ) -> Result<Option<Self::Out>, Error> {
+        // A connection made before this one in the chain (a CONNECT tunnel, itself made of
+        // these connections to the proxy) is taken as it is.
+        if let Some(chained) = chained {
+            return Ok(Some(Either::A(chained)));
+        }
         let stream = connect_any(details)?;
         OPENED_HERE.with(|n| n.set(n.get() + 1));
         if details.config.no_delay() {
@@ -112,7 +131,7 @@ impl Connector<()> for OneWriteTcpConnector {
         // Lets the agent shut the socket down from another thread.
         let handle: Weak<dyn ShutdownHandle> = Arc::downgrade(&stream) as Weak<dyn ShutdownHandle>;
         (details.register_shutdown)(handle)?;
-        Ok(Some(OneWriteTcp {
+        Ok(Some(Either::B(OneWriteTcp {
             stream,
             buffers: LazyBuffers::new(
                 details.config.input_buffer_size(),
@@ -123,7 +142,7 @@ impl Connector<()> for OneWriteTcpConnector {
             write_timeout: None,
             absolute_form: self.absolute_form.clone(),
             request_begins: true,
-        }))
+        })))
     }
 }
 
