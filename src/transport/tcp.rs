@@ -59,7 +59,9 @@ pub(crate) fn wire_bytes_here() -> u64 {
     WIRE_BYTES_HERE.with(|n| n.get())
 }
 
-fn count_wire_bytes(n: usize) {
+/// Counts `n` bytes this thread put on the network (or handed to a connection that will):
+/// what [`wire_bytes_here`] returns.
+pub(crate) fn count_wire_bytes(n: usize) {
     WIRE_BYTES_HERE.with(|c| c.set(c.get().wrapping_add(n as u64)));
 }
 

@@ -282,6 +282,8 @@ pub struct MqttTransport {
     max_packet_bytes: usize,
     version: MqttVersion,
     binary: bool,
+    /// Whether the connection is TLS (each packet then costs a record's framing too).
+    tls: bool,
     link: SharedLink,
     stop: Mutex<Option<Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -321,6 +323,7 @@ impl MqttTransport {
         let topic = config.check(destination)?;
         let address = parse_url(url)?;
         let bad = |why: String| Error::InvalidConfig(format!("destination {destination}: {why}"));
+        let tls = address.tls;
         let transport = if address.tls {
             let tls = config.tls.client_config().map_err(bad)?;
             rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(tls)))
@@ -363,6 +366,7 @@ impl MqttTransport {
             max_packet_bytes: config.max_packet_bytes,
             version: config.version,
             binary: config.binary,
+            tls,
             link,
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
@@ -398,6 +402,21 @@ impl MqttTransport {
         Ok(publication)
     }
 
+    /// The bytes one message puts on the network, as a data budget counts them: its
+    /// PUBLISH (a bound: the fixed header's length counted as its largest), its PUBACK,
+    /// and over TLS a record's framing for each. Not counted: the connection's CONNECT,
+    /// CONNACK, keep-alive PINGs and TLS handshake (see `guide::metered_links`).
+    fn on_the_wire(&self, publication: &Publication) -> usize {
+        let puback = match self.version {
+            // Fixed header (2) and packet id (2).
+            MqttVersion::V311 => 4,
+            // And a reason code and an empty property length.
+            MqttVersion::V5 => 6,
+        };
+        let framing = if self.tls { 2 * TLS_RECORD_FRAMING } else { 0 };
+        packet_size(publication) + puback + framing
+    }
+
     /// The message for `event` in this destination's content mode.
     fn publication(
         &self,
@@ -428,6 +447,10 @@ impl MqttTransport {
         })
     }
 }
+
+/// What a TLS record adds to what it carries: its header (5), and for AES-GCM the tag (16)
+/// and, in TLS 1.2, the explicit nonce (8).
+const TLS_RECORD_FRAMING: usize = 29;
 
 /// An upper bound on the PUBLISH packet's size: fixed header (at most 5 bytes), topic
 /// length (2), topic, packet id (2), properties (MQTT 5) and payload.
@@ -482,7 +505,12 @@ impl Transport for MqttTransport {
         let mut ready = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
             match self.prepare(event, broker_limit) {
-                Ok(publication) => ready.push((index, publication)),
+                Ok(publication) => {
+                    // The connection's thread writes it; its bytes are known here, for a
+                    // data budget (see `on_the_wire`).
+                    super::tcp::count_wire_bytes(self.on_the_wire(&publication));
+                    ready.push((index, publication));
+                }
                 Err(attempt) => outcomes.settle(index, attempt),
             }
         }
