@@ -229,7 +229,7 @@ fn through_a_proxy_the_connect_and_the_tunnel_count_too() {
 }
 
 /// MQTT's bytes are counted from its packets (the connection's own packets and PINGs are
-/// not): the budget holds all the same, and the count is within 2% of the sockets..
+/// not): the budget holds all the same, and the count is within 2% of the sockets.
 #[cfg(feature = "mqtt")]
 #[test]
 fn over_mqtt_the_packets_and_acknowledgements_count() {

@@ -134,8 +134,8 @@ pub fn stats(outbox: &Outbox, args: StatsArgs) -> Outcome {
                 d.name.clone(),
                 format!(
                     "{} of {}",
-                    output::bytes(i64::try_from(b.used_bytes).unwrap_or(i64::MAX)),
-                    output::bytes(i64::try_from(b.limit_bytes).unwrap_or(i64::MAX))
+                    output::decimal_bytes(b.used_bytes),
+                    output::decimal_bytes(b.limit_bytes)
                 ),
                 output::time(Some(b.period_ends)),
                 match (b.holding, b.forecast) {

@@ -40,6 +40,23 @@ pub fn bytes(n: i64) -> String {
     }
 }
 
+/// A size in powers of 1000 (B, KB, MB, GB), as carriers bill and data budgets are
+/// written (`--budget 50MB/30d`).
+pub fn decimal_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KB", "MB", "GB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 /// An age in milliseconds, to the second.
 pub fn age(ms: Option<i64>) -> String {
     match ms {
