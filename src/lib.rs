@@ -60,7 +60,9 @@
 //!   (its schema version), `outbox_settings` (routes, limits and policies: [`settings`]),
 //!   `outbox_destinations`, `outbox_stats`, `outbox_delivered_totals`,
 //!   `outbox_pending_tally`, `outbox_lease_tally`, `outbox_streams` (each stream's numbers,
-//!   see [guide::fleet]), `outbox_fates` and `outbox_inbox`; the views `outbox_enqueue` and
+//!   see [guide::fleet]), `outbox_fates`, `outbox_lost_numbers`, `outbox_budgets` (what
+//!   each destination's data budget has spent, see [`guide::metered_links`]) and
+//!   `outbox_inbox`; the views `outbox_enqueue` and
 //!   `outbox_enqueue_make_way` with their `INSTEAD OF` triggers; triggers on its own table
 //!   (`outbox_events`: totals, stream numbers, fates); indexes on its own tables. Migrations add only such objects,
 //!   each in its own `IMMEDIATE` transaction.

@@ -309,6 +309,36 @@ fn a_relay_restarted_within_the_period_spends_on_from_what_was_spent() {
 }
 
 #[test]
+fn deliver_pending_spends_the_same_budget() {
+    let receiver = TestReceiver::ok();
+    let counter = ByteCounter::start(([127, 0, 0, 1], receiver.port).into());
+    let url = format!("http://127.0.0.1:{}/events", counter.port);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = open(&dir, &clock);
+    enqueue(&outbox, 40, Event::DEFAULT_PRIORITY);
+    let config =
+        RelayConfig::new().destination(Destination::http("default", url).budget(6_000, MINUTE));
+    let report = outbox
+        .deliver_pending(config.clone(), Instant::now() + Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(report.ended, sqlite_outbox::DrainEnd::Deadline);
+    assert!(report.delivered > 0 && report.pending > 0, "{report:?}");
+    let spent = budget(&outbox).used_bytes;
+    assert!(
+        spent <= 6_000 && spent == counter.total(),
+        "{spent} of {}",
+        counter.total()
+    );
+    // A second drain in the same period sends nothing more.
+    let again = outbox
+        .deliver_pending(config, Instant::now() + Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(again.delivered, 0);
+    assert_eq!(counter.total(), spent);
+}
+
+#[test]
 fn the_forecast_is_when_a_steady_rate_spends_the_rest() {
     let receiver = TestReceiver::ok();
     let dir = tempfile::tempdir().unwrap();

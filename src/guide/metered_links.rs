@@ -1,4 +1,4 @@
-//! On batteries and metered links: an idle relay that sleeps, wake-ups from other processes, gzip and linger.
+//! On batteries and metered links: an idle relay that sleeps, wake-ups from other processes, gzip and linger, and a data budget per destination.
 //!
 //! **An idle relay sleeps.** Nothing is looked at on a fixed beat: the writer sleeps until
 //! the soonest thing it knows is due (a retry it scheduled, a row written with a delay or
@@ -47,6 +47,65 @@
 //! waits at most `d`. Events of priority [`Event::URGENT_PRIORITY`](crate::Event::URGENT_PRIORITY) (8) or above go at once,
 //! taking what waits with them; shutdown sends what waits. The held events are leased, so
 //! `d` may be at most a quarter of the lease (checked at start).
+//!
+//! **A data plan the device keeps.** [`Destination::budget`](crate::Destination::budget)`(bytes,
+//! period)` (CLI: `relay --budget 50MB/30d`; sizes in B, KB, MB, GB as powers of 1000, as
+//! carriers bill; periods from `1m` to `31d`, in `m`, `h` or `d`) caps what one destination
+//! may cost in each period, counted as the network counts it:
+//!
+//! - **What counts**: every byte the relay writes to and reads from the destination's
+//!   sockets: request lines, headers, bodies, answers, TLS handshakes and records, a
+//!   proxy's `CONNECT` and its answer, retries and the streams' accounting included. Over
+//!   HTTP(S) these are the bytes on the crate's own connections, counted as they cross
+//!   (within a few bytes of what a byte-counting forwarder in front of the receiver sees:
+//!   `tests/budget.rs`); over MQTT, each message's PUBLISH (its size as a bound), its PUBACK
+//!   and TLS records' framing, but not the connection's CONNECT, CONNACK, keep-alive PINGs
+//!   and TLS handshake (a few hundred bytes, and a handshake's few KB, a connection); a
+//!   [`custom`](crate::Destination::custom) transport's requests count their bodies. IP and
+//!   TCP headers (40-60 bytes a packet) are the carrier's and are not counted: leave them
+//!   room in the plan.
+//! - **Never started unless it fits**: a request goes only if what the period spent, what
+//!   requests under way may still spend, and its own bound fit in the budget. Its bound is
+//!   its body plus the costliest request beyond its body measured so far on that
+//!   destination (8 KB for the first over TLS, 1 KB over plain HTTP): so a period spends at
+//!   most the budget plus what one answer larger than any before can add.
+//! - **Spent in this order when it runs short**: events of priority
+//!   [`budget_exempt_priority`](crate::Destination::budget_exempt_priority)`(n)` and above
+//!   (CLI: `--budget-exempt-priority n`) go whatever is left and beyond, counted; they are
+//!   claimed first anyway (the claim takes the most urgent first). Every other event waits
+//!   for the next period: it spends no attempt and is not dead-lettered (its deadline,
+//!   [`Event::expires_in`](crate::Event::expires_in), still applies), and coalescing goes
+//!   on replacing what waits as before. A destination's events wait in their usual order.
+//! - **Kept across restarts**: what a period spent is kept in the file (`outbox_budgets`),
+//!   written with each batch of outcomes, so a relay restarted within the period, or after a
+//!   crash, spends on from there (at most the last batch's bytes are lost with a crash);
+//!   several relays of one file add to the same total. Periods follow one another from the
+//!   first one's start, on the outbox's clock: a clock that steps back does not start a
+//!   period afresh. [`Outbox::deliver_pending`](crate::Outbox::deliver_pending) spends the
+//!   same budget as a relay.
+//! - **Known in advance**: [`Outbox::budget`](crate::Outbox::budget)`(destination)` and
+//!   `outbox stats` (text, and in `--json` each destination's `budget`: `limit_bytes`,
+//!   `used_bytes`, `period_started`, `period_ends` in unix ms, `forecast`, `holding`,
+//!   `exempt_priority`) say where it stands; `forecast` is when the budget runs out at the
+//!   rate spent so far in the period (`null` if nothing was spent yet or the period ends
+//!   first). With the `metrics` feature, the gauges `outbox_budget_used_bytes` and
+//!   `outbox_budget_limit_bytes` (label `destination`). Subscribers
+//!   ([`Outbox::subscribe`](crate::Outbox::subscribe)) get a notice when a destination
+//!   starts holding events for its budget
+//!   ([`DeliveryOutcome::BudgetSpent`](crate::notices::DeliveryOutcome::BudgetSpent)) and
+//!   when a new period lets them go ([`DeliveryOutcome::BudgetRenewed`](crate::notices::DeliveryOutcome::BudgetRenewed)),
+//!   and the relay logs both.
+//!
+//! **Choosing a budget.** Start from the plan and leave a margin: the carrier counts IP and
+//! TCP headers, DNS, and whatever else the device sends. Measure a day of your own traffic
+//! first (`Outbox::budget`'s `used_bytes` with a large budget, or the gauge) and divide: a
+//! 50 MB month for a device whose day costs 1.2 MB is `--budget 45MB/30d` with headroom for
+//! a week offline's backlog to catch up. A shorter period spreads the spending: `2MB/1d`
+//! keeps one chatty day from spending the month, at the price of holding events on that
+//! day. Reduce what each event costs before capping it: batching (one request's head and
+//! answer for many events), gzip, linger, and keeping connections open (a TLS handshake,
+//! about 6.5 KB, costs more than many events). Exempt only what must go at any price
+//! (alarms, a theft report): exempt events can spend the plan too.
 //!
 //! What each of these saves (wake-ups of an idle relay, commit → receipt from another
 //! process, bytes on the wire, requests and CPU with linger) is measured by `cargo run

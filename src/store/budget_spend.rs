@@ -6,8 +6,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::error::Result;
 
-/// Where a destination's data budget stands, from the file: [`Outbox::budget`]
-/// (crate::Outbox::budget), `outbox stats`.
+/// Where a destination's data budget stands, from the file:
+/// [`Outbox::budget`](crate::Outbox::budget), `outbox stats`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct BudgetStatus {
