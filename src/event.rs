@@ -36,7 +36,7 @@ impl Event {
     /// The most urgent priority; 0 is the least urgent.
     pub const MAX_PRIORITY: u8 = 9;
     /// The priority of an event that sets none and whose type has no default.
-    pub const DEFAULT_PRIORITY: u8 = 5;
+    pub const DEFAULT_PRIORITY: u8 = crate::outbound::DEFAULT_PRIORITY;
     /// The priority from which an event skips a destination's
     /// [`linger`](crate::Destination::linger) and goes at once.
     pub const URGENT_PRIORITY: u8 = 8;

@@ -2,6 +2,10 @@
 //! a transport sends. Its own module, below all three, so none of them imports another for
 //! it; the public path is `transport::OutboundEvent`.
 
+/// An event's priority when it was given none: `Event::DEFAULT_PRIORITY`, kept here too so
+/// that this module, below `event`, does not import it.
+pub(crate) const DEFAULT_PRIORITY: u8 = 5;
+
 /// One claimed event on its way to a destination.
 ///
 /// The relay hands these to a [`Transport`](crate::transport::Transport); the lease fields tell which claim it belongs to.
@@ -96,7 +100,7 @@ impl OutboundEvent {
             tracestate: None,
             dataschema: None,
             stream_seq: None,
-            priority: crate::Event::DEFAULT_PRIORITY,
+            priority: DEFAULT_PRIORITY,
             lease_ends: None,
         }
     }

@@ -128,7 +128,7 @@ fn number_with_unit(text: &str, units: &[(&str, u64)]) -> Option<u64> {
 fn with_unit(value: u64, units: &[(&str, u64)]) -> String {
     let (name, scale) = units
         .iter()
-        .find(|(_, scale)| value % scale == 0)
+        .find(|(_, scale)| value.is_multiple_of(*scale))
         .unwrap_or(&units[units.len() - 1]);
     format!("{}{name}", value / scale)
 }
@@ -140,7 +140,7 @@ impl fmt::Display for Budget {
             "{}/{}",
             with_unit(self.limit_bytes, &SIZE_UNITS),
             // Periods are whole minutes when parsed; a `Budget::new` of seconds shows them.
-            if self.period.as_secs() % 60 == 0 {
+            if self.period.as_secs().is_multiple_of(60) {
                 with_unit(self.period.as_secs(), &PERIOD_UNITS)
             } else {
                 format!("{}s", self.period.as_secs())

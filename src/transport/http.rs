@@ -945,7 +945,7 @@ mod tests {
             tracestate: None,
             dataschema: None,
             stream_seq: None,
-            priority: crate::Event::DEFAULT_PRIORITY,
+            priority: crate::outbound::DEFAULT_PRIORITY,
             lease_ends: None,
         };
         assert!(matches!(t.send(&[event]), Attempt::Unreachable { .. }));

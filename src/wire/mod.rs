@@ -258,7 +258,7 @@ mod tests {
             tracestate: None,
             dataschema: None,
             stream_seq: None,
-            priority: crate::Event::DEFAULT_PRIORITY,
+            priority: crate::outbound::DEFAULT_PRIORITY,
             lease_ends: None,
         }
     }

@@ -259,7 +259,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
         for event in &mut claimed.events[first..] {
-            event.priority = u8::try_from(level).unwrap_or(crate::Event::DEFAULT_PRIORITY);
+            event.priority = u8::try_from(level).unwrap_or(crate::outbound::DEFAULT_PRIORITY);
         }
         if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {
             break;
@@ -491,7 +491,7 @@ pub(crate) fn decode_event(
         tracestate: r.get(12)?,
         dataschema: r.get(13)?,
         stream_seq: r.get(14)?,
-        priority: crate::Event::DEFAULT_PRIORITY,
+        priority: crate::outbound::DEFAULT_PRIORITY,
         lease_ends: None,
     })
 }
