@@ -26,6 +26,17 @@ mod support_mqtt;
 #[path = "bench/frugal.rs"]
 mod frugal;
 
+#[path = "bench/budget.rs"]
+mod budget;
+// The budget's accuracy rows count bytes as the tests do: a forwarder in front of the
+// receiver, and the tests' HTTPS receiver and CA.
+#[path = "../tests/common/byte_counter.rs"]
+mod byte_counter;
+#[path = "../tests/common/https_receiver.rs"]
+mod https_receiver;
+#[path = "../tests/common/test_ca.rs"]
+mod test_ca;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -2254,6 +2265,10 @@ fn main() {
     if run("frugal") {
         eprintln!("frugal (about three and a half minutes)…");
         lines.extend(frugal::rows(dir));
+    }
+    if run("frugal") || run("budget") {
+        eprintln!("budget…");
+        lines.extend(budget::rows(dir));
     }
     if run("footprint") {
         eprintln!("footprint…");

@@ -61,14 +61,15 @@
 //!   `tests/budget.rs`); over MQTT, each message's PUBLISH (its size as a bound), its PUBACK
 //!   and TLS records' framing, but not the connection's CONNECT, CONNACK, keep-alive PINGs
 //!   and TLS handshake (a few hundred bytes, and a handshake's few KB, a connection); a
-//!   [`custom`](crate::Destination::custom) transport's requests count their bodies. IP and
+//!   [`custom`](crate::Destination::custom) transport's requests count their events' data. IP and
 //!   TCP headers (40-60 bytes a packet) are the carrier's and are not counted: leave them
 //!   room in the plan.
 //! - **Never started unless it fits**: a request goes only if what the period spent, what
 //!   requests under way may still spend, and its own bound fit in the budget. Its bound is
-//!   its body plus the costliest request beyond its body measured so far on that
-//!   destination (8 KB for the first over TLS, 1 KB over plain HTTP): so a period spends at
-//!   most the budget plus what one answer larger than any before can add.
+//!   its events' data plus the costliest request beyond its events' data measured so far on
+//!   that destination (its envelope, head and answer, and a TLS handshake where one was
+//!   made; 8 KB for the first over TLS, 1.5 KB over plain HTTP): so a period spends at most
+//!   the budget plus what one answer larger than any before can add.
 //! - **Spent in this order when it runs short**: events of priority
 //!   [`budget_exempt_priority`](crate::Destination::budget_exempt_priority)`(n)` and above
 //!   (CLI: `--budget-exempt-priority n`) go whatever is left and beyond, counted; they are

@@ -414,7 +414,7 @@ impl Accountant {
         event.source = key.1.clone();
         event.destination = destination.name.clone();
         event.created_at = self.outbox.now_ms();
-        let body = crate::wire::structured_body(&event).map_or(0, |b| b.len() as u64);
+        let body = event.payload.len() as u64;
         let admitted = match &destination.spending {
             None => None,
             Some(spending) => match spending.admit(body, false) {

@@ -357,8 +357,8 @@ impl Destination {
 
     /// At most `bytes` in each `period` (a minute to 31 days, whole seconds), counted as
     /// the network counts them: every byte the relay writes to and reads from the
-    /// destination's sockets, TLS handshakes, headers, answers and retries included (for a
-    /// [`custom`](Self::custom) or MQTT destination, the request bodies). The relay never
+    /// destination's sockets, TLS handshakes, headers, answers and retries included (for
+    /// MQTT, its packets; for a [`custom`](Self::custom) transport, the events' data). The relay never
     /// starts a request the rest of the budget cannot carry; once it is spent, events wait
     /// for the next period without spending attempts (their deadlines still apply), except
     /// those at or above [`budget_exempt_priority`](Self::budget_exempt_priority). What a
@@ -401,8 +401,8 @@ impl Destination {
         }
     }
 
-    /// What a request costs beyond its body before one was seen, for the budget: a TLS
-    /// handshake over `https://`.
+    /// What a request costs beyond its events' data before one was measured, for the
+    /// budget: with a TLS handshake over `https://`.
     pub(crate) fn first_request_overhead(&self) -> u64 {
         match &self.target {
             Target::Http { url, .. } if url.to_ascii_lowercase().starts_with("https://") => {

@@ -5,11 +5,13 @@
 //! the file and tells the app).
 //!
 //! A request is started only if what the period has spent, what requests under way may
-//! still spend, and this request's bound fit in the budget. The bound is the request's body
-//! plus the costliest request beyond its body seen so far on this destination (its head,
-//! the answer, a TLS handshake when a connection was opened): so the relay never starts a
-//! request the rest of the budget cannot carry, and a period spends at most the budget plus
-//! what one answer larger than any before can add.
+//! still spend, and this request's bound fit in the budget. The bound is its events' data
+//! plus the costliest request beyond its events' data measured so far on this destination
+//! (the envelope, its head, the answer, a TLS handshake when a connection was opened): so
+//! the relay never starts a request the rest of the budget cannot carry, and a period
+//! spends at most the budget plus what one answer larger than any before can add. (The
+//! events' data, not the encoded body: encoding each request twice cost a drain of one
+//! event a request 10% of its rate.)
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -20,11 +22,12 @@ use crate::error::Result;
 use crate::relay::budget::Budget;
 use crate::store::budget_spend::{self, BudgetRecord};
 
-/// What a request is assumed to cost beyond its body before one was seen: an HTTPS
-/// request's first connection (a TLS handshake is about 6.5 KB) and an answer.
+/// What a request is assumed to cost beyond its events' data before one was measured: an
+/// HTTPS request's first connection (a TLS handshake is about 6.5 KB), its envelope, head
+/// and answer.
 pub(crate) const FIRST_OVERHEAD_TLS: u64 = 8_000;
-/// The same over plain TCP: a request's head and its answer.
-pub(crate) const FIRST_OVERHEAD_PLAIN: u64 = 1_000;
+/// The same over plain TCP: a request's envelope, head and answer.
+pub(crate) const FIRST_OVERHEAD_PLAIN: u64 = 1_500;
 
 /// One destination's budget as a relay spends it.
 pub(crate) struct Spending {
@@ -47,9 +50,9 @@ struct State {
     syncing: u64,
     /// The bounds of requests started and not yet counted.
     reserved: u64,
-    /// What a request is assumed to cost beyond its body until one is measured.
+    /// What a request is assumed to cost beyond its events' data until one is measured.
     first_overhead: u64,
-    /// The costliest request beyond its body measured so far.
+    /// The costliest request beyond its events' data measured so far.
     learned_overhead: Option<u64>,
     /// Whether events below the exempt priority wait for the next period.
     holding: bool,
@@ -160,7 +163,7 @@ impl Spending {
         self.sync(conn)
     }
 
-    /// Whether a request of `body` bytes may start now. `exempt`: every event of it is at
+    /// Whether a request whose events' data is `body` bytes may start now. `exempt`: every event of it is at
     /// or above the exempt priority, and it goes whatever is left.
     pub fn admit(&self, body: u64, exempt: bool) -> Verdict {
         let now = self.clock.now_ms();
@@ -193,7 +196,7 @@ impl Spending {
     }
 
     /// Counts a request admitted with `reservation`: `measured` bytes on its sockets, or
-    /// its `body` where the transport does not count them (0 measured).
+    /// its events' data (`body`) where the transport does not count them (0 measured).
     pub fn spent(&self, reservation: u64, body: u64, measured: u64) {
         let mut state = self.lock();
         state.reserved = state.reserved.saturating_sub(reservation);

@@ -229,7 +229,8 @@ impl Worker {
         let exempt = spending
             .exempt_priority()
             .is_some_and(|p| events.iter().all(|e| e.priority >= p));
-        let body = body_len(events) as u64;
+        // The events' data, not the encoded body: see `spending`.
+        let body: u64 = events.iter().map(|e| e.payload.len() as u64).sum();
         loop {
             match spending.admit(body, exempt) {
                 Verdict::Go(reservation) => {
@@ -469,7 +470,7 @@ enum Admission {
     Held,
 }
 
-/// A request the budget let go: what it reserved, and its body's size.
+/// A request the budget let go: what it reserved, and its events' data's size.
 struct Admitted {
     spending: Arc<Spending>,
     reservation: u64,
