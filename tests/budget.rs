@@ -102,7 +102,13 @@ fn wait_until_held(outbox: &Outbox, counter: &ByteCounter) {
             still_since = Instant::now();
         }
     }
+    // What the last requests spent reaches the file within a second.
+    std::thread::sleep(SPENDING_WRITTEN_WITHIN);
 }
+
+/// How long the relay takes at most to write what it spent to the file (its `SYNC_EVERY`,
+/// and a margin).
+const SPENDING_WRITTEN_WITHIN: Duration = Duration::from_millis(1_300);
 
 fn pending_attempts(outbox: &Outbox) -> Vec<i64> {
     common::query_rows(
@@ -266,7 +272,7 @@ fn urgent_events_go_when_the_budget_is_spent_and_the_rest_wait_without_attempts(
     // They went beyond the budget, and were counted.
     let status = budget(&outbox);
     assert!(status.holding);
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(SPENDING_WRITTEN_WITHIN);
     assert_eq!(
         outbox.stats().unwrap().pending,
         pending,
@@ -345,7 +351,7 @@ fn the_forecast_is_when_a_steady_rate_spends_the_rest() {
     let clock = ManualClock::new(T0);
     let outbox = open(&dir, &clock);
     let limit = 1_000_000;
-    let _relay = start(
+    let relay = start(
         &outbox,
         Destination::http("default", receiver.url()).budget(limit, Duration::from_secs(86_400)),
     );
@@ -359,8 +365,8 @@ fn the_forecast_is_when_a_steady_rate_spends_the_rest() {
         }));
         clock.advance_ms(1_000);
     }
-    // Recorded with the outcomes: wait for the last spending to reach the file.
-    std::thread::sleep(Duration::from_millis(300));
+    // A relay that stops writes what it spent.
+    drop(relay);
     let status = budget(&outbox);
     let used = status.used_bytes;
     assert!(used > 0);

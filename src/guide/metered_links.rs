@@ -78,8 +78,9 @@
 //!   [`Event::expires_in`](crate::Event::expires_in), still applies), and coalescing goes
 //!   on replacing what waits as before. A destination's events wait in their usual order.
 //! - **Kept across restarts**: what a period spent is kept in the file (`outbox_budgets`),
-//!   written with each batch of outcomes, so a relay restarted within the period, or after a
-//!   crash, spends on from there (at most the last batch's bytes are lost with a crash);
+//!   written within a second (with the outcomes when there are some; a change of holding at
+//!   once; everything when the relay stops), so a relay restarted within the period, or
+//!   after a crash, spends on from there (a crash loses at most the last second's count);
 //!   several relays of one file add to the same total. Periods follow one another from the
 //!   first one's start, on the outbox's clock: a clock that steps back does not start a
 //!   period afresh. [`Outbox::deliver_pending`](crate::Outbox::deliver_pending) spends the

@@ -14,6 +14,7 @@
 //! event a request 10% of its rate.)
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -29,6 +30,12 @@ pub(crate) const FIRST_OVERHEAD_TLS: u64 = 8_000;
 /// The same over plain TCP: a request's envelope, head and answer.
 pub(crate) const FIRST_OVERHEAD_PLAIN: u64 = 1_500;
 
+/// How often at most the spending is written to the file while nothing else changes: a
+/// crash loses at most this much of it. A change of holding is written at once. (Written
+/// with every transaction of outcomes, it cost a drain of one event a request a few
+/// percent.)
+pub(crate) const SYNC_EVERY: Duration = Duration::from_secs(1);
+
 /// One destination's budget as a relay spends it.
 pub(crate) struct Spending {
     destination: String,
@@ -36,6 +43,8 @@ pub(crate) struct Spending {
     exempt_priority: Option<u8>,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// When this spending was made: its first write is due from then.
+    made_at: Instant,
 }
 
 #[derive(Debug)]
@@ -58,6 +67,9 @@ struct State {
     holding: bool,
     /// Whether the app was last told the destination holds.
     announced: bool,
+    /// When the spending was last written to the file, and whether it said holding.
+    synced_at: Option<Instant>,
+    synced_holding: bool,
 }
 
 impl State {
@@ -104,6 +116,7 @@ impl Spending {
             budget,
             exempt_priority,
             clock,
+            made_at: Instant::now(),
             state: Mutex::new(State {
                 period_started: now,
                 saved: 0,
@@ -114,6 +127,8 @@ impl Spending {
                 learned_overhead: None,
                 holding: false,
                 announced: false,
+                synced_at: None,
+                synced_holding: false,
             }),
         }
     }
@@ -259,6 +274,23 @@ impl Spending {
         })
     }
 
+    /// When the spending should next be written to the file ([`sync`](Self::sync)): at once
+    /// (an instant already past) if whether the destination holds changed or it was never
+    /// written, [`SYNC_EVERY`] after the last write while something is unwritten, else
+    /// never.
+    pub fn sync_due(&self) -> Option<Instant> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        self.roll(&mut state, now);
+        // "At once" is an instant already past: the last write (or the spending's making).
+        match state.synced_at {
+            None => Some(self.made_at),
+            Some(at) if state.holding != state.synced_holding => Some(at),
+            Some(at) if state.unsaved > 0 => Some(at + SYNC_EVERY),
+            Some(_) => None,
+        }
+    }
+
     /// Adds what was spent since the last sync to the file (inside the caller's
     /// transaction) and takes back what every relay of the file has spent in the period.
     pub fn sync(&self, conn: &Connection) -> Result<()> {
@@ -272,6 +304,8 @@ impl Spending {
         let written = budget_spend::add_spent(conn, &self.record(), period_started, spent, holding);
         let mut state = self.lock();
         state.syncing = 0;
+        state.synced_at = Some(Instant::now());
+        state.synced_holding = holding;
         match written {
             Ok(file) => {
                 if file.period_started >= state.period_started {
@@ -370,5 +404,37 @@ mod tests {
             s.renews_in(),
             Some(std::time::Duration::from_millis(59_500))
         );
+    }
+
+    #[test]
+    fn a_change_of_holding_is_due_at_once_and_spending_within_a_second() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE outbox_budgets (destination TEXT PRIMARY KEY, limit_bytes INTEGER NOT NULL,
+                 period_ms INTEGER NOT NULL, period_started INTEGER NOT NULL,
+                 used_bytes INTEGER NOT NULL DEFAULT 0, exempt_priority INTEGER,
+                 holding INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
+        )
+        .unwrap();
+        let (s, _) = spending(500, None);
+        // Never written: due at once.
+        assert!(s.sync_due().is_some_and(|due| due <= Instant::now()));
+        s.load(&conn).unwrap();
+        assert_eq!(s.sync_due(), None);
+        let r = go(s.admit(100, false));
+        s.spent(r, 100, 150);
+        let due = s.sync_due().unwrap();
+        assert!(due > Instant::now() && due <= Instant::now() + SYNC_EVERY);
+        // Holding: at once.
+        assert_eq!(s.admit(400, false), Verdict::Hold);
+        assert!(s.sync_due().is_some_and(|due| due <= Instant::now()));
+        s.sync(&conn).unwrap();
+        assert_eq!(s.sync_due(), None);
+        let kept: (i64, bool) = conn
+            .query_row("SELECT used_bytes, holding FROM outbox_budgets", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(kept, (150, true));
     }
 }

@@ -24,7 +24,7 @@ use crate::relay::housekeeping::Housekeeping;
 use crate::relay::lane::Lane;
 use crate::relay::panic::panic_message;
 use crate::relay::report::Report;
-use crate::relay::spending::HoldChange;
+use crate::relay::spending::{HoldChange, SYNC_EVERY};
 use crate::relay::stats::{Counters, ShutdownReport};
 use crate::relay::wal_watch::{self, WalWatch};
 use crate::store::database::PooledConnection;
@@ -305,6 +305,7 @@ impl Writer {
                     outbox.right_of_way().relay_write(GIVE_WAY_LIMIT)
                 });
             self.give_room_to_the_app();
+            self.keep_budgets(Instant::now());
             self.announce_budgets();
             for lane in 0..self.lanes.len() {
                 if let Err(e) = self.claim(lane) {
@@ -449,6 +450,9 @@ impl Writer {
             }
             if let Some(renews) = lane.budget_renews_in() {
                 soon(now + renews);
+            }
+            if let Some(due) = lane.spending().and_then(|s| s.sync_due()) {
+                soon(due);
             }
             if let Some(t) = lane.due_later_read_by() {
                 soon(t);
@@ -1170,9 +1174,38 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let recorded = queue::record(&tx, outcomes, now)?;
-        sync_budgets(&self.lanes, &self.relay_id, &tx);
+        sync_budgets(&self.lanes, &self.relay_id, &tx, Instant::now());
         tx.commit()?;
         Ok(recorded)
+    }
+
+    /// Writes the spending of the budgets whose write is due by `by` in a transaction of its
+    /// own (when no outcomes came to carry it).
+    fn keep_budgets(&mut self, by: Instant) {
+        let due = self.lanes.iter().any(|lane| {
+            lane.spending()
+                .and_then(|s| s.sync_due())
+                .is_some_and(|due| due <= by)
+        });
+        if !due {
+            return;
+        }
+        let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
+        let written = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(crate::Error::from)
+            .and_then(|tx| {
+                sync_budgets(&self.lanes, &self.relay_id, &tx, by);
+                tx.commit().map_err(crate::Error::from)
+            });
+        match written {
+            Ok(()) => self.wrote = true,
+            Err(e) => log::warn!(
+                "relay {}: cannot keep what the budgets have spent: {e:#}",
+                self.relay_id
+            ),
+        }
     }
 
     /// Takes each data budget's period from the file (a relay restarted within a period
@@ -1297,6 +1330,9 @@ impl Writer {
                 self.relay_id
             );
         }
+        // What the budgets spent since their last write: all of it, so the next relay of
+        // the period spends on from here.
+        self.keep_budgets(Instant::now() + SYNC_EVERY);
         let restarts = self.counters.writer_restarts();
         if let Some(size) = self.pool_cache_size {
             restore_page_cache(&self.conn, size, &self.relay_id);
@@ -1305,23 +1341,26 @@ impl Writer {
     }
 }
 
-/// Adds what each data budget spent since the last time to the file, inside the
-/// transaction that records the outcomes, and reads back what every relay of the file
-/// has spent. A failure is logged and tried again with the next outcomes: it must not
-/// keep the outcomes from being recorded.
-fn sync_budgets(lanes: &[Lane], relay_id: &str, tx: &rusqlite::Connection) {
+/// Adds what each data budget spent since it was last written to the file, for those whose
+/// write is due by `by` ([`Spending::sync_due`]: a change of holding at once, spending at
+/// most every second), inside the caller's transaction (the outcomes' when there are
+/// some), and reads back what every relay of the file has spent. A failure is logged and
+/// tried again: it must not keep the outcomes from being recorded.
+fn sync_budgets(lanes: &[Lane], relay_id: &str, tx: &rusqlite::Connection, by: Instant) {
     for lane in lanes {
         let Some(spending) = lane.spending() else {
             continue;
         };
+        if spending.sync_due().is_none_or(|due| due > by) {
+            continue;
+        }
         match spending.sync(tx) {
             Ok(()) => {
                 let (used, limit) = spending.used_and_limit();
                 crate::observe::telemetry::budget(lane.name(), used, limit);
             }
             Err(e) => log::warn!(
-                "relay {}: cannot keep what the budget of {} has spent: {e:#}",
-                relay_id,
+                "relay {relay_id}: cannot keep what the budget of {} has spent: {e:#}",
                 lane.name()
             ),
         }
