@@ -12,7 +12,7 @@ use metrics::{
     SharedString, Unit,
 };
 use serde_json::json;
-use sqlite_outbox::{Event, Outbox, RelayConfig, StoragePolicy};
+use sqlite_outbox::{Destination, Event, Outbox, RelayConfig, StoragePolicy};
 
 /// Every update, by metric name and its labels.
 #[derive(Default)]
@@ -163,8 +163,11 @@ fn counters_gauges_and_latency_with_bounded_labels() {
             Reply::Status(200)
         }
     });
+    // With a data budget, whose gauges follow what it spent.
+    let destination = Destination::http("default", receiver.url())
+        .budget(1_000_000, std::time::Duration::from_secs(86_400));
     let relay = outbox
-        .relay(fast(RelayConfig::http(receiver.url())))
+        .relay(fast(RelayConfig::new().destination(destination)))
         .start()
         .unwrap();
     assert!(wait_until(PATIENCE, || outbox.stats().unwrap().pending == 0));
@@ -190,6 +193,17 @@ fn counters_gauges_and_latency_with_bounded_labels() {
     );
     assert_eq!(value("outbox_coalesced_total,type=pos"), 1.0);
     assert_eq!(value("outbox_dropped_total"), 3.0);
+    // The budget's gauges, as its last write to the file (at the relay's stop) left them.
+    let budget = outbox.budget("default").unwrap().unwrap();
+    assert!(budget.used_bytes > 0);
+    assert_eq!(
+        value(&format!("outbox_budget_limit_bytes,{d}")),
+        1_000_000.0
+    );
+    assert_eq!(
+        value(&format!("outbox_budget_used_bytes,{d}")),
+        budget.used_bytes as f64
+    );
     let labels = sink.labels.lock().unwrap();
     assert!(labels
         .iter()
