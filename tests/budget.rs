@@ -62,6 +62,35 @@ fn enqueue(outbox: &Outbox, n: usize, priority: u8) -> Vec<String> {
     ids
 }
 
+/// A receiver on 127.0.0.1 behind a byte-counting forwarder, and an outbox on a manual
+/// clock at [`T0`].
+struct Counted {
+    receiver: TestReceiver,
+    counter: ByteCounter,
+    /// The receiver's URL through the forwarder.
+    url: String,
+    dir: tempfile::TempDir,
+    clock: ManualClock,
+    outbox: Outbox,
+}
+
+fn counted() -> Counted {
+    let receiver = TestReceiver::ok();
+    let counter = ByteCounter::start(([127, 0, 0, 1], receiver.port).into());
+    let url = format!("http://127.0.0.1:{}/events", counter.port);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let outbox = open(&dir, &clock);
+    Counted {
+        receiver,
+        counter,
+        url,
+        dir,
+        clock,
+        outbox,
+    }
+}
+
 fn start(outbox: &Outbox, destination: Destination) -> RelayHandle {
     outbox
         .relay(
@@ -247,12 +276,14 @@ fn over_mqtt_the_packets_and_acknowledgements_count() {
 
 #[test]
 fn urgent_events_go_when_the_budget_is_spent_and_the_rest_wait_without_attempts() {
-    let receiver = TestReceiver::ok();
-    let counter = ByteCounter::start(([127, 0, 0, 1], receiver.port).into());
-    let url = format!("http://127.0.0.1:{}/events", counter.port);
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let outbox = open(&dir, &clock);
+    let Counted {
+        receiver,
+        counter,
+        url,
+        dir: _dir,
+        clock: _clock,
+        outbox,
+    } = counted();
     enqueue(&outbox, 60, Event::DEFAULT_PRIORITY);
     let destination = Destination::http("default", url)
         .budget(8_000, MINUTE)
@@ -287,12 +318,14 @@ fn urgent_events_go_when_the_budget_is_spent_and_the_rest_wait_without_attempts(
 
 #[test]
 fn a_relay_restarted_within_the_period_spends_on_from_what_was_spent() {
-    let receiver = TestReceiver::ok();
-    let counter = ByteCounter::start(([127, 0, 0, 1], receiver.port).into());
-    let url = format!("http://127.0.0.1:{}/events", counter.port);
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let outbox = open(&dir, &clock);
+    let Counted {
+        receiver: _receiver,
+        counter,
+        url,
+        dir: _dir,
+        clock,
+        outbox,
+    } = counted();
     enqueue(&outbox, 100, Event::DEFAULT_PRIORITY);
     let destination = Destination::http("default", url).budget(10_000, MINUTE);
     let relay = start(&outbox, destination.clone());
@@ -316,12 +349,14 @@ fn a_relay_restarted_within_the_period_spends_on_from_what_was_spent() {
 
 #[test]
 fn deliver_pending_spends_the_same_budget() {
-    let receiver = TestReceiver::ok();
-    let counter = ByteCounter::start(([127, 0, 0, 1], receiver.port).into());
-    let url = format!("http://127.0.0.1:{}/events", counter.port);
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let outbox = open(&dir, &clock);
+    let Counted {
+        receiver: _receiver,
+        counter,
+        url,
+        dir: _dir,
+        clock: _clock,
+        outbox,
+    } = counted();
     enqueue(&outbox, 40, Event::DEFAULT_PRIORITY);
     let config =
         RelayConfig::new().destination(Destination::http("default", url).budget(6_000, MINUTE));

@@ -26,6 +26,13 @@ fn backlog_of(outbox: &Outbox, event_type: &str, n: usize, priority: u8) {
         .unwrap();
 }
 
+/// `outbox relay --url URL --until-empty` with `more` flags.
+fn relay_until_empty(db: &std::path::Path, url: &str, more: &[&str]) -> std::process::Output {
+    let mut args = vec!["relay", "--url", url, "--until-empty"];
+    args.extend_from_slice(more);
+    outbox_cli(db, &args)
+}
+
 fn stats_json(db: &std::path::Path) -> serde_json::Value {
     let o = outbox_cli(db, &["stats", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -40,17 +47,7 @@ fn a_budget_the_relay_spent_is_kept_in_the_file_and_shown_by_stats() {
     backlog(&outbox, 5, Event::DEFAULT_PRIORITY);
     let receiver = TestReceiver::ok();
     let url = receiver.url();
-    let o = outbox_cli(
-        &db,
-        &[
-            "relay",
-            "--url",
-            &url,
-            "--budget",
-            "1MB/1d",
-            "--until-empty",
-        ],
-    );
+    let o = relay_until_empty(&db, &url, &["--budget", "1MB/1d"]);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -83,17 +80,7 @@ fn a_budget_the_relay_spent_is_kept_in_the_file_and_shown_by_stats() {
     assert!(text.contains(" KB of 1.0 MB"), "{text}");
     // A second relay run the same day spends on from what the first spent.
     backlog(&outbox, 1, Event::DEFAULT_PRIORITY);
-    let o = outbox_cli(
-        &db,
-        &[
-            "relay",
-            "--url",
-            &url,
-            "--budget",
-            "1MB/1d",
-            "--until-empty",
-        ],
-    );
+    let o = relay_until_empty(&db, &url, &["--budget", "1MB/1d"]);
     assert_eq!(o.status.code(), Some(0));
     let again = stats_json(&db)["destinations"][0]["budget"]["used_bytes"]
         .as_u64()
@@ -110,17 +97,14 @@ fn a_spent_budget_holds_the_backlog_without_spending_attempts_and_lets_alarms_th
     backlog_of(&outbox, "alarm", 2, 9);
     let receiver = TestReceiver::ok();
     let url = receiver.url();
-    let o = outbox_cli(
+    let o = relay_until_empty(
         &db,
+        &url,
         &[
-            "relay",
-            "--url",
-            &url,
             "--budget",
             "3KB/1d",
             "--budget-exempt-priority",
             "9",
-            "--until-empty",
             "--timeout",
             "3s",
         ],
@@ -170,9 +154,7 @@ fn bad_budgets_exit_2_naming_the_limits() {
             "0 to 9",
         ),
     ] {
-        let mut all = vec!["relay", "--url", "http://127.0.0.1:1/", "--until-empty"];
-        all.extend(args.iter().copied());
-        let o = outbox_cli(&db, &all);
+        let o = relay_until_empty(&db, "http://127.0.0.1:1/", &args);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");

@@ -181,21 +181,22 @@ fn a_paced_backlog_larger_than_a_lease_goes_out_at_its_rate_none_twice() {
             fast(RelayConfig::new())
                 .destination(
                     Destination::http("default", receiver.url())
-                        .rate_limit(10.0)
+                        .rate_limit(40.0)
                         .http_config(
                             sqlite_outbox::transport::HttpConfig::new()
-                                .connect_timeout(Duration::from_secs(2))
-                                .request_timeout(Duration::from_secs(4)),
+                                .connect_timeout(Duration::from_millis(500))
+                                .request_timeout(Duration::from_secs(1)),
                         ),
                 )
-                .lease(Duration::from_secs(10))
+                .lease(Duration::from_secs(3))
                 .workers(4),
         )
         .start()
         .unwrap();
-    // 600 at 10 a second: about a minute. Before the fix the lane queued its whole
-    // in-flight limit, jobs outwaited half their lease and went back unsent, and the
-    // delivered count stopped rising for good.
+    // 600 at 40 a second: 15 s, five times the lease's worth (the test ran 600 at 10 a
+    // second under a 10 s lease, a minute of CI, before). Before the fix the lane queued
+    // its whole in-flight limit, jobs outwaited half their lease and went back unsent, and
+    // the delivered count stopped rising for good.
     let all_in = wait_until(Duration::from_secs(120), || {
         outbox.stats().map(|s| s.pending == 0).unwrap_or(false)
     });
@@ -207,9 +208,10 @@ fn a_paced_backlog_larger_than_a_lease_goes_out_at_its_rate_none_twice() {
     let unique: std::collections::HashSet<&String> = ids.iter().collect();
     assert_eq!(unique.len(), 600, "every event arrived");
     assert_eq!(ids.len(), 600, "no event arrived twice");
-    // The rate held: 600 at 10 a second cannot take much under a minute.
+    // The rate held: 600 at 40 a second, one second's worth at once, cannot take under
+    // 14 s.
     assert!(
-        took >= Duration::from_secs(55),
+        took >= Duration::from_secs(13),
         "600 paced events in {took:?}"
     );
 }

@@ -185,7 +185,13 @@ fn destination_slot(
 ) -> &mut DestinationStats {
     by_name
         .entry(name.clone())
-        .or_insert_with(|| DestinationStats {
+        .or_insert_with(|| DestinationStats::named(name))
+}
+
+impl DestinationStats {
+    /// A destination with nothing counted yet.
+    fn named(name: String) -> DestinationStats {
+        DestinationStats {
             name,
             pending: 0,
             delivered: 0,
@@ -194,7 +200,8 @@ fn destination_slot(
             disabled: None,
             synced_through: None,
             budget: None,
-        })
+        }
+    }
 }
 
 /// Dead rows per destination (the dead index).
@@ -496,14 +503,8 @@ impl Outbox {
         for (name, reason) in &disabled {
             if !destinations.iter().any(|d| &d.name == name) {
                 destinations.push(DestinationStats {
-                    name: name.clone(),
-                    pending: 0,
-                    delivered: 0,
-                    dead: 0,
-                    oldest_pending_age_ms: None,
                     disabled: Some(reason.clone()),
-                    synced_through: None,
-                    budget: None,
+                    ..DestinationStats::named(name.clone())
                 });
             }
         }
@@ -514,16 +515,7 @@ impl Outbox {
             {
                 Some(d) => d,
                 None => {
-                    destinations.push(DestinationStats {
-                        name: budget.destination.clone(),
-                        pending: 0,
-                        delivered: 0,
-                        dead: 0,
-                        oldest_pending_age_ms: None,
-                        disabled: None,
-                        synced_through: None,
-                        budget: None,
-                    });
+                    destinations.push(DestinationStats::named(budget.destination.clone()));
                     destinations.last_mut().expect("just pushed")
                 }
             };

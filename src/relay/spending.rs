@@ -408,14 +408,7 @@ mod tests {
 
     #[test]
     fn a_change_of_holding_is_due_at_once_and_spending_within_a_second() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE outbox_budgets (destination TEXT PRIMARY KEY, limit_bytes INTEGER NOT NULL,
-                 period_ms INTEGER NOT NULL, period_started INTEGER NOT NULL,
-                 used_bytes INTEGER NOT NULL DEFAULT 0, exempt_priority INTEGER,
-                 holding INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
-        )
-        .unwrap();
+        let conn = budget_spend::file_for_tests();
         let (s, _) = spending(500, None);
         // Never written: due at once.
         assert!(s.sync_due().is_some_and(|due| due <= Instant::now()));

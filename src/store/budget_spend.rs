@@ -190,6 +190,23 @@ pub(crate) fn all(conn: &Connection, only: Option<&str>, now: i64) -> Result<Vec
     Ok(out)
 }
 
+/// An in-memory file with the budgets' table as the schema makes it, for unit tests.
+#[cfg(test)]
+pub(crate) fn file_for_tests() -> Connection {
+    let conn = Connection::open_in_memory().unwrap();
+    let schema = include_str!("../../schema.sql");
+    let table = schema
+        .find("CREATE TABLE outbox_budgets")
+        .and_then(|start| {
+            schema[start..]
+                .find(';')
+                .map(|end| &schema[start..=start + end])
+        })
+        .expect("schema.sql makes outbox_budgets");
+    conn.execute_batch(table).unwrap();
+    conn
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,21 +235,9 @@ mod tests {
         assert_eq!(forecast(1_000, 1_000, 0, 50_000, 10_000), Some(10_000));
     }
 
-    fn file() -> Connection {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE outbox_budgets (destination TEXT PRIMARY KEY, limit_bytes INTEGER NOT NULL,
-                 period_ms INTEGER NOT NULL, period_started INTEGER NOT NULL,
-                 used_bytes INTEGER NOT NULL DEFAULT 0, exempt_priority INTEGER,
-                 holding INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
-        )
-        .unwrap();
-        conn
-    }
-
     #[test]
     fn relays_add_their_spending_and_a_later_period_replaces_an_earlier_one() {
-        let conn = file();
+        let conn = file_for_tests();
         let record = BudgetRecord {
             destination: "d",
             limit_bytes: 1_000,

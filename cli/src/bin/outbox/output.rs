@@ -26,35 +26,29 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
 
 /// `1536` → `1.5 KiB`.
 pub fn bytes(n: i64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
+    scaled(n as f64, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB"])
+}
+
+/// `n` bytes in the largest of `units` (each `step` times the one before) it reaches: a
+/// whole number of bytes, else one decimal.
+fn scaled(n: f64, step: f64, units: &[&str]) -> String {
+    let mut value = n;
     let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
+    while value >= step && unit < units.len() - 1 {
+        value /= step;
         unit += 1;
     }
     if unit == 0 {
         format!("{n} B")
     } else {
-        format!("{value:.1} {}", UNITS[unit])
+        format!("{value:.1} {}", units[unit])
     }
 }
 
 /// A size in powers of 1000 (B, KB, MB, GB), as carriers bill and data budgets are
 /// written (`--budget 50MB/30d`).
 pub fn decimal_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KB", "MB", "GB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    scaled(n as f64, 1000.0, &["B", "KB", "MB", "GB"])
 }
 
 /// An age in milliseconds, to the second.
