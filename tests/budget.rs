@@ -69,7 +69,8 @@ struct Counted {
     counter: ByteCounter,
     /// The receiver's URL through the forwarder.
     url: String,
-    dir: tempfile::TempDir,
+    /// Kept for the outbox's file.
+    _dir: tempfile::TempDir,
     clock: ManualClock,
     outbox: Outbox,
 }
@@ -85,7 +86,7 @@ fn counted() -> Counted {
         receiver,
         counter,
         url,
-        dir,
+        _dir: dir,
         clock,
         outbox,
     }
@@ -276,107 +277,92 @@ fn over_mqtt_the_packets_and_acknowledgements_count() {
 
 #[test]
 fn urgent_events_go_when_the_budget_is_spent_and_the_rest_wait_without_attempts() {
-    let Counted {
-        receiver,
-        counter,
-        url,
-        dir: _dir,
-        clock: _clock,
-        outbox,
-    } = counted();
-    enqueue(&outbox, 60, Event::DEFAULT_PRIORITY);
-    let destination = Destination::http("default", url)
+    let c = counted();
+    enqueue(&c.outbox, 60, Event::DEFAULT_PRIORITY);
+    let destination = Destination::http("default", c.url)
         .budget(8_000, MINUTE)
         .budget_exempt_priority(8);
-    let _relay = start(&outbox, destination);
-    wait_until_held(&outbox, &counter);
-    let pending = outbox.stats().unwrap().pending;
+    let _relay = start(&c.outbox, destination);
+    wait_until_held(&c.outbox, &c.counter);
+    let pending = c.outbox.stats().unwrap().pending;
     assert!(pending > 0);
-    let alarms = enqueue(&outbox, 3, 9);
+    let alarms = enqueue(&c.outbox, 3, 9);
     assert!(
         wait_until(PATIENCE, || {
-            let got = receiver.event_ids();
+            let got = c.receiver.event_ids();
             alarms.iter().all(|a| got.contains(a))
         }),
         "the urgent events were not delivered with the budget spent"
     );
     // They went beyond the budget, and were counted.
-    let status = budget(&outbox);
+    let status = budget(&c.outbox);
     assert!(status.holding);
     std::thread::sleep(SPENDING_WRITTEN_WITHIN);
     assert_eq!(
-        outbox.stats().unwrap().pending,
+        c.outbox.stats().unwrap().pending,
         pending,
         "held events went too"
     );
-    assert!(pending_attempts(&outbox).iter().all(|a| *a == 0));
+    assert!(pending_attempts(&c.outbox).iter().all(|a| *a == 0));
     assert!(
-        budget(&outbox).used_bytes.abs_diff(counter.total()) as f64 / counter.total() as f64
+        budget(&c.outbox).used_bytes.abs_diff(c.counter.total()) as f64 / c.counter.total() as f64
             <= 0.02
     );
 }
 
 #[test]
 fn a_relay_restarted_within_the_period_spends_on_from_what_was_spent() {
-    let Counted {
-        receiver: _receiver,
-        counter,
-        url,
-        dir: _dir,
-        clock,
-        outbox,
-    } = counted();
-    enqueue(&outbox, 100, Event::DEFAULT_PRIORITY);
-    let destination = Destination::http("default", url).budget(10_000, MINUTE);
-    let relay = start(&outbox, destination.clone());
-    wait_until_held(&outbox, &counter);
+    let c = counted();
+    enqueue(&c.outbox, 100, Event::DEFAULT_PRIORITY);
+    let destination = Destination::http("default", c.url).budget(10_000, MINUTE);
+    let relay = start(&c.outbox, destination.clone());
+    wait_until_held(&c.outbox, &c.counter);
     drop(relay);
-    let spent = budget(&outbox).used_bytes;
-    let crossed = counter.total();
+    let spent = budget(&c.outbox).used_bytes;
+    let crossed = c.counter.total();
     // Half a minute later, a new relay: the same period, already spent.
-    clock.advance_ms(30_000);
-    let _relay = start(&outbox, destination);
-    outbox.notify();
+    c.clock.advance_ms(30_000);
+    let _relay = start(&c.outbox, destination);
+    c.outbox.notify();
     std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(counter.total(), crossed, "the restarted relay spent afresh");
-    assert_eq!(budget(&outbox).used_bytes, spent);
-    assert_eq!(budget(&outbox).period_started, T0);
+    assert_eq!(
+        c.counter.total(),
+        crossed,
+        "the restarted relay spent afresh"
+    );
+    assert_eq!(budget(&c.outbox).used_bytes, spent);
+    assert_eq!(budget(&c.outbox).period_started, T0);
     // The period ends: it sends again.
-    clock.advance_ms(30_000);
-    outbox.notify();
-    assert!(wait_until(PATIENCE, || counter.total() > crossed));
+    c.clock.advance_ms(30_000);
+    c.outbox.notify();
+    assert!(wait_until(PATIENCE, || c.counter.total() > crossed));
 }
 
 #[test]
 fn deliver_pending_spends_the_same_budget() {
-    let Counted {
-        receiver: _receiver,
-        counter,
-        url,
-        dir: _dir,
-        clock: _clock,
-        outbox,
-    } = counted();
-    enqueue(&outbox, 40, Event::DEFAULT_PRIORITY);
+    let c = counted();
+    enqueue(&c.outbox, 40, Event::DEFAULT_PRIORITY);
     let config =
-        RelayConfig::new().destination(Destination::http("default", url).budget(6_000, MINUTE));
-    let report = outbox
+        RelayConfig::new().destination(Destination::http("default", c.url).budget(6_000, MINUTE));
+    let report = c
+        .outbox
         .deliver_pending(config.clone(), Instant::now() + Duration::from_secs(2))
         .unwrap();
     assert_eq!(report.ended, sqlite_outbox::DrainEnd::Deadline);
     assert!(report.delivered > 0 && report.pending > 0, "{report:?}");
-    let spent = budget(&outbox).used_bytes;
+    let spent = budget(&c.outbox).used_bytes;
     assert!(
-        spent <= 6_000 && spent == counter.total(),
+        spent <= 6_000 && spent == c.counter.total(),
         "{spent} of {}",
-        counter.total()
+        c.counter.total()
     );
     // A second drain in the same period sends nothing more.
-    let again = outbox
+    let again = c
+        .outbox
         .deliver_pending(config, Instant::now() + Duration::from_secs(1))
         .unwrap();
     assert_eq!(again.delivered, 0);
-    assert_eq!(counter.total(), spent);
+    assert_eq!(c.counter.total(), spent);
 }
 
 #[test]
