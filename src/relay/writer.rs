@@ -160,6 +160,9 @@ pub(crate) struct Writer {
     unrecorded: Vec<Report>,
     /// When the unrecorded outcomes may be tried again.
     retry_record_at: Instant,
+    /// After a failed write of the budgets' spending, when to try again (a full disk must
+    /// not turn the loop hot).
+    retry_budgets_at: Instant,
     /// The page cache size the connection came from the pool with, given back at shutdown.
     pool_cache_size: Option<i64>,
 }
@@ -221,6 +224,7 @@ impl Writer {
             clock_follow_failed: false,
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
+            retry_budgets_at: Instant::now(),
             outbox,
         };
         (writer, stop_tx)
@@ -452,7 +456,7 @@ impl Writer {
                 soon(now + renews);
             }
             if let Some(due) = lane.spending().and_then(|s| s.sync_due()) {
-                soon(due);
+                soon(due.max(self.retry_budgets_at));
             }
             if let Some(t) = lane.due_later_read_by() {
                 soon(t);
@@ -1187,7 +1191,7 @@ impl Writer {
                 .and_then(|s| s.sync_due())
                 .is_some_and(|due| due <= by)
         });
-        if !due {
+        if !due || Instant::now() < self.retry_budgets_at {
             return;
         }
         let _write = self.outbox.right_of_way().relay_write(GIVE_WAY_LIMIT);
@@ -1201,10 +1205,13 @@ impl Writer {
             });
         match written {
             Ok(()) => self.wrote = true,
-            Err(e) => log::warn!(
-                "relay {}: cannot keep what the budgets have spent: {e:#}",
-                self.relay_id
-            ),
+            Err(e) => {
+                log::warn!(
+                    "relay {}: cannot keep what the budgets have spent: {e:#}",
+                    self.relay_id
+                );
+                self.retry_budgets_at = Instant::now() + RECORD_RETRY_PAUSE;
+            }
         }
     }
 
