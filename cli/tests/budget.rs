@@ -106,7 +106,7 @@ fn a_spent_budget_holds_the_backlog_without_spending_attempts_and_lets_alarms_th
             "--budget-exempt-priority",
             "9",
             "--timeout",
-            "3s",
+            "6s",
         ],
     );
     // Stopped by its timeout with events pending.
@@ -134,8 +134,13 @@ fn a_spent_budget_holds_the_backlog_without_spending_attempts_and_lets_alarms_th
         |r| r.get::<_, i64>(0),
     );
     assert!(attempts.iter().all(|a| *a == 0), "{attempts:?}");
+    // Said once when it began, and in the line every 5 s says where the relay stands.
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("spent its data budget"), "{stderr}");
+    assert!(
+        stderr.contains("destination default: holds its events for its data budget"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -96,7 +96,9 @@
 //!   starts holding events for its budget
 //!   ([`DeliveryOutcome::BudgetSpent`](crate::notices::DeliveryOutcome::BudgetSpent)) and
 //!   when a new period lets them go ([`DeliveryOutcome::BudgetRenewed`](crate::notices::DeliveryOutcome::BudgetRenewed)),
-//!   and the relay logs both.
+//!   the relay logs both, and [`RelayHandle::trouble`](crate::RelayHandle::trouble) (the
+//!   line `outbox relay --until-empty` prints every 5 s) names a destination holding its
+//!   events and until when.
 //!
 //! **Choosing a budget.** Start from the plan and leave a margin: the carrier counts IP and
 //! TCP headers, DNS, and whatever else the device sends. Measure a day of your own traffic

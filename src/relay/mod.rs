@@ -148,6 +148,7 @@ impl Relay {
         let mut told = Vec::new();
         let mut workers = Vec::new();
         let mut voices = Vec::new();
+        let mut budgets = Vec::new();
         for (index, (destination, transport)) in
             config.destinations.iter().zip(transports).enumerate()
         {
@@ -163,6 +164,9 @@ impl Relay {
             });
             let lane = Lane::new(destination, worker_count, &config).with_spending(spending);
             voices.push(lane.voice());
+            if let Some(spending) = lane.spending() {
+                budgets.push((destination.name().to_string(), spending));
+            }
             say_what_will_not_work(&outbox, destination);
             told.push(accounting::Told {
                 name: destination.name().to_string(),
@@ -237,6 +241,7 @@ impl Relay {
             counters,
             transports: clocks,
             voices,
+            budgets,
         })
     }
 }
@@ -293,6 +298,8 @@ pub struct RelayHandle {
     transports: Vec<Arc<dyn Transport>>,
     /// What the relay says of each destination's state.
     voices: Vec<Arc<voice::Voice>>,
+    /// The destinations' data budgets, by destination, for [`trouble`](Self::trouble).
+    budgets: Vec<(String, Arc<Spending>)>,
 }
 
 /// The threads a running relay owns, taken (and joined) once by the first shutdown.
@@ -340,10 +347,24 @@ impl RelayHandle {
 
     /// What is wrong with the first destination that is not delivering, as the relay last
     /// logged it (its state and the answer: `destination orders: refuses the relay's
-    /// credentials …: 401 Unauthorized`), or `None` while every destination delivers (or
-    /// has not been tried yet).
+    /// credentials …: 401 Unauthorized`), else the first holding its events for its data
+    /// budget (`destination orders: holds its events for its data budget …, until …`), or
+    /// `None` while every destination delivers (or has not been tried yet).
     pub fn trouble(&self) -> Option<String> {
-        self.voices.iter().find_map(|voice| voice.trouble())
+        self.voices
+            .iter()
+            .find_map(|voice| voice.trouble())
+            .or_else(|| {
+                self.budgets.iter().find_map(|(name, spending)| {
+                    let until = spending.holding_until()?;
+                    let (used, limit) = spending.used_and_limit();
+                    Some(format!(
+                        "destination {name}: holds its events for its data budget ({used} of \
+                         {limit} bytes spent) until the period ends at {}",
+                        crate::wire::rfc3339_millis(until)
+                    ))
+                })
+            })
     }
 
     /// What the relay has done so far.

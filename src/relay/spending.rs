@@ -236,6 +236,16 @@ impl Spending {
         self.exempt_priority
     }
 
+    /// While holding, when the period ends (unix ms): the events wait until then.
+    pub fn holding_until(&self) -> Option<i64> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        self.roll(&mut state, now);
+        state
+            .holding
+            .then(|| state.period_started.saturating_add(self.budget.period_ms()))
+    }
+
     /// While holding, how long until the next period begins (at most a minute: a wall
     /// clock that steps is looked at again by then).
     pub fn renews_in(&self) -> Option<std::time::Duration> {

@@ -1246,9 +1246,13 @@ impl Writer {
             };
             let outcome = match change {
                 HoldChange::Holding { used, period_ends } => {
+                    let which = spending.exempt_priority().map_or_else(
+                        || "its events".to_string(),
+                        |p| format!("its events below priority {p}"),
+                    );
                     log::warn!(
-                        "relay {}: {} has spent its data budget ({used} of {} bytes); events \
-                         below its exempt priority wait until the period ends ({})",
+                        "relay {}: {} has spent its data budget ({used} of {} bytes); {which} \
+                         wait until the period ends ({})",
                         self.relay_id,
                         lane.name(),
                         spending.used_and_limit().1,
