@@ -174,8 +174,8 @@ impl Lane {
     }
 
     /// The destination's data budget, for this lane's workers and the writer.
-    pub fn spending(&self) -> Option<Arc<Spending>> {
-        self.spending.clone()
+    pub fn spending(&self) -> Option<&Arc<Spending>> {
+        self.spending.as_ref()
     }
 
     /// The least priority a claim takes now: the budget's exempt priority while the

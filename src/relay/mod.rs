@@ -165,7 +165,7 @@ impl Relay {
             let lane = Lane::new(destination, worker_count, &config).with_spending(spending);
             voices.push(lane.voice());
             if let Some(spending) = lane.spending() {
-                budgets.push((destination.name().to_string(), spending));
+                budgets.push((destination.name().to_string(), Arc::clone(spending)));
             }
             say_what_will_not_work(&outbox, destination);
             told.push(accounting::Told {
@@ -173,7 +173,7 @@ impl Relay {
                 tells: destination.sends_accounting(),
                 transport: transport.clone(),
                 gate: lane.gate(),
-                spending: lane.spending(),
+                spending: lane.spending().cloned(),
             });
             for n in 0..worker_count {
                 let worker = Worker::new(

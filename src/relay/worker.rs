@@ -71,7 +71,7 @@ impl Worker {
             gate: lane.gate(),
             voice: lane.voice(),
             pacer: lane.pacer(),
-            spending: lane.spending(),
+            spending: lane.spending().cloned(),
             clock,
             lease_ms: config.lease_ms(),
             policy: Policy::new(config),
@@ -238,7 +238,9 @@ impl Worker {
                         spending: Arc::clone(spending),
                         reservation,
                         body,
-                    })
+                        // Nothing else on this thread touches the network before the send.
+                        wire_before: crate::transport::wire_bytes_here(),
+                    });
                 }
                 Verdict::Hold => return Admission::Held,
                 // Other workers' requests are under way: their count comes within their
@@ -278,7 +280,6 @@ impl Worker {
                 return Started::Done(report);
             }
         };
-        let wire_before = crate::transport::wire_bytes_here();
         // One span per attempt, current while the transport starts the request (its
         // `traceparent` header names it), ended when the outcomes are known.
         let span = SendSpan::start(&events[0].destination, &events, now);
@@ -290,6 +291,7 @@ impl Worker {
             spending,
             reservation,
             body,
+            wire_before,
         }) = admitted
         {
             // What this thread wrote to and read from the sockets meanwhile: all of an HTTP
@@ -470,11 +472,14 @@ enum Admission {
     Held,
 }
 
-/// A request the budget let go: what it reserved, and its events' data's size.
+/// A request the budget let go: what it reserved, its events' data's size, and this
+/// thread's bytes on the wire before it (read only for a budget: a request without one
+/// pays nothing for the count).
 struct Admitted {
     spending: Arc<Spending>,
     reservation: u64,
     body: u64,
+    wire_before: u64,
 }
 
 fn body_len(events: &[OutboundEvent]) -> usize {

@@ -163,6 +163,9 @@ pub(crate) struct Writer {
     /// After a failed write of the budgets' spending, when to try again (a full disk must
     /// not turn the loop hot).
     retry_budgets_at: Instant,
+    /// Whether a failure to write the budgets' spending was said and not yet followed by a
+    /// write: said once a spell.
+    budget_write_failing: bool,
     /// The page cache size the connection came from the pool with, given back at shutdown.
     pool_cache_size: Option<i64>,
 }
@@ -225,6 +228,7 @@ impl Writer {
             unrecorded: Vec::new(),
             retry_record_at: Instant::now(),
             retry_budgets_at: Instant::now(),
+            budget_write_failing: false,
             outbox,
         };
         (writer, stop_tx)
@@ -1178,7 +1182,13 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let recorded = queue::record(&tx, outcomes, now)?;
-        sync_budgets(&self.lanes, &self.relay_id, &tx, Instant::now());
+        sync_budgets(
+            &self.lanes,
+            &self.relay_id,
+            &tx,
+            Instant::now(),
+            &mut self.budget_write_failing,
+        );
         tx.commit()?;
         Ok(recorded)
     }
@@ -1200,16 +1210,19 @@ impl Writer {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(crate::Error::from)
             .and_then(|tx| {
-                sync_budgets(&self.lanes, &self.relay_id, &tx, by);
+                sync_budgets(
+                    &self.lanes,
+                    &self.relay_id,
+                    &tx,
+                    by,
+                    &mut self.budget_write_failing,
+                );
                 tx.commit().map_err(crate::Error::from)
             });
         match written {
             Ok(()) => self.wrote = true,
             Err(e) => {
-                log::warn!(
-                    "relay {}: cannot keep what the budgets have spent: {e:#}",
-                    self.relay_id
-                );
+                say_budget_write(&self.relay_id, Err(&e), &mut self.budget_write_failing);
                 self.retry_budgets_at = Instant::now() + RECORD_RETRY_PAUSE;
             }
         }
@@ -1357,7 +1370,13 @@ impl Writer {
 /// most every second), inside the caller's transaction (the outcomes' when there are
 /// some), and reads back what every relay of the file has spent. A failure is logged and
 /// tried again: it must not keep the outcomes from being recorded.
-fn sync_budgets(lanes: &[Lane], relay_id: &str, tx: &rusqlite::Connection, by: Instant) {
+fn sync_budgets(
+    lanes: &[Lane],
+    relay_id: &str,
+    tx: &rusqlite::Connection,
+    by: Instant,
+    failing: &mut bool,
+) {
     for lane in lanes {
         let Some(spending) = lane.spending() else {
             continue;
@@ -1365,16 +1384,37 @@ fn sync_budgets(lanes: &[Lane], relay_id: &str, tx: &rusqlite::Connection, by: I
         if spending.sync_due().is_none_or(|due| due > by) {
             continue;
         }
-        match spending.sync(tx) {
-            Ok(()) => {
-                let (used, limit) = spending.used_and_limit();
-                crate::observe::telemetry::budget(lane.name(), used, limit);
-            }
-            Err(e) => log::warn!(
-                "relay {relay_id}: cannot keep what the budget of {} has spent: {e:#}",
-                lane.name()
-            ),
+        let written = spending.sync(tx);
+        if written.is_ok() {
+            let (used, limit) = spending.used_and_limit();
+            crate::observe::telemetry::budget(lane.name(), used, limit);
         }
+        say_budget_write(relay_id, written.as_ref().map(|_| ()), failing);
+    }
+}
+
+/// Says a failure to write the budgets' spending once a spell (a warning: the spending is
+/// kept in memory and written at the next success, but a crash meanwhile loses it), and
+/// its end.
+fn say_budget_write(
+    relay_id: &str,
+    written: std::result::Result<(), &crate::Error>,
+    failing: &mut bool,
+) {
+    match written {
+        Err(e) if !*failing => {
+            *failing = true;
+            log::warn!(
+                "relay {relay_id}: cannot keep what the data budgets have spent in the file \
+                 ({e:#}); counted in memory and written again each second (said once)"
+            );
+        }
+        Err(e) => log::debug!("relay {relay_id}: budgets' spending still not written: {e:#}"),
+        Ok(()) if *failing => {
+            *failing = false;
+            log::info!("relay {relay_id}: the data budgets' spending is written again");
+        }
+        Ok(()) => {}
     }
 }
 

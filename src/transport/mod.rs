@@ -34,6 +34,7 @@ mod proxy;
 mod resolver;
 pub(crate) mod sending;
 mod tcp;
+mod wire_meter;
 
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ pub use http::{HttpConfig, HttpTransport};
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub use mqtt::{MqttConfig, MqttTransport, MqttVersion};
 pub use sending::Sending;
-pub(crate) use tcp::wire_bytes_here;
+pub(crate) use wire_meter::wire_bytes_here;
 
 pub use crate::outbound::OutboundEvent;
 

@@ -46,23 +46,6 @@ thread_local! {
     /// How many connections this thread has opened: a request that opened none went on a
     /// connection from the pool (see [`connections_opened_here`]).
     static OPENED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// Bytes this thread has written to and read from these connections (TLS records and
-    /// handshakes included: TLS runs over them): see [`wire_bytes_here`].
-    static WIRE_BYTES_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// How many bytes the calling thread has written to and read from the HTTP transport's
-/// sockets so far. ureq does all of a request's I/O on the thread that sends it (the
-/// connection, its TLS handshake, the request and the answer), so the difference across
-/// one request is what the network carried for it: what a data budget counts.
-pub(crate) fn wire_bytes_here() -> u64 {
-    WIRE_BYTES_HERE.with(|n| n.get())
-}
-
-/// Counts `n` bytes this thread put on the network (or handed to a connection that will):
-/// what [`wire_bytes_here`] returns.
-pub(crate) fn count_wire_bytes(n: usize) {
-    WIRE_BYTES_HERE.with(|c| c.set(c.get().wrapping_add(n as u64)));
 }
 
 /// How many connections the calling thread has opened so far. ureq opens a connection on
@@ -282,7 +265,7 @@ impl Transport for OneWriteTcp {
                 other => break other.map_err(|e| io_error(e, timeout.reason))?,
             }
         };
-        count_wire_bytes(amount);
+        super::wire_meter::count_wire_bytes(amount);
         self.buffers.input_appended(amount);
         Ok(amount > 0)
     }
@@ -330,7 +313,7 @@ fn write_all(stream: &mut impl Write, mut bytes: &[u8]) -> io::Result<()> {
         match stream.write(bytes) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => {
-                count_wire_bytes(n);
+                super::wire_meter::count_wire_bytes(n);
                 bytes = &bytes[n..];
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -258,9 +258,6 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>) -> Result<Claimed
         }
         // RETURNING order is unspecified; hand a level's events to workers oldest first.
         claimed.events[first..].sort_unstable_by_key(|e| e.id);
-        for event in &mut claimed.events[first..] {
-            event.priority = u8::try_from(level).unwrap_or(crate::outbound::DEFAULT_PRIORITY);
-        }
         if claimed.events.len() + claimed.unreadable.len() >= req.limit as usize {
             break;
         }
@@ -310,6 +307,7 @@ fn claim_level(
         destination: req.destination,
         owner: req.owner,
         expires_at: req.now.saturating_add(req.lease_ms),
+        priority: u8::try_from(level).unwrap_or(crate::outbound::DEFAULT_PRIORITY),
     };
     // Now on the clock of before a step noticed lately.
     let before_step = req.now.saturating_sub(req.clock_step_ms);
@@ -464,6 +462,8 @@ pub(crate) struct Lease<'a> {
     pub destination: &'a str,
     pub owner: &'a str,
     pub expires_at: i64,
+    /// The priority level the rows were claimed at (a claim takes one level at a time).
+    pub priority: u8,
 }
 
 /// Reads one row of the claim's candidates (what the lease does not write), or of a
@@ -491,7 +491,7 @@ pub(crate) fn decode_event(
         tracestate: r.get(12)?,
         dataschema: r.get(13)?,
         stream_seq: r.get(14)?,
-        priority: crate::outbound::DEFAULT_PRIORITY,
+        priority: lease.priority,
         lease_ends: None,
     })
 }

@@ -191,6 +191,8 @@ pub(crate) fn lease_for_export(
         destination,
         owner,
         expires_at: now.saturating_add(lease_ms),
+        // An export leases rows of every level; a bundle carries no priority.
+        priority: crate::outbound::DEFAULT_PRIORITY,
     };
     let mut events = tally::around(conn, &ids, || {
         Ok(conn

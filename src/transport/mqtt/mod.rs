@@ -508,7 +508,7 @@ impl Transport for MqttTransport {
                 Ok(publication) => {
                     // The connection's thread writes it; its bytes are known here, for a
                     // data budget (see `on_the_wire`).
-                    super::tcp::count_wire_bytes(self.on_the_wire(&publication));
+                    super::wire_meter::count_wire_bytes(self.on_the_wire(&publication));
                     ready.push((index, publication));
                 }
                 Err(attempt) => outcomes.settle(index, attempt),
